@@ -1,0 +1,45 @@
+"""txl: a Transformer-XL library for exact, cached, incremental inference (and training).
+
+    from txl import load_pretrained
+    model = load_pretrained("path/to/model_dir")           # HF format: config.json + model.safetensors
+    memory = model.empty_memory()                            # holds nothing yet
+    hidden, memory = model(tokens, memory)                   # tokens [B, T]; memory in, new memory out
+    log_probs = model.log_probs(hidden[:, -1])               # [B, vocab], float32
+"""
+
+from .checkpoint import (
+    CheckpointError,
+    CorruptCheckpointError,
+    MissingFileError,
+    StateDictMismatchError,
+    UnsupportedCheckpointError,
+    build_model,
+    load_pretrained,
+    read_config,
+    save_pretrained,
+)
+from .config import TxlConfig, UnsupportedConfigError
+from .memory import HiddenMemory, Memory, MemoryLayout
+from .model import TransfoXLLMHeadModel, TransfoXLModel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "HiddenMemory",
+    "Memory",
+    "MemoryLayout",
+    "MissingFileError",
+    "StateDictMismatchError",
+    "TransfoXLLMHeadModel",
+    "TransfoXLModel",
+    "TxlConfig",
+    "UnsupportedCheckpointError",
+    "UnsupportedConfigError",
+    "__version__",
+    "build_model",
+    "load_pretrained",
+    "read_config",
+    "save_pretrained",
+]

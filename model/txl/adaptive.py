@@ -1,0 +1,150 @@
+"""Adaptive input embeddings and the projected adaptive log-softmax (Baevski & Auli 2019; Grave et al. 2017).
+
+The vocabulary is split at `cutoffs` into a head cluster (the most frequent words) and tail clusters. Cluster i
+embeds into d_embed // div_val**i dimensions and is projected to d_model. The output distribution is
+p(w) = p_head(w) for head words and p_head(cluster of w) * p_cluster(w) for tail words; the head softmax has one
+extra logit per tail cluster, tail cluster i at index cutoffs[0] + i - 1 (HF/TF order).
+
+Log-probabilities are always computed in float32: in float16, HF's version overflows here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .config import TxlConfig
+
+
+class AdaptiveEmbedding(nn.Module):
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.n_token, self.d_embed, self.d_proj = config.vocab_size, config.d_embed, config.d_model
+        self.div_val = config.div_val
+        self.cutoff_ends = config.cutoff_ends
+        self.emb_scale = self.d_proj**0.5
+        self.emb_layers = nn.ModuleList()
+        self.emb_projs = nn.ParameterList()
+        if self.div_val == 1:
+            self.emb_layers.append(nn.Embedding(self.n_token, self.d_embed))
+            if self.d_proj != self.d_embed:
+                self.emb_projs.append(nn.Parameter(torch.zeros(self.d_proj, self.d_embed)))
+        else:
+            for i in range(len(self.cutoff_ends) - 1):
+                size = self.cutoff_ends[i + 1] - self.cutoff_ends[i]
+                dim = config.cluster_dim(i)
+                self.emb_layers.append(nn.Embedding(size, dim))
+                self.emb_projs.append(nn.Parameter(torch.zeros(self.d_proj, dim)))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens [...] -> [..., d_model], scaled by sqrt(d_model)."""
+        if self.div_val == 1:
+            embed = self.emb_layers[0](tokens)
+            if self.d_proj != self.d_embed:
+                embed = nn.functional.linear(embed, self.emb_projs[0])
+        else:
+            flat = tokens.reshape(-1)
+            weight = self.emb_projs[0]
+            out = torch.zeros(flat.size(0), self.d_proj, dtype=weight.dtype, device=weight.device)
+            for i, (lo, hi) in enumerate(zip(self.cutoff_ends, self.cutoff_ends[1:], strict=False)):
+                idx = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
+                if idx.numel() == 0:
+                    continue
+                emb = self.emb_layers[i](flat.index_select(0, idx) - lo)
+                out = out.index_copy(0, idx, nn.functional.linear(emb, self.emb_projs[i]))
+            embed = out.view(*tokens.shape, self.d_proj)
+        return embed * self.emb_scale
+
+
+class ProjectedAdaptiveLogSoftmax(nn.Module):
+    """Output layer: hidden [N, d_model] -> log-probabilities, full or of given targets only."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.n_token, self.d_embed, self.d_proj = config.vocab_size, config.d_embed, config.d_model
+        self.div_val = config.div_val
+        self.cutoff_ends = config.cutoff_ends
+        self.shortlist_size = self.cutoff_ends[1]
+        self.n_clusters = config.n_clusters
+        if self.n_clusters > 0:
+            self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, self.d_embed))
+            self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
+        self.out_layers = nn.ModuleList()
+        # One projection per cluster; None (no parameter) where div_val == 1 and d_embed == d_model, as in HF.
+        self.out_projs = nn.ParameterList()
+        n_parts = self.n_clusters + 1
+        if self.div_val == 1:
+            for _ in range(n_parts):
+                proj = nn.Parameter(torch.zeros(self.d_proj, self.d_embed)) if self.d_proj != self.d_embed else None
+                self.out_projs.append(proj)
+            self.out_layers.append(nn.Linear(self.d_embed, self.n_token))
+        else:
+            for i in range(n_parts):
+                dim = config.cluster_dim(i)
+                self.out_projs.append(nn.Parameter(torch.zeros(self.d_proj, dim)))
+                self.out_layers.append(nn.Linear(dim, self.cutoff_ends[i + 1] - self.cutoff_ends[i]))
+
+    # ------------------------------------------------------------------ parts
+
+    def _cluster_params(self, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Weight [n_i, d_i], bias [n_i], projection [d_model, d_i] (or None) of cluster i's words."""
+        if self.div_val == 1:
+            lo, hi = self.cutoff_ends[i], self.cutoff_ends[i + 1]
+            layer = self.out_layers[0]
+            return layer.weight[lo:hi], layer.bias[lo:hi], self.out_projs[i]
+        layer = self.out_layers[i]
+        return layer.weight, layer.bias, self.out_projs[i]
+
+    @staticmethod
+    def _logits(hidden: Tensor, weight: Tensor, bias: Tensor, proj: Tensor | None) -> Tensor:
+        if proj is not None:
+            hidden = nn.functional.linear(hidden, proj.t())  # [N, d_i]
+        return nn.functional.linear(hidden, weight, bias)
+
+    def _head_log_probs(self, hidden: Tensor) -> Tensor:
+        """[N, shortlist + n_clusters] float32: head words, then one entry per tail cluster."""
+        weight, bias, proj = self._cluster_params(0)
+        if self.n_clusters == 0:
+            return torch.log_softmax(self._logits(hidden, weight, bias, proj).float(), dim=-1)
+        projected = nn.functional.linear(hidden, proj.t()) if proj is not None else hidden
+        words = nn.functional.linear(projected, weight, bias)  # [N, shortlist]
+        clusters = nn.functional.linear(projected, self.cluster_weight, self.cluster_bias)  # [N, n_clusters]
+        return torch.log_softmax(torch.cat([words, clusters], dim=-1).float(), dim=-1)
+
+    def _tail_log_probs(self, hidden: Tensor, i: int) -> Tensor:
+        """[N, n_i] float32: log p(word | cluster i)."""
+        weight, bias, proj = self._cluster_params(i)
+        return torch.log_softmax(self._logits(hidden, weight, bias, proj).float(), dim=-1)
+
+    # ------------------------------------------------------------------ public
+
+    def log_probs(self, hidden: Tensor) -> Tensor:
+        """hidden [N, d_model] -> [N, vocab_size] float32 log-probabilities (for sampling)."""
+        head = self._head_log_probs(hidden)
+        if self.n_clusters == 0:
+            return head
+        out = hidden.new_empty(hidden.size(0), self.n_token, dtype=torch.float32)
+        out[:, : self.shortlist_size] = head[:, : self.shortlist_size]
+        for i in range(1, self.n_clusters + 1):
+            lo, hi = self.cutoff_ends[i], self.cutoff_ends[i + 1]
+            cluster = head[:, self.shortlist_size + i - 1, None]  # [N, 1] log p(cluster i)
+            out[:, lo:hi] = cluster + self._tail_log_probs(hidden, i)
+        return out
+
+    def target_log_probs(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        """hidden [N, d_model], targets [N] -> [N] float32 log p(target), evaluating only the clusters needed."""
+        head = self._head_log_probs(hidden)
+        if self.n_clusters == 0:
+            return head.gather(1, targets[:, None]).squeeze(1)
+        out = head.new_empty(targets.shape)
+        in_head = targets < self.shortlist_size
+        out[in_head] = head[in_head].gather(1, targets[in_head][:, None]).squeeze(1)
+        for i in range(1, self.n_clusters + 1):
+            lo, hi = self.cutoff_ends[i], self.cutoff_ends[i + 1]
+            idx = ((targets >= lo) & (targets < hi)).nonzero().squeeze(1)
+            if idx.numel() == 0:
+                continue
+            tail = self._tail_log_probs(hidden.index_select(0, idx), i)  # [n, n_i]
+            word = tail.gather(1, (targets.index_select(0, idx) - lo)[:, None]).squeeze(1)
+            out[idx] = head[idx, self.shortlist_size + i - 1] + word
+        return out

@@ -1,0 +1,159 @@
+"""Relative partial-learnable multi-head attention (Dai et al., 2019, section 3.3).
+
+For query i and key j at distance d = i - j, the score is the sum of four terms, grouped as in the paper:
+
+    AC = (q_i + u) . k_j          content, with the global content bias u = r_w_bias
+    BD = (q_i + v) . W_r R[d]     position, with the global position bias v = r_r_bias
+
+BD is computed against keys ordered by distance (klen-1, ..., 0) and shifted into key order with `rel_shift`.
+The positional keys W_r R[d] depend only on the weights, so inference takes them from a precomputed table
+(`pos_keys`) instead of projecting R every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from .memory import ProjectKV
+
+
+class MemoryWriter(Protocol):
+    @property
+    def mem_length(self) -> int: ...
+
+    def extend(
+        self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor, project_kv: ProjectKV
+    ) -> tuple[Tensor, Tensor]: ...
+
+
+@dataclass
+class AttentionGroup:
+    """Rows of the batch that share one memory (hence one memory length) during a step."""
+
+    rows: slice
+    writer: MemoryWriter
+    mask: Tensor | None  # [T, K] bool, True = hidden
+    # Inference: per layer, the positional keys [H, K, Dh] for distances K-1..0. Training: None, and
+    # `pos_emb` (R, [K, D], after dropout) is projected by each layer with gradients.
+    pos_keys: Sequence[Tensor] | None
+    pos_emb: Tensor | None
+
+
+def rel_shift(x: Tensor) -> Tensor:
+    """[..., T, K] scores indexed by (query i, distance slot) -> indexed by (query i, key j).
+
+    Slot s of row i holds distance K-1-s; key j of query i (at position K-T+i) is at distance K-T+i-j, so
+    out[i, j] = x[i, j + T-1-i]. A strided view does this without copying: element (i, j) sits at flat offset
+    (T-1) + i*(K-1) + j. Entries with j + T-1-i >= K read into the next row; they are exactly the causally
+    masked ones (key after query), as in the paper's pad-and-reshape trick.
+    """
+    *batch, qlen, klen = x.shape
+    if qlen == 1:
+        return x
+    x = x.contiguous()
+    strides = list(x.stride())
+    strides[-2] = klen - 1
+    return x.as_strided((*batch, qlen, klen), strides, x.storage_offset() + qlen - 1)
+
+
+def relative_attention(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    pos_keys: Tensor,
+    r_w_bias: Tensor,
+    r_r_bias: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    dropatt: nn.Module,
+) -> Tensor:
+    """q [B,H,T,Dh], keys/values [B,H,K,Dh], pos_keys [H,K,Dh] (distances K-1..0), biases [H,Dh] -> [B,H,T,Dh]."""
+    ac = torch.matmul(q + r_w_bias[:, None, :], keys.transpose(-1, -2))  # [B, H, T, K]
+    bd = torch.matmul(q + r_r_bias[:, None, :], pos_keys.transpose(-1, -2))  # [B, H, T, K] by distance slot
+    score = (ac + rel_shift(bd)) * scale
+    if mask is not None:
+        score = score.masked_fill(mask, torch.finfo(score.dtype).min)
+    # Half precision: softmax in float32 (long rows of near-equal scores lose too much in 16 bits).
+    prob = torch.softmax(score, dim=-1, dtype=torch.float32).to(values.dtype)
+    prob = dropatt(prob)
+    return torch.matmul(prob, values)  # [B, H, T, Dh]
+
+
+class RelPartialLearnableMultiHeadAttn(nn.Module):
+    """Attention sub-layer: projections, relative attention per memory group, output projection, residual + LN."""
+
+    r_w_bias: nn.Parameter
+    r_r_bias: nn.Parameter
+
+    def __init__(
+        self,
+        n_head: int,
+        d_model: int,
+        d_head: int,
+        dropout: float,
+        *,
+        dropatt: float,
+        pre_lnorm: bool,
+        layer_norm_epsilon: float,
+        r_w_bias: nn.Parameter | None = None,
+        r_r_bias: nn.Parameter | None = None,
+    ) -> None:
+        super().__init__()
+        self.n_head, self.d_model, self.d_head = n_head, d_model, d_head
+        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
+        self.drop = nn.Dropout(dropout)
+        self.dropatt = nn.Dropout(dropatt)
+        self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_epsilon)
+        self.scale = 1 / (d_head**0.5)
+        self.pre_lnorm = pre_lnorm
+        if r_w_bias is None or r_r_bias is None:  # untie_r: this layer's own u and v
+            self.r_w_bias = nn.Parameter(torch.zeros(n_head, d_head))
+            self.r_r_bias = nn.Parameter(torch.zeros(n_head, d_head))
+        else:  # one pair shared by all layers (the model owns it)
+            self.r_w_bias, self.r_r_bias = r_w_bias, r_r_bias
+        self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)
+
+    def project_positions(self, pos_emb: Tensor) -> Tensor:
+        """R [K, D] -> positional keys [H, K, Dh]."""
+        klen = pos_emb.size(0)
+        return self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 0, 2)
+
+    def project_kv(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """Memory hidden states [B, L, D] -> keys, values [B, H, L, Dh] (only the k and v thirds of qkv_net)."""
+        batch, length, _ = hidden.shape
+        inner = self.n_head * self.d_head
+        h = self.layer_norm(hidden) if self.pre_lnorm else hidden
+        kv = nn.functional.linear(h, self.qkv_net.weight[inner:])  # [B, L, 2*H*Dh]
+        k, v = kv.view(batch, length, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+        return k, v
+
+    def forward(self, x: Tensor, groups: Sequence[AttentionGroup], layer: int) -> Tensor:
+        """x [B, T, D] (this layer's input) -> [B, T, D]."""
+        batch, qlen, _ = x.shape
+        h = self.layer_norm(x) if self.pre_lnorm else x
+        qkv = self.qkv_net(h).view(batch, qlen, 3, self.n_head, self.d_head)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, Dh]
+        parts = [self._attend(q[g.rows], k[g.rows], v[g.rows], x[g.rows], g, layer) for g in groups]
+        attn_vec = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [B, H, T, Dh]
+        attn_vec = attn_vec.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)
+        out = self.drop(self.o_net(attn_vec))
+        if self.pre_lnorm:
+            return x + out
+        return self.layer_norm(x + out)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, group: AttentionGroup, layer: int) -> Tensor:
+        keys, values = group.writer.extend(layer, k, v, x, self.project_kv)  # [B, H, K, Dh]
+        if group.pos_keys is not None:
+            pos_keys = group.pos_keys[layer]
+        else:
+            assert group.pos_emb is not None
+            pos_keys = self.project_positions(group.pos_emb)
+        return relative_attention(
+            q, keys, values, pos_keys, self.r_w_bias, self.r_r_bias, group.mask, self.scale, self.dropatt
+        )

@@ -1,0 +1,260 @@
+"""Transformer-XL language model (Dai et al., 2019, "Transformer-XL: Attentive Language Models Beyond a
+Fixed-Length Context", https://arxiv.org/abs/1901.02860).
+
+The same function as HF transformers 4.35.2 `TransfoXLLMHeadModel` (attention type 0), with the same parameter
+names, so HF checkpoints load unchanged. What differs is how state is carried: memory goes in and comes out
+explicitly, `hidden, new_memory = model(tokens, memory)`, the model holds no session state, and the memory keeps
+projected keys/values instead of hidden states (see memory.py).
+
+Shapes are batch-first: tokens [B, T], hidden [B, T, D]; attention tensors [B, H, T, K] with K = mlen + T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import overload
+
+import torch
+from torch import Tensor, nn
+
+from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from .attention import AttentionGroup, RelPartialLearnableMultiHeadAttn
+from .config import TxlConfig
+from .feedforward import PositionwiseFF
+from .memory import HiddenMemory, Memory, MemoryLayout
+from .positional import PositionalEmbedding, attention_mask
+
+AnyMemory = Memory | HiddenMemory
+
+
+class RelPartialLearnableDecoderLayer(nn.Module):
+    def __init__(self, config: TxlConfig, r_w_bias: nn.Parameter | None, r_r_bias: nn.Parameter | None) -> None:
+        super().__init__()
+        self.dec_attn = RelPartialLearnableMultiHeadAttn(
+            config.n_head,
+            config.d_model,
+            config.d_head,
+            config.dropout,
+            dropatt=config.dropatt,
+            pre_lnorm=config.pre_lnorm,
+            layer_norm_epsilon=config.layer_norm_epsilon,
+            r_w_bias=r_w_bias,
+            r_r_bias=r_r_bias,
+        )
+        self.pos_ff = PositionwiseFF(
+            config.d_model,
+            config.d_inner,
+            config.dropout,
+            pre_lnorm=config.pre_lnorm,
+            layer_norm_epsilon=config.layer_norm_epsilon,
+        )
+
+    def forward(self, x: Tensor, groups: Sequence[AttentionGroup], layer: int) -> Tensor:
+        return self.pos_ff(self.dec_attn(x, groups, layer))
+
+
+class TransfoXLModel(nn.Module):
+    """Embedding and decoder stack (HF's `transformer.` submodule)."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.word_emb = AdaptiveEmbedding(config)
+        self.drop = nn.Dropout(config.dropout)
+        shared_w = shared_r = None
+        if not config.untie_r:  # registered before the layers, so these names come first in the state dict
+            self.r_w_bias = shared_w = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.r_r_bias = shared_r = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.layers = nn.ModuleList(
+            RelPartialLearnableDecoderLayer(config, shared_w, shared_r) for _ in range(config.n_layer)
+        )
+        self.pos_emb = PositionalEmbedding(config.d_model)
+        # Inference cache of positional keys: per layer [H, N, Dh], rows for distances N-1..0.
+        self._pos_table: list[Tensor] = []
+        self._pos_table_key: tuple = ()
+
+    def memory_layout(self) -> MemoryLayout:
+        weight = self.layers[0].dec_attn.qkv_net.weight
+        c = self.config
+        return MemoryLayout(c.n_layer, c.n_head, c.d_head, c.d_model, weight.dtype, weight.device)
+
+    def positional_keys(self, klen: int) -> list[Tensor]:
+        """Per layer, W_r R for distances klen-1..0: [H, klen, Dh] views of a table grown on demand."""
+        weights = [layer.dec_attn.r_net.weight for layer in self.layers]
+        key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
+        if key != self._pos_table_key or not self._pos_table or self._pos_table[0].size(1) < klen:
+            size = max(klen, 2 * self._pos_table[0].size(1) if self._pos_table and key == self._pos_table_key else 0)
+            with torch.no_grad():
+                pos_emb = self.pos_emb.for_keys(size, self.config.clamp_len).to(weights[0].dtype)  # [N, D]
+                self._pos_table = [
+                    layer.dec_attn.project_positions(pos_emb).contiguous() for layer in self.layers
+                ]
+            self._pos_table_key = key
+        n = self._pos_table[0].size(1)
+        return [table[:, n - klen :] for table in self._pos_table]
+
+    def forward(self, tokens: Tensor, memories: Sequence[AnyMemory]) -> tuple[Tensor, list[AnyMemory]]:
+        """tokens [B, T]; memories: one per group of rows, in row order, batch sizes summing to B.
+
+        Returns the last layer's output [B, T, D] and the new memories (same order). The given memories are
+        not modified.
+        """
+        batch, qlen = tokens.shape
+        if sum(m.batch_size for m in memories) != batch:
+            raise ValueError(f"memories cover {sum(m.batch_size for m in memories)} rows, tokens have {batch}")
+        if qlen == 0:
+            raise ValueError("a step needs at least one token")
+        hidden = self.drop(self.word_emb(tokens))  # [B, T, D]
+        # Training re-projects R every step (gradients reach r_net); inference reads the cached table.
+        project_positions = self.training and torch.is_grad_enabled()
+        groups = []
+        row = 0
+        for memory in memories:
+            writer = memory.writer(qlen)
+            mlen = writer.mem_length
+            klen = mlen + qlen
+            mask = attention_mask(
+                qlen=qlen,
+                mlen=mlen,
+                mem_len=memory.mem_len,
+                same_length=self.config.same_length,
+                device=tokens.device,
+            )
+            if project_positions:
+                pos_emb = self.drop(self.pos_emb.for_keys(klen, self.config.clamp_len).to(hidden.dtype))
+                group = AttentionGroup(slice(row, row + memory.batch_size), writer, mask, None, pos_emb)
+            else:
+                group = AttentionGroup(slice(row, row + memory.batch_size), writer, mask, self.positional_keys(klen), None)
+            groups.append(group)
+            row += memory.batch_size
+        for i, layer in enumerate(self.layers):
+            hidden = layer(hidden, groups, i)
+        hidden = self.drop(hidden)
+        return hidden, [g.writer.finish() for g in groups]  # type: ignore[attr-defined]
+
+
+class TransfoXLLMHeadModel(nn.Module):
+    """Transformer-XL with its adaptive softmax head (HF `TransfoXLLMHeadModel`)."""
+
+    def __init__(self, config: TxlConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = TransfoXLModel(config)
+        self.crit = ProjectedAdaptiveLogSoftmax(config)
+        self.tie_weights()
+
+    # ------------------------------------------------------------------ structure
+
+    def tie_weights(self) -> None:
+        """Share output weights/projections with the input embedding as the config says (HF semantics)."""
+        c, emb, crit = self.config, self.transformer.word_emb, self.crit
+        if c.tie_word_embeddings:
+            for i in range(len(crit.out_layers)):
+                crit.out_layers[i].weight = emb.emb_layers[i].weight
+        assert c.tie_projs is not None
+        for i, tie in enumerate(c.tie_projs):
+            if tie and c.div_val == 1 and c.d_model != c.d_embed:
+                crit.out_projs[i] = emb.emb_projs[0]
+            elif tie and c.div_val != 1:
+                crit.out_projs[i] = emb.emb_projs[i]
+        if not c.untie_r:
+            for layer in self.transformer.layers:
+                layer.dec_attn.r_w_bias = self.transformer.r_w_bias
+                layer.dec_attn.r_r_bias = self.transformer.r_r_bias
+
+    def tied_names(self) -> dict[str, str]:
+        """Each state-dict name that aliases another parameter -> the name it aliases (the first one)."""
+        first: dict[int, str] = {}
+        aliases = {}
+        for name, tensor in self.state_dict(keep_vars=True).items():
+            owner = first.setdefault(id(tensor), name)
+            if owner != name:
+                aliases[name] = owner
+        return aliases
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Fresh weights as HF initialises them (normal, std 0.02; projections 0.01; LayerNorm gain 1)."""
+        for name, param in self.named_parameters():
+            if "layer_norm" in name:
+                param.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias") and not name.endswith(("r_w_bias", "r_r_bias")):
+                param.zero_()
+            elif "projs" in name:
+                param.normal_(0.0, 0.01, generator=generator)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+        self.transformer.pos_emb.reset_buffers()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.layers[0].dec_attn.qkv_net.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.layers[0].dec_attn.qkv_net.weight.device
+
+    # ------------------------------------------------------------------ memory
+
+    def memory_layout(self) -> MemoryLayout:
+        return self.transformer.memory_layout()
+
+    def empty_memory(self, batch_size: int = 1, *, mem_len: int | None = None, keep_hidden: bool = False) -> Memory:
+        """A memory holding nothing (unlike HF's `mems=None`, which starts from mem_len zero vectors)."""
+        return Memory(
+            self.memory_layout(),
+            batch_size=batch_size,
+            mem_len=self.config.mem_len if mem_len is None else mem_len,
+            keep_hidden=keep_hidden,
+        )
+
+    @torch.no_grad()
+    def memory_from_hidden(
+        self, hidden: Sequence[Tensor], *, mem_len: int | None = None, keep_hidden: bool = False
+    ) -> Memory:
+        """Import HF-style memory: per layer hidden states [B, L, D] (transpose HF's [L, B, D] `mems` first)."""
+        if len(hidden) != self.config.n_layer:
+            raise ValueError(f"need {self.config.n_layer} layers of hidden states, got {len(hidden)}")
+        layout = self.memory_layout()
+        tensors = {}
+        for i, (h, layer) in enumerate(zip(hidden, self.transformer.layers, strict=True)):
+            h = h.to(dtype=layout.dtype, device=layout.device)
+            tensors[f"keys.{i}"], tensors[f"values.{i}"] = layer.dec_attn.project_kv(h)
+            if keep_hidden:
+                tensors[f"hidden.{i}"] = h
+        return Memory.from_tensors(layout, tensors, mem_len=self.config.mem_len if mem_len is None else mem_len)
+
+    def empty_hidden_memory(self, batch_size: int, *, mem_len: int | None = None) -> HiddenMemory:
+        like = self.transformer.layers[0].dec_attn.qkv_net.weight
+        c = self.config
+        return HiddenMemory.empty(c.n_layer, batch_size, c.d_model, c.mem_len if mem_len is None else mem_len, like=like)
+
+    # ------------------------------------------------------------------ stepping
+
+    @overload
+    def forward(self, tokens: Tensor, memory: Memory) -> tuple[Tensor, Memory]: ...
+    @overload
+    def forward(self, tokens: Tensor, memory: HiddenMemory) -> tuple[Tensor, HiddenMemory]: ...
+    @overload
+    def forward(self, tokens: Tensor, memory: Sequence[AnyMemory]) -> tuple[Tensor, list[AnyMemory]]: ...
+
+    def forward(self, tokens, memory):  # type: ignore[no-untyped-def]
+        """`hidden, new_memory = model(tokens, memory)`: tokens [B, T] -> last hidden states [B, T, D].
+
+        `memory` is one memory for the whole batch, or a list of memories (groups of rows, in order) when rows
+        hold different lengths; the result mirrors it. Feed hidden states to `log_probs` or `target_log_probs`.
+        """
+        if isinstance(memory, (Memory, HiddenMemory)):
+            hidden, (new_memory,) = self.transformer(tokens, [memory])
+            return hidden, new_memory
+        return self.transformer(tokens, list(memory))
+
+    def log_probs(self, hidden: Tensor) -> Tensor:
+        """hidden [..., D] -> [..., vocab] float32 log-probabilities of the next token."""
+        flat = hidden.reshape(-1, hidden.size(-1))
+        return self.crit.log_probs(flat).view(*hidden.shape[:-1], -1)
+
+    def target_log_probs(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        """hidden [..., D], targets [...] -> [...] float32 log p(target); never builds the full distribution."""
+        flat = hidden.reshape(-1, hidden.size(-1))
+        return self.crit.target_log_probs(flat, targets.reshape(-1)).view(targets.shape)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs the server into ./.venv and starts it on the bundled default model with an embedded Redis.
+# Extra arguments go to the server (e.g. `bash scripts/serve.sh --port 9000 --model /path/to/transfo-xl-wt103`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh server
+if ! .venv/bin/python -c "import txl_server.__main__" 2>/dev/null; then
+    echo "the server is not yet available in this revision" >&2
+    exit 1
+fi
+exec .venv/bin/python -m txl_server "$@"
