@@ -48,13 +48,17 @@ def rel_shift(x: Tensor) -> Tensor:
     """[..., T, K] scores indexed by (query i, distance slot) -> indexed by (query i, key j).
 
     Slot s of row i holds distance K-1-s; key j of query i (at position K-T+i) is at distance K-T+i-j, so
-    out[i, j] = x[i, j + T-1-i]. A strided view does this without copying: element (i, j) sits at flat offset
-    (T-1) + i*(K-1) + j. Entries with j + T-1-i >= K read into the next row; they are exactly the causally
-    masked ones (key after query), as in the paper's pad-and-reshape trick.
+    out[i, j] = x[i, j + T-1-i]. Entries with j + T-1-i >= K (key after query) come out as other rows' values or
+    zeros: they are exactly the causally masked ones.
     """
     *batch, qlen, klen = x.shape
     if qlen == 1:
         return x
+    if x.requires_grad:
+        # The paper's pad-and-reshape: views and a cat, whose backward is cheap.
+        padded = torch.cat([x.new_zeros(*batch, qlen, 1), x], dim=-1)  # [..., T, K+1]
+        return padded.view(*batch, klen + 1, qlen)[..., 1:, :].reshape(x.shape)
+    # Inference: a strided view, no copy. Element (i, j) sits at flat offset (T-1) + i*(K-1) + j.
     x = x.contiguous()
     strides = list(x.stride())
     strides[-2] = klen - 1
