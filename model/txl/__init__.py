@@ -1,10 +1,10 @@
 """txl: a Transformer-XL library for exact, cached, incremental inference (and training).
 
-    from txl import load_pretrained
-    model = load_pretrained("path/to/model_dir")           # HF format: config.json + model.safetensors
-    memory = model.empty_memory()                            # holds nothing yet
-    hidden, memory = model(tokens, memory)                   # tokens [B, T]; memory in, new memory out
-    log_probs = model.log_probs(hidden[:, -1])               # [B, vocab], float32
+from txl import load_pretrained
+model = load_pretrained("path/to/model_dir")           # HF format: config.json + model.safetensors
+memory = model.empty_memory()                            # holds nothing yet
+hidden, memory = model(tokens, memory)                   # tokens [B, T]; memory in, new memory out
+log_probs = model.log_probs(hidden[:, -1])               # [B, vocab], float32
 """
 
 from .checkpoint import (

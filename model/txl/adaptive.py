@@ -10,6 +10,8 @@ Log-probabilities are always computed in float32: in float16, HF's version overf
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -75,7 +77,11 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         n_parts = self.n_clusters + 1
         if self.div_val == 1:
             for _ in range(n_parts):
-                proj = nn.Parameter(torch.zeros(self.d_proj, self.d_embed)) if self.d_proj != self.d_embed else None
+                proj = (
+                    nn.Parameter(torch.zeros(self.d_proj, self.d_embed))
+                    if self.d_proj != self.d_embed
+                    else None
+                )
                 self.out_projs.append(proj)
             self.out_layers.append(nn.Linear(self.d_embed, self.n_token))
         else:
@@ -88,12 +94,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     def _cluster_params(self, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """Weight [n_i, d_i], bias [n_i], projection [d_model, d_i] (or None) of cluster i's words."""
+        proj: Tensor | None = self.out_projs[i]
         if self.div_val == 1:
             lo, hi = self.cutoff_ends[i], self.cutoff_ends[i + 1]
-            layer = self.out_layers[0]
-            return layer.weight[lo:hi], layer.bias[lo:hi], self.out_projs[i]
-        layer = self.out_layers[i]
-        return layer.weight, layer.bias, self.out_projs[i]
+            layer = cast(nn.Linear, self.out_layers[0])
+            return layer.weight[lo:hi], layer.bias[lo:hi], proj
+        layer = cast(nn.Linear, self.out_layers[i])
+        return layer.weight, layer.bias, proj
 
     @staticmethod
     def _logits(hidden: Tensor, weight: Tensor, bias: Tensor, proj: Tensor | None) -> Tensor:

@@ -151,7 +151,9 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
             return x + out
         return self.layer_norm(x + out)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, group: AttentionGroup, layer: int) -> Tensor:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, group: AttentionGroup, layer: int
+    ) -> Tensor:
         keys, values = group.writer.extend(layer, k, v, x, self.project_kv)  # [B, H, K, Dh]
         if group.pos_keys is not None:
             pos_keys = group.pos_keys[layer]

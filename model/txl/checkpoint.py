@@ -42,7 +42,9 @@ class CorruptCheckpointError(CheckpointError):
 class StateDictMismatchError(CheckpointError):
     """Tensors missing, unexpected or of the wrong shape. Each list names them all."""
 
-    def __init__(self, missing: list[str], unexpected: list[str], mismatched: list[tuple[str, tuple, tuple]]) -> None:
+    def __init__(
+        self, missing: list[str], unexpected: list[str], mismatched: list[tuple[str, tuple, tuple]]
+    ) -> None:
         self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
         parts = []
         if missing:
@@ -88,19 +90,25 @@ def read_state_dict(model_dir: str | Path) -> dict[str, Tensor]:
         try:
             return load_file(str(safetensors_path))
         except (SafetensorError, OSError, ValueError) as exc:
-            raise CorruptCheckpointError(f"{safetensors_path} is not a readable safetensors file: {exc}") from exc
+            raise CorruptCheckpointError(
+                f"{safetensors_path} is not a readable safetensors file: {exc}"
+            ) from exc
     if torch_path.is_file():
         try:
             state = torch.load(str(torch_path), map_location="cpu", weights_only=True)
         except Exception as exc:  # truncated zip, foreign pickle, ...: all mean "cannot use this file"
-            raise CorruptCheckpointError(f"{torch_path} is not a readable weights-only PyTorch file: {exc}") from exc
+            raise CorruptCheckpointError(
+                f"{torch_path} is not a readable weights-only PyTorch file: {exc}"
+            ) from exc
         if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
             raise CorruptCheckpointError(f"{torch_path} does not hold a flat dict of tensors")
         return state
     raise MissingFileError(f"no weights in {model_dir}: expected {SAFETENSORS_NAME} or {PYTORCH_NAME}")
 
 
-def build_model(config: TxlConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> TransfoXLLMHeadModel:
+def build_model(
+    config: TxlConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> TransfoXLLMHeadModel:
     """A model with uninitialised weights on `device` (built on the meta device: no time spent on random init)."""
     with torch.device("meta"):
         model = TransfoXLLMHeadModel(config)
@@ -111,35 +119,38 @@ def build_model(config: TxlConfig, *, dtype: torch.dtype = torch.float32, device
 
 
 def load_state_dict_strict(model: TransfoXLLMHeadModel, state: dict[str, Tensor]) -> None:
-    """Copies `state` into `model`, converting dtype; raises StateDictMismatchError naming every problem."""
+    """Copies `state` into `model`, converting dtype; raises StateDictMismatchError naming every problem.
+
+    Nothing is copied unless everything matches.
+    """
     targets = model.state_dict()
     aliases = model.tied_names()
-    missing, mismatched = [], []
-    for name, target in targets.items():
-        if name in _DERIVED or name in aliases:
-            continue
+    names_of: dict[str, list[str]] = {name: [name] for name in targets if name not in aliases}
+    for alias, owner in aliases.items():
         # A tied tensor may be stored under any of its names (HF's .bin keeps all, safetensors keeps one).
-        names = [name] + [alias for alias, owner in aliases.items() if owner == name]
+        names_of[owner].append(alias)
+    sources: dict[str, Tensor] = {}
+    missing, mismatched = [], []
+    for name, names in names_of.items():
+        if name in _DERIVED:
+            continue
         source = next((state[n] for n in names if n in state), None)
         if source is None:
             missing.append(name)
-        elif tuple(source.shape) != tuple(target.shape):
-            mismatched.append((name, tuple(source.shape), tuple(target.shape)))
-    for alias in aliases:
-        if alias in state and tuple(state[alias].shape) != tuple(targets[alias].shape):
-            mismatched.append((alias, tuple(state[alias].shape), tuple(targets[alias].shape)))
+            continue
+        for n in names:
+            if n in state and tuple(state[n].shape) != tuple(targets[n].shape):
+                mismatched.append((n, tuple(state[n].shape), tuple(targets[n].shape)))
+        sources[name] = source
     unexpected = sorted(set(state) - set(targets))
     if missing or unexpected or mismatched:
         raise StateDictMismatchError(sorted(missing), unexpected, mismatched)
+    not_float = sorted(name for name, t in sources.items() if not t.is_floating_point())
+    if not_float:
+        raise CorruptCheckpointError(f"tensors that should hold floats do not: {', '.join(not_float)}")
     with torch.no_grad():
-        for name, target in targets.items():
-            if name in _DERIVED or name in aliases:
-                continue
-            names = [name] + [alias for alias, owner in aliases.items() if owner == name]
-            source = next(state[n] for n in names if n in state)
-            if not source.is_floating_point():
-                raise StateDictMismatchError([], [], [(name, tuple(source.shape), tuple(target.shape))])
-            target.copy_(source)
+        for name, source in sources.items():
+            targets[name].copy_(source)
 
 
 def load_pretrained(
@@ -156,7 +167,9 @@ def load_pretrained(
     return model
 
 
-def save_pretrained(model: TransfoXLLMHeadModel, model_dir: str | Path, *, extra_config: dict | None = None) -> None:
+def save_pretrained(
+    model: TransfoXLLMHeadModel, model_dir: str | Path, *, extra_config: dict | None = None
+) -> None:
     """Writes `config.json` and `model.safetensors` (float tensors as they are; tied weights once)."""
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -168,4 +181,6 @@ def save_pretrained(model: TransfoXLLMHeadModel, model_dir: str | Path, *, extra
     config = model.config.to_dict()
     config["torch_dtype"] = str(model.dtype).removeprefix("torch.")
     config.update(extra_config or {})
-    (model_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (model_dir / CONFIG_NAME).write_text(
+        json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )

@@ -117,12 +117,18 @@ class TxlConfig:
             problems.append(f"mem_len must be >= 0, got {self.mem_len}")
         if any(b <= a for a, b in zip(self.cutoffs, self.cutoffs[1:], strict=False)):
             problems.append(f"cutoffs must be strictly increasing, got {self.cutoffs}")
-        if self.cutoffs and not (0 < self.cutoffs[0] and self.cutoffs[-1] < self.vocab_size):
-            problems.append(f"cutoffs {self.cutoffs} must lie strictly inside (0, vocab_size={self.vocab_size})")
+        if self.cutoffs and not (self.cutoffs[0] > 0 and self.cutoffs[-1] < self.vocab_size):
+            problems.append(
+                f"cutoffs {self.cutoffs} must lie strictly inside (0, vocab_size={self.vocab_size})"
+            )
         if self.tie_projs is not None and len(self.tie_projs) != len(self.cutoffs) + 1:
-            problems.append(f"tie_projs needs {len(self.cutoffs) + 1} entries (one per cluster), got {self.tie_projs}")
+            problems.append(
+                f"tie_projs needs {len(self.cutoffs) + 1} entries (one per cluster), got {self.tie_projs}"
+            )
         if self.div_val > 1 and self.cutoffs and self.d_embed // (self.div_val ** len(self.cutoffs)) < 1:
-            problems.append(f"d_embed={self.d_embed} is too small for div_val={self.div_val} and {self.n_clusters} tails")
+            problems.append(
+                f"d_embed={self.d_embed} is too small for div_val={self.div_val} and {self.n_clusters} tails"
+            )
         if self.tgt_len is not None and self.tgt_len <= 0:
             problems.append(f"tgt_len must be positive, got {self.tgt_len}")
         if problems:
@@ -153,7 +159,7 @@ class TxlConfig:
         data.pop("sample_softmax", None)
         share = data.pop("proj_share_all_but_first", None)
         if "tie_projs" not in data and share is not None:
-            n = len(data.get("cutoffs", cls.__dataclass_fields__["cutoffs"].default_factory()))  # type: ignore[misc]
+            n = len(data.get("cutoffs", [20000, 40000, 200000]))  # the class default
             data["tie_projs"] = [False] + [bool(share)] * n
         if "d_embed" not in data and "d_model" in data:
             data["d_embed"] = data["d_model"]
@@ -234,7 +240,9 @@ class TxlConfig:
         for i in range(n_emb):
             size = self.vocab_size if self.div_val == 1 else ends[i + 1] - ends[i]
             dim = self.cluster_dim(i)
-            total += size * dim + (0 if (self.div_val == 1 and dim == d) else d * dim)  # embedding + projection
+            total += size * dim + (
+                0 if (self.div_val == 1 and dim == d) else d * dim
+            )  # embedding + projection
             total += size + (0 if self.tie_word_embeddings else size * dim)  # output bias (+ untied weight)
         for i in range(len(ends) - 1):
             dim = self.cluster_dim(0 if self.div_val == 1 else i)

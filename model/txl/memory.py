@@ -55,11 +55,12 @@ class _Storage:
 
     def __init__(self, layout: MemoryLayout, batch_size: int, capacity: int, keep_hidden: bool) -> None:
         kv_shape = (batch_size, layout.n_head, capacity, layout.d_head)
-        factory = {"dtype": layout.dtype, "device": layout.device}
-        self.keys = [torch.empty(kv_shape, **factory) for _ in range(layout.n_layer)]  # type: ignore[arg-type]
-        self.values = [torch.empty(kv_shape, **factory) for _ in range(layout.n_layer)]  # type: ignore[arg-type]
+        dtype, device = layout.dtype, layout.device
+        self.keys = [torch.empty(kv_shape, dtype=dtype, device=device) for _ in range(layout.n_layer)]
+        self.values = [torch.empty(kv_shape, dtype=dtype, device=device) for _ in range(layout.n_layer)]
+        hidden_shape = (batch_size, capacity, layout.d_model)
         self.hidden = (
-            [torch.empty(batch_size, capacity, layout.d_model, **factory) for _ in range(layout.n_layer)]  # type: ignore[arg-type]
+            [torch.empty(hidden_shape, dtype=dtype, device=device) for _ in range(layout.n_layer)]
             if keep_hidden
             else None
         )
@@ -130,7 +131,9 @@ class Memory:
             raise ValueError("this memory does not keep hidden states; create it with keep_hidden=True")
         if self._storage is None or self._storage.hidden is None:
             shape = (self.batch_size, 0, self.layout.d_model)
-            return [torch.empty(shape, dtype=self.layout.dtype, device=self.layout.device)] * self.layout.n_layer
+            return [
+                torch.empty(shape, dtype=self.layout.dtype, device=self.layout.device)
+            ] * self.layout.n_layer
         return [h[:, self.start : self.end] for h in self._storage.hidden]
 
     def _empty_kv(self) -> Tensor:
@@ -171,7 +174,9 @@ class Memory:
             end=self.end if start < self.end else 0,
         )
 
-    def compact(self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Memory:
+    def compact(
+        self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> Memory:
         """A copy in a storage of its own, sized to what is held (for tier moves and snapshots)."""
         layout = MemoryLayout(
             self.layout.n_layer,
@@ -205,7 +210,9 @@ class Memory:
             raise ValueError(f"keys.0 must be [B, H, L, Dh], got shape {tuple(first.shape)}")
         batch, _, length, _ = first.shape
         keep_hidden = "hidden.0" in tensors
-        expected = {f"keys.{i}" for i in range(layout.n_layer)} | {f"values.{i}" for i in range(layout.n_layer)}
+        expected = {f"keys.{i}" for i in range(layout.n_layer)} | {
+            f"values.{i}" for i in range(layout.n_layer)
+        }
         if keep_hidden:
             expected |= {f"hidden.{i}" for i in range(layout.n_layer)}
         if set(tensors) != expected:
@@ -226,7 +233,9 @@ class Memory:
             if storage.hidden is not None:
                 storage.hidden[i][:, :keep].copy_(tensors[f"hidden.{i}"][:, length - keep :])
         storage.frontier = keep
-        return cls(layout, batch_size=batch, mem_len=mem_len, keep_hidden=keep_hidden, storage=storage, end=keep)
+        return cls(
+            layout, batch_size=batch, mem_len=mem_len, keep_hidden=keep_hidden, storage=storage, end=keep
+        )
 
     # ------------------------------------------------------------------ stepping (used by the model)
 
@@ -309,7 +318,9 @@ class HiddenMemory:
     batch_size: int
 
     @classmethod
-    def empty(cls, n_layer: int, batch_size: int, d_model: int, mem_len: int, *, like: Tensor) -> HiddenMemory:
+    def empty(
+        cls, n_layer: int, batch_size: int, d_model: int, mem_len: int, *, like: Tensor
+    ) -> HiddenMemory:
         block = like.new_zeros(batch_size, 0, d_model)
         return cls(tuple(block for _ in range(n_layer)), mem_len, batch_size)
 
@@ -345,9 +356,7 @@ class _HiddenWriter:
         m = self.memory
         with torch.no_grad():
             hidden = tuple(
-                torch.cat([past, new.detach()], dim=1)[:, -m.mem_len :]
-                if m.mem_len
-                else past[:, :0]
+                torch.cat([past, new.detach()], dim=1)[:, -m.mem_len :] if m.mem_len else past[:, :0]
                 for past, new in zip(m.hidden, self.inputs, strict=True)
             )
         return HiddenMemory(hidden, m.mem_len, m.batch_size)

@@ -12,7 +12,7 @@ Shapes are batch-first: tokens [B, T], hidden [B, T, D]; attention tensors [B, H
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import overload
+from typing import cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +28,9 @@ AnyMemory = Memory | HiddenMemory
 
 
 class RelPartialLearnableDecoderLayer(nn.Module):
-    def __init__(self, config: TxlConfig, r_w_bias: nn.Parameter | None, r_r_bias: nn.Parameter | None) -> None:
+    def __init__(
+        self, config: TxlConfig, r_w_bias: nn.Parameter | None, r_r_bias: nn.Parameter | None
+    ) -> None:
         super().__init__()
         self.dec_attn = RelPartialLearnableMultiHeadAttn(
             config.n_head,
@@ -56,6 +58,9 @@ class RelPartialLearnableDecoderLayer(nn.Module):
 class TransfoXLModel(nn.Module):
     """Embedding and decoder stack (HF's `transformer.` submodule)."""
 
+    r_w_bias: nn.Parameter  # only when not config.untie_r
+    r_r_bias: nn.Parameter
+
     def __init__(self, config: TxlConfig) -> None:
         super().__init__()
         self.config = config
@@ -73,22 +78,28 @@ class TransfoXLModel(nn.Module):
         self._pos_table: list[Tensor] = []
         self._pos_table_key: tuple = ()
 
+    @property
+    def attentions(self) -> list[RelPartialLearnableMultiHeadAttn]:
+        """Each layer's attention sub-layer, typed (ModuleList items are plain Modules to a type checker)."""
+        return [cast(RelPartialLearnableDecoderLayer, layer).dec_attn for layer in self.layers]
+
     def memory_layout(self) -> MemoryLayout:
-        weight = self.layers[0].dec_attn.qkv_net.weight
+        weight = self.attentions[0].qkv_net.weight
         c = self.config
         return MemoryLayout(c.n_layer, c.n_head, c.d_head, c.d_model, weight.dtype, weight.device)
 
     def positional_keys(self, klen: int) -> list[Tensor]:
         """Per layer, W_r R for distances klen-1..0: [H, klen, Dh] views of a table grown on demand."""
-        weights = [layer.dec_attn.r_net.weight for layer in self.layers]
+        attentions = self.attentions
+        weights = [attn.r_net.weight for attn in attentions]
         key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
         if key != self._pos_table_key or not self._pos_table or self._pos_table[0].size(1) < klen:
-            size = max(klen, 2 * self._pos_table[0].size(1) if self._pos_table and key == self._pos_table_key else 0)
+            size = max(
+                klen, 2 * self._pos_table[0].size(1) if self._pos_table and key == self._pos_table_key else 0
+            )
             with torch.no_grad():
                 pos_emb = self.pos_emb.for_keys(size, self.config.clamp_len).to(weights[0].dtype)  # [N, D]
-                self._pos_table = [
-                    layer.dec_attn.project_positions(pos_emb).contiguous() for layer in self.layers
-                ]
+                self._pos_table = [attn.project_positions(pos_emb).contiguous() for attn in attentions]
             self._pos_table_key = key
         n = self._pos_table[0].size(1)
         return [table[:, n - klen :] for table in self._pos_table]
@@ -101,7 +112,9 @@ class TransfoXLModel(nn.Module):
         """
         batch, qlen = tokens.shape
         if sum(m.batch_size for m in memories) != batch:
-            raise ValueError(f"memories cover {sum(m.batch_size for m in memories)} rows, tokens have {batch}")
+            raise ValueError(
+                f"memories cover {sum(m.batch_size for m in memories)} rows, tokens have {batch}"
+            )
         if qlen == 0:
             raise ValueError("a step needs at least one token")
         hidden = self.drop(self.word_emb(tokens))  # [B, T, D]
@@ -124,7 +137,9 @@ class TransfoXLModel(nn.Module):
                 pos_emb = self.drop(self.pos_emb.for_keys(klen, self.config.clamp_len).to(hidden.dtype))
                 group = AttentionGroup(slice(row, row + memory.batch_size), writer, mask, None, pos_emb)
             else:
-                group = AttentionGroup(slice(row, row + memory.batch_size), writer, mask, self.positional_keys(klen), None)
+                group = AttentionGroup(
+                    slice(row, row + memory.batch_size), writer, mask, self.positional_keys(klen), None
+                )
             groups.append(group)
             row += memory.batch_size
         for i, layer in enumerate(self.layers):
@@ -149,8 +164,8 @@ class TransfoXLLMHeadModel(nn.Module):
         """Share output weights/projections with the input embedding as the config says (HF semantics)."""
         c, emb, crit = self.config, self.transformer.word_emb, self.crit
         if c.tie_word_embeddings:
-            for i in range(len(crit.out_layers)):
-                crit.out_layers[i].weight = emb.emb_layers[i].weight
+            for out_layer, emb_layer in zip(crit.out_layers, emb.emb_layers, strict=True):
+                cast(nn.Linear, out_layer).weight = cast(nn.Embedding, emb_layer).weight
         assert c.tie_projs is not None
         for i, tie in enumerate(c.tie_projs):
             if tie and c.div_val == 1 and c.d_model != c.d_embed:
@@ -158,9 +173,9 @@ class TransfoXLLMHeadModel(nn.Module):
             elif tie and c.div_val != 1:
                 crit.out_projs[i] = emb.emb_projs[i]
         if not c.untie_r:
-            for layer in self.transformer.layers:
-                layer.dec_attn.r_w_bias = self.transformer.r_w_bias
-                layer.dec_attn.r_r_bias = self.transformer.r_r_bias
+            for attn in self.transformer.attentions:
+                attn.r_w_bias = self.transformer.r_w_bias
+                attn.r_r_bias = self.transformer.r_r_bias
 
     def tied_names(self) -> dict[str, str]:
         """Each state-dict name that aliases another parameter -> the name it aliases (the first one)."""
@@ -188,18 +203,20 @@ class TransfoXLLMHeadModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.transformer.layers[0].dec_attn.qkv_net.weight.dtype
+        return self.transformer.attentions[0].qkv_net.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.transformer.layers[0].dec_attn.qkv_net.weight.device
+        return self.transformer.attentions[0].qkv_net.weight.device
 
     # ------------------------------------------------------------------ memory
 
     def memory_layout(self) -> MemoryLayout:
         return self.transformer.memory_layout()
 
-    def empty_memory(self, batch_size: int = 1, *, mem_len: int | None = None, keep_hidden: bool = False) -> Memory:
+    def empty_memory(
+        self, batch_size: int = 1, *, mem_len: int | None = None, keep_hidden: bool = False
+    ) -> Memory:
         """A memory holding nothing (unlike HF's `mems=None`, which starts from mem_len zero vectors)."""
         return Memory(
             self.memory_layout(),
@@ -217,17 +234,21 @@ class TransfoXLLMHeadModel(nn.Module):
             raise ValueError(f"need {self.config.n_layer} layers of hidden states, got {len(hidden)}")
         layout = self.memory_layout()
         tensors = {}
-        for i, (h, layer) in enumerate(zip(hidden, self.transformer.layers, strict=True)):
+        for i, (h, attn) in enumerate(zip(hidden, self.transformer.attentions, strict=True)):
             h = h.to(dtype=layout.dtype, device=layout.device)
-            tensors[f"keys.{i}"], tensors[f"values.{i}"] = layer.dec_attn.project_kv(h)
+            tensors[f"keys.{i}"], tensors[f"values.{i}"] = attn.project_kv(h)
             if keep_hidden:
                 tensors[f"hidden.{i}"] = h
-        return Memory.from_tensors(layout, tensors, mem_len=self.config.mem_len if mem_len is None else mem_len)
+        return Memory.from_tensors(
+            layout, tensors, mem_len=self.config.mem_len if mem_len is None else mem_len
+        )
 
     def empty_hidden_memory(self, batch_size: int, *, mem_len: int | None = None) -> HiddenMemory:
-        like = self.transformer.layers[0].dec_attn.qkv_net.weight
+        like = self.transformer.attentions[0].qkv_net.weight
         c = self.config
-        return HiddenMemory.empty(c.n_layer, batch_size, c.d_model, c.mem_len if mem_len is None else mem_len, like=like)
+        return HiddenMemory.empty(
+            c.n_layer, batch_size, c.d_model, c.mem_len if mem_len is None else mem_len, like=like
+        )
 
     # ------------------------------------------------------------------ stepping
 
@@ -238,7 +259,7 @@ class TransfoXLLMHeadModel(nn.Module):
     @overload
     def forward(self, tokens: Tensor, memory: Sequence[AnyMemory]) -> tuple[Tensor, list[AnyMemory]]: ...
 
-    def forward(self, tokens, memory):  # type: ignore[no-untyped-def]
+    def forward(self, tokens, memory):
         """`hidden, new_memory = model(tokens, memory)`: tokens [B, T] -> last hidden states [B, T, D].
 
         `memory` is one memory for the whole batch, or a list of memories (groups of rows, in order) when rows

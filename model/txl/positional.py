@@ -37,7 +37,9 @@ class PositionalEmbedding(nn.Module):
         return self(distances)
 
 
-def attention_mask(*, qlen: int, mlen: int, mem_len: int, same_length: bool, device: torch.device) -> Tensor | None:
+def attention_mask(
+    *, qlen: int, mlen: int, mem_len: int, same_length: bool, device: torch.device
+) -> Tensor | None:
     """[qlen, mlen + qlen] bool, True where query i must not see key j; None when nothing is masked.
 
     Query i sits at position mlen + i. Causal: keys after it are hidden. `same_length` (HF semantics): a query sees

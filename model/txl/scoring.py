@@ -1,0 +1,85 @@
+"""Scoring text with a model: log p(token | everything before), segment by segment, in constant memory.
+
+A scoring state is (memory, last hidden state): the memory lets the next segment attend to the past, and the
+last hidden state predicts the first token of the next segment. A document of any length is scored with memory
+bounded by `mem_len`, whatever its length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .memory import Memory
+from .model import TransfoXLLMHeadModel
+
+
+@dataclass
+class ScoreResult:
+    logprob: float  # summed natural-log probability of the scored tokens
+    scored: int  # tokens with a prediction (all but the first when scoring starts from nothing)
+    token_logprobs: list[float] | None
+    memory: Memory
+    last_hidden: Tensor | None  # [D]: predicts the token after the document
+
+    @property
+    def nll(self) -> float:
+        return -self.logprob / max(self.scored, 1)
+
+    def bits_per(self, units: int) -> float:
+        return -self.logprob / math.log(2) / max(units, 1)
+
+
+@torch.inference_mode()
+def advance(
+    model: TransfoXLLMHeadModel,
+    tokens: Tensor,
+    memory: Memory,
+    last_hidden: Tensor | None,
+) -> tuple[Tensor, Memory, Tensor]:
+    """tokens [T] after `memory` -> (log p of each token [T] (NaN where nothing predicts it), memory, last hidden [D])."""
+    hidden, new_memory = model(tokens[None, :], memory)  # [1, T, D]
+    hidden = hidden[0]
+    # Position t predicts token t+1; the state's last hidden predicts token 0.
+    predictors = hidden[:-1] if last_hidden is None else torch.cat([last_hidden[None, :], hidden[:-1]])
+    targets = tokens[1:] if last_hidden is None else tokens
+    logprobs = model.target_log_probs(predictors, targets)
+    if last_hidden is None:
+        logprobs = torch.cat([logprobs.new_full((1,), math.nan), logprobs])
+    return logprobs, new_memory, hidden[-1].clone()
+
+
+def score_tokens(
+    model: TransfoXLLMHeadModel,
+    tokens: Sequence[int] | Tensor,
+    *,
+    mem_len: int | None = None,
+    segment_len: int | None = None,
+    memory: Memory | None = None,
+    last_hidden: Tensor | None = None,
+    token_logprobs: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> ScoreResult:
+    """Scores `tokens` segment by segment; `progress(done, total)` is called after each segment."""
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=model.device)
+    segment_len = segment_len or model.config.segment_len
+    if memory is None:
+        memory = model.empty_memory(mem_len=mem_len)
+    total = 0.0
+    scored = 0
+    per_token: list[float] | None = [] if token_logprobs else None
+    for start in range(0, ids.numel(), segment_len):
+        chunk = ids[start : start + segment_len]
+        logprobs, memory, last_hidden = advance(model, chunk, memory, last_hidden)
+        valid = logprobs[~torch.isnan(logprobs)]
+        total += float(valid.double().sum())
+        scored += valid.numel()
+        if per_token is not None:
+            per_token.extend(logprobs.tolist())
+        if progress is not None:
+            progress(min(start + segment_len, ids.numel()), ids.numel())
+    return ScoreResult(total, scored, per_token, memory, last_hidden)
