@@ -150,6 +150,11 @@ class Memory:
         """Bytes of the buffers this view keeps alive (shared with other views of the same storage)."""
         return 0 if self._storage is None else self._storage.nbytes
 
+    @property
+    def storage_key(self) -> int | None:
+        """Identifies the buffers behind this view: views with equal keys share their bytes (count them once)."""
+        return None if self._storage is None else id(self._storage)
+
     def shares_storage_with(self, other: Memory) -> bool:
         return self._storage is not None and self._storage is other._storage
 

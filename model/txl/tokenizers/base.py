@@ -20,6 +20,11 @@ class IncrementalDecoder(Protocol):
         """Text still held back, at the end of the stream."""
         ...
 
+    @property
+    def has_pending(self) -> bool:
+        """Whether text is held back (flush would return something)."""
+        ...
+
 
 class Tokenizer(Protocol):
     vocab_size: int

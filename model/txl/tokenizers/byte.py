@@ -20,6 +20,11 @@ class ByteDecoder:
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
 
+    @property
+    def has_pending(self) -> bool:
+        """Whether bytes of an incomplete character are held back."""
+        return bool(self._utf8.getstate()[0])
+
 
 class ByteTokenizer:
     vocab_size = VOCAB_SIZE

@@ -1,0 +1,120 @@
+"""Work handed to the device worker, and the events it sends back.
+
+A job is created on the event loop, executed on the worker thread, and reports through an asyncio queue that
+the worker fills with `loop.call_soon_threadsafe`. Cancelling sets a flag the worker reads between iterations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from txl.sampling import SamplingParams
+
+from .state import ModelState
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class AdvanceResult:
+    state: ModelState
+    tokens: int
+    logprob: float  # summed over the tokens that had a prediction
+    token_logprobs: list[float] | None
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    state: ModelState
+    text: str
+    finish_reason: str  # "length" | "stop"
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: list[int]
+    token_logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    result: AdvanceResult | GenerateResult
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    error: BaseException
+
+
+Event = TokenEvent | ProgressEvent | DoneEvent | ErrorEvent
+
+
+class Job:
+    """Base: an event channel back to the loop that submitted it, and a cancellation flag."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Leave the worker at its next iteration; nothing the job computed is kept."""
+        self.cancelled = True
+
+    def emit(self, event: Event) -> None:
+        """Called from the worker thread."""
+        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Events until (and including) the terminal one."""
+        while True:
+            event = await self._events.get()
+            yield event
+            if isinstance(event, DoneEvent | ErrorEvent):
+                return
+
+    async def result(self) -> AdvanceResult | GenerateResult:
+        async for event in self.events():
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if isinstance(event, DoneEvent):
+                return event.result
+        raise RuntimeError("job ended without a result")  # pragma: no cover
+
+
+@dataclass(eq=False)
+class AdvanceJob(Job):
+    """Feed `tokens` after `state`: appends, prompts, scoring. Reports progress after each segment."""
+
+    state: ModelState
+    tokens: list[int]
+    token_logprobs: bool = False
+    report_progress: bool = False
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+
+@dataclass(eq=False)
+class GenerateJob(Job):
+    """Feed `prompt` after `state`, then sample up to `max_tokens`, streaming a TokenEvent per token."""
+
+    state: ModelState
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()

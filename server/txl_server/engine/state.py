@@ -1,0 +1,82 @@
+"""A session's model state: what one step needs from the past, and the unit the cache stores and moves."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from torch import Tensor
+from txl import Memory, MemoryLayout
+
+# Detokenization may depend on the last few tokens of the context (word-level spacing).
+TAIL_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Immutable: a step returns a new state; the old one stays valid (rollback is keeping the old one)."""
+
+    memory: Memory  # keys/values of the last <= mem_len positions
+    last_hidden: Tensor | None  # [D]: the last position's output, which predicts the next token (None: empty)
+    tail: tuple[int, ...]  # the last few token ids
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this state keeps alive: its memory's buffers and the last hidden state."""
+        hidden = 0 if self.last_hidden is None else self.last_hidden.numel() * self.last_hidden.element_size()
+        return self.memory.allocated_nbytes + hidden
+
+    @property
+    def mem_len(self) -> int:
+        return self.memory.mem_len
+
+    @classmethod
+    def empty(cls, memory: Memory) -> ModelState:
+        return cls(memory, None, ())
+
+    def advanced(self, memory: Memory, last_hidden: Tensor, tokens: list[int]) -> ModelState:
+        return ModelState(memory, last_hidden, (*self.tail, *tokens)[-TAIL_TOKENS:])
+
+    def moved(self, *, device: torch.device | str) -> ModelState:
+        """A compact copy on another device (tier moves): same values, buffers sized to what is held."""
+        memory = self.memory.compact(device=device)
+        hidden = None if self.last_hidden is None else self.last_hidden.to(device, copy=True)
+        return ModelState(memory, hidden, self.tail)
+
+    # ------------------------------------------------------------------ serialisation (snapshots, Redis tier)
+
+    def to_bytes(self) -> bytes:
+        tensors = self.memory.to_tensors()
+        if self.last_hidden is not None:
+            tensors["last_hidden"] = self.last_hidden.contiguous()
+        meta = {"mem_len": str(self.memory.mem_len), "tail": json.dumps(list(self.tail))}
+        return save_safetensors({k: v.cpu() for k, v in tensors.items()}, metadata=meta)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, layout: MemoryLayout) -> ModelState:
+        """Inverse of `to_bytes`; raises ValueError if the snapshot does not fit the model's layout."""
+        try:
+            tensors = load_safetensors(data)
+            meta = _metadata(data)
+            mem_len = int(meta["mem_len"])
+            tail = tuple(int(t) for t in json.loads(meta["tail"]))
+        except Exception as exc:
+            raise ValueError(f"not a session snapshot: {exc}") from exc
+        last_hidden = tensors.pop("last_hidden", None)
+        if last_hidden is not None and last_hidden.shape != (layout.d_model,):
+            raise ValueError("snapshot's last hidden state does not have the model's width")
+        if last_hidden is not None:
+            last_hidden = last_hidden.to(dtype=layout.dtype, device=layout.device)
+        tensors = {k: v.to(dtype=layout.dtype, device=layout.device) for k, v in tensors.items()}
+        memory = Memory.from_tensors(layout, tensors, mem_len=mem_len)
+        return cls(memory, last_hidden, tail)
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    # safetensors layout: 8-byte little-endian header length, then the JSON header with "__metadata__".
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_len])
+    return dict(header.get("__metadata__", {}))

@@ -1,0 +1,74 @@
+"""The server's error types. Each maps to one HTTP status and one `type` in the error body:
+`{"error": {"type": ..., "message": ..., "param": ...}}`. Messages are written for users: no internals."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status = 500
+    type = "internal"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict:
+        return {"error": {"type": self.type, "message": self.message, "param": self.param}}
+
+
+class InvalidRequest(ServiceError):
+    status = 400
+    type = "invalid_request"
+
+
+class Unauthorized(ServiceError):
+    status = 401
+    type = "unauthorized"
+
+
+class NotFound(ServiceError):
+    """Also for a session that exists but belongs to another tenant: its existence is not revealed."""
+
+    status = 404
+    type = "not_found"
+
+
+class Conflict(ServiceError):
+    """Another step on the same session is in progress (one writer per session)."""
+
+    status = 409
+    type = "conflict"
+
+
+class Gone(ServiceError):
+    """The session exists but its memory was dropped (no persistence and no room)."""
+
+    status = 410
+    type = "gone"
+
+
+class PayloadTooLarge(ServiceError):
+    status = 413
+    type = "payload_too_large"
+
+
+class Overloaded(ServiceError):
+    status = 429
+    type = "overloaded"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = retry_after
+
+
+class Unavailable(ServiceError):
+    """A dependency (Redis) is unreachable; nothing was changed."""
+
+    status = 503
+    type = "unavailable"
+
+
+class Internal(ServiceError):
+    status = 500
+    type = "internal"

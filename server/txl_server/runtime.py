@@ -1,0 +1,119 @@
+"""Everything one server process runs, assembled from settings and torn down in reverse.
+
+model + tokenizer -> worker thread -> Redis (given or embedded) -> session service (+ expiry reaper)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+import torch
+from redis import asyncio as aioredis
+from txl import TransfoXLLMHeadModel, load_pretrained
+from txl.tokenizers import Tokenizer, load_tokenizer
+
+from .engine.worker import Worker, WorkerObserver
+from .sessions.redis_server import EmbeddedRedis
+from .sessions.service import SessionObserver, SessionService
+from .sessions.store import SessionStore
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+REAP_INTERVAL_SECONDS = 5.0
+
+
+def load_model(settings: Settings) -> tuple[TransfoXLLMHeadModel, Tokenizer, str]:
+    model_dir = Path(settings.model_dir)
+    model = load_pretrained(model_dir, dtype=settings.dtype, device=settings.device)
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"{model_dir}: the tokenizer has {tokenizer.vocab_size} symbols but the model {model.config.vocab_size}"
+        )
+    model_id = settings.model_id or model_dir.name
+    if model_id == "default_model":
+        model_id = "txl-books-byte"
+    return model, tokenizer, model_id
+
+
+class Runtime:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        worker_observer: WorkerObserver | None = None,
+        session_observer: SessionObserver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.worker_observer = worker_observer
+        self.session_observer = session_observer
+        self.embedded_redis: EmbeddedRedis | None = None
+        self.redis: aioredis.Redis | None = None
+        self.worker: Worker | None = None
+        self.service: SessionService | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self.model_id = ""
+
+    async def start(self) -> None:
+        settings = self.settings
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        model, tokenizer, self.model_id = await asyncio.to_thread(load_model, settings)
+        segment_len = settings.segment_len or model.config.segment_len
+        self.worker = Worker(
+            model,
+            tokenizer,
+            segment_len=segment_len,
+            max_batch_size=settings.max_batch_size,
+            max_queued=settings.max_queued_jobs,
+            observer=self.worker_observer,
+        )
+        self.worker.start()
+        url = settings.redis_url
+        if url is None:
+            self.embedded_redis = EmbeddedRedis(settings.redis_data_dir)
+            url = await asyncio.to_thread(self.embedded_redis.start)
+            log.info("started a private Redis at %s (data in %s)", url, self.embedded_redis.data_dir)
+        self.redis = aioredis.from_url(
+            url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10
+        )
+        store = SessionStore(self.redis, prefix=settings.redis_prefix)
+        self.service = SessionService(
+            settings=settings,
+            model=model,
+            tokenizer=tokenizer,
+            worker=self.worker,
+            store=store,
+            model_id=self.model_id,
+            observer=self.session_observer,
+        )
+        self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        assert self.service is not None
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_SECONDS)
+            try:
+                await self.service.reap_expired()
+            except Exception as exc:  # Redis away: try again next round
+                log.debug("expiry sweep skipped: %s", exc)
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        if self.worker is not None:
+            await asyncio.to_thread(self.worker.stop)
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+        if self.embedded_redis is not None:
+            await asyncio.to_thread(self.embedded_redis.stop)
+
+    async def ready(self) -> bool:
+        return self.service is not None and await self.service.store.ping()

@@ -1,0 +1,117 @@
+"""The in-process memory cache: session id -> model state, in tiers with byte budgets.
+
+    device  the model's device, up to `device_budget` bytes (where steps run)
+    host    CPU memory, up to `host_budget` bytes (least recently used sessions move here)
+    beyond  the service writes them to Redis (persistence on) or drops them (the session is then "gone")
+
+Bytes are counted exactly: the buffers each state keeps alive, with buffers shared by several sessions (a fork
+shares its parent's memory until one of them writes) counted once per tier. The cache only does bookkeeping
+and picks victims; the service moves tensors (off the event loop) and talks to Redis.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from ..engine.state import ModelState
+
+DEVICE, HOST = "device", "host"
+
+
+@dataclass
+class Entry:
+    state: ModelState
+    version: int
+    tier: str
+
+
+@dataclass
+class _Tier:
+    budget: int
+    # storage key -> (bytes, number of entries using it); a key of None stands for "no buffers"
+    storages: dict[int, list[int]] = field(default_factory=dict)
+    extra: int = 0  # bytes outside shared storages (last hidden states)
+
+    @property
+    def used(self) -> int:
+        return sum(size for size, _ in self.storages.values()) + self.extra
+
+    def add(self, state: ModelState) -> None:
+        key = state.memory.storage_key
+        if key is not None:
+            slot = self.storages.setdefault(key, [state.memory.allocated_nbytes, 0])
+            slot[1] += 1
+        self.extra += state.nbytes - state.memory.allocated_nbytes
+
+    def remove(self, state: ModelState) -> None:
+        key = state.memory.storage_key
+        if key is not None:
+            slot = self.storages[key]
+            slot[1] -= 1
+            if slot[1] == 0:
+                del self.storages[key]
+        self.extra -= state.nbytes - state.memory.allocated_nbytes
+
+
+class MemoryCache:
+    def __init__(self, *, device_budget: int, host_budget: int) -> None:
+        self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
+        self._tiers = {DEVICE: _Tier(device_budget), HOST: _Tier(host_budget)}
+        self.pinned: set[str] = set()  # sessions with a step in flight: not chosen as victims
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, session_id: str) -> Entry | None:
+        entry = self._entries.get(session_id)
+        if entry is not None:
+            self._entries.move_to_end(session_id)
+        return entry
+
+    def peek(self, session_id: str) -> Entry | None:
+        """Like get, without counting as a use."""
+        return self._entries.get(session_id)
+
+    def replace(self, session_id: str, state: ModelState, tier: str) -> None:
+        """Moves an entry to another tier (same version), keeping its place in the LRU order."""
+        entry = self._entries[session_id]
+        self._tiers[entry.tier].remove(entry.state)
+        entry.state, entry.tier = state, tier
+        self._tiers[tier].add(state)
+
+    def put(self, session_id: str, state: ModelState, version: int, tier: str = DEVICE) -> None:
+        self.drop(session_id)
+        self._entries[session_id] = Entry(state, version, tier)
+        self._tiers[tier].add(state)
+
+    def drop(self, session_id: str) -> Entry | None:
+        entry = self._entries.pop(session_id, None)
+        if entry is not None:
+            self._tiers[entry.tier].remove(entry.state)
+        return entry
+
+    def used(self, tier: str) -> int:
+        return self._tiers[tier].used
+
+    def budget(self, tier: str) -> int:
+        return self._tiers[tier].budget
+
+    def count(self, tier: str) -> int:
+        return sum(1 for e in self._entries.values() if e.tier == tier)
+
+    def over_budget(self, tier: str) -> bool:
+        return self._tiers[tier].used > self._tiers[tier].budget
+
+    def victim(self, tier: str, *, keep: str | None = None) -> str | None:
+        """The least recently used session in `tier` that is neither pinned nor `keep`."""
+        for session_id, entry in self._entries.items():
+            if entry.tier == tier and session_id != keep and session_id not in self.pinned:
+                return session_id
+        return None
+
+    def ids(self) -> list[str]:
+        return list(self._entries)

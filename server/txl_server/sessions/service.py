@@ -1,0 +1,498 @@
+"""Sessions: the operations the API offers, on top of the worker (compute), the cache (tensors) and the store
+(Redis metadata).
+
+A step on a session runs under its single-writer lease and commits atomically: the new memory is computed on
+the side, then the metadata is committed in Redis with a version check (and the snapshot, in persistence mode
+`always`), and only then does the cache point to the new state. A step that fails, is cancelled or loses the
+commit leaves the session exactly as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from txl import TransfoXLLMHeadModel
+from txl.sampling import SamplingParams
+from txl.tokenizers import Tokenizer
+
+from ..engine.jobs import (
+    AdvanceJob,
+    AdvanceResult,
+    DoneEvent,
+    ErrorEvent,
+    GenerateJob,
+    GenerateResult,
+    Job,
+    ProgressEvent,
+    TokenEvent,
+)
+from ..engine.state import ModelState
+from ..engine.worker import Worker
+from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
+from ..settings import Persistence, Settings
+from .cache import DEVICE, HOST, MemoryCache
+from .store import Lease, SessionMeta, SessionStore, now
+
+log = logging.getLogger(__name__)
+
+
+class SessionObserver:
+    """Hooks for metrics; the defaults do nothing."""
+
+    def on_tier_move(self, source: str, target: str) -> None: ...
+
+    def on_conflict(self) -> None: ...
+
+    def on_tokens(self, kind: str, n: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class AppendOutcome:
+    session: SessionMeta
+    tokens: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class GenerateOutcome:
+    session: SessionMeta
+    result: GenerateResult
+
+
+@dataclass(frozen=True)
+class ScoreOutcome:
+    tokens: int
+    bytes: int
+    logprob: float
+    token_logprobs: list[float] | None
+    token_ids: list[int]
+    memory_bytes: int  # what the scoring memory held at the end: bounded by mem_len, whatever the length
+
+    @property
+    def nll(self) -> float:
+        return -self.logprob / max(self.tokens, 1)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.nll, 700.0))
+
+    @property
+    def bits_per_byte(self) -> float:
+        return -self.logprob / math.log(2) / max(self.bytes, 1)
+
+
+class SessionService:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        model: TransfoXLLMHeadModel,
+        tokenizer: Tokenizer,
+        worker: Worker,
+        store: SessionStore,
+        model_id: str,
+        observer: SessionObserver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.tokenizer = tokenizer
+        self.worker = worker
+        self.store = store
+        self.model_id = model_id
+        self.observer = observer or SessionObserver()
+        self.cache = MemoryCache(
+            device_budget=settings.device_memory_bytes, host_budget=settings.host_memory_bytes
+        )
+        self.default_mem_len = (
+            settings.default_mem_len if settings.default_mem_len is not None else model.config.mem_len
+        )
+        self.max_mem_len = (
+            settings.max_mem_len
+            if settings.max_mem_len is not None
+            else max(model.config.mem_len, self.default_mem_len)
+        )
+        # A session starts with the tokenizer's separator (<eos> or "\n"), so its first real token is predicted
+        # like any other: from the start of a document.
+        self.start_id = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.encode("\n")[0]
+        self._tier_lock = asyncio.Lock()
+        self._expiry: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ reading
+
+    async def get(self, owner: str, session_id: str) -> SessionMeta:
+        meta = await self.store.get(session_id)
+        if meta is None or not secrets.compare_digest(meta.owner, owner):
+            raise NotFound(f"no session {session_id!r}", param="session_id")
+        return meta
+
+    async def list_sessions(self, owner: str) -> list[SessionMeta]:
+        return await self.store.list(owner)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def create(
+        self,
+        owner: str,
+        *,
+        text: str = "",
+        mem_len: int | None = None,
+        ttl_seconds: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionMeta:
+        mem_len = self.default_mem_len if mem_len is None else mem_len
+        if not 0 <= mem_len <= self.max_mem_len:
+            raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
+        ttl = self._ttl(ttl_seconds)
+        if await self.store.count(owner) >= self.settings.max_sessions_per_tenant:
+            raise InvalidRequest(
+                f"session limit reached ({self.settings.max_sessions_per_tenant}); delete some first"
+            )
+        self._admit(mem_len)
+        tokens = self.tokenizer.encode(text)
+        empty = ModelState.empty(self.model.empty_memory(mem_len=mem_len))
+        result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
+        assert isinstance(result, AdvanceResult)
+        stamp = now()
+        meta = SessionMeta(
+            id=secrets.token_urlsafe(24),  # 192 random bits
+            owner=owner,
+            created_at=stamp,
+            last_used=stamp,
+            ttl_seconds=ttl,
+            mem_len=mem_len,
+            model=self.model_id,
+            tokens=len(tokens),
+            mem_tokens=result.state.memory.length,
+            version=1,
+            metadata=dict(metadata or {}),
+        )
+        snapshot = await self._snapshot_bytes(result.state) if self._persist_always else None
+        await self.store.create(meta, snapshot)
+        self._remember(meta, result.state)
+        await self._enforce_budgets(keep=meta.id)
+        self.observer.on_tokens("ingested", len(tokens) + 1)
+        return meta
+
+    async def delete(self, owner: str, session_id: str) -> None:
+        meta = await self.get(owner, session_id)
+        async with self.store.lease(session_id, self.settings.lease_ttl_seconds):
+            await self.store.delete(meta)
+        self.cache.drop(session_id)
+        self._expiry.pop(session_id, None)
+
+    async def fork(
+        self, owner: str, session_id: str, *, metadata: dict[str, Any] | None = None
+    ) -> SessionMeta:
+        """A new session with the same memory (shared until one of them writes: copy on write)."""
+        meta = await self.get(owner, session_id)
+        if await self.store.count(owner) >= self.settings.max_sessions_per_tenant:
+            raise InvalidRequest(
+                f"session limit reached ({self.settings.max_sessions_per_tenant}); delete some first"
+            )
+        state = await self._state(meta)
+        stamp = now()
+        child = dataclasses.replace(
+            meta,
+            id=secrets.token_urlsafe(24),
+            created_at=stamp,
+            last_used=stamp,
+            version=1,
+            tier=DEVICE,
+            metadata=dict(meta.metadata if metadata is None else metadata),
+        )
+        snapshot = await self._snapshot_bytes(state) if self._persist_always else None
+        await self.store.create(child, snapshot)
+        self._remember(child, state)
+        await self._enforce_budgets(keep=child.id)
+        return child
+
+    # ------------------------------------------------------------------ steps
+
+    async def append(self, owner: str, session_id: str, text: str) -> AppendOutcome:
+        tokens = self.tokenizer.encode(text)
+        async with self._step(owner, session_id) as (meta, state, lease):
+            result = await self._run(AdvanceJob(state, tokens), lease)
+            assert isinstance(result, AdvanceResult)
+            committed = await self._commit(meta, result.state, len(tokens))
+        self.observer.on_tokens("ingested", len(tokens))
+        return AppendOutcome(committed, len(tokens), result.logprob)
+
+    async def generate(
+        self,
+        owner: str,
+        session_id: str,
+        *,
+        text: str = "",
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: list[str] | None = None,
+    ) -> AsyncGenerator[TokenEvent | GenerateOutcome, None]:
+        """Yields a TokenEvent per sampled token, then the GenerateOutcome (after the commit).
+
+        Closing the iterator early (a client that went away) cancels the generation: nothing is committed.
+        """
+        if not 0 <= max_tokens <= self.settings.max_tokens:
+            raise InvalidRequest(
+                f"max_tokens must be between 0 and {self.settings.max_tokens}", param="max_tokens"
+            )
+        prompt = self.tokenizer.encode(text)
+        async with self._step(owner, session_id) as (meta, state, lease):
+            if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
+                raise InvalidRequest("nothing to continue from: give text", param="text")
+            job = GenerateJob(state, prompt, max_tokens, sampling, list(stop or []))
+            result: GenerateResult | None = None
+            async with contextlib.aclosing(self._events(job, lease)) as events:
+                async for event in events:
+                    if isinstance(event, TokenEvent):
+                        yield event
+                    elif isinstance(event, GenerateResult):
+                        result = event
+            assert result is not None
+            committed = await self._commit(meta, result.state, len(prompt) + result.completion_tokens)
+        self.observer.on_tokens("ingested", len(prompt))
+        self.observer.on_tokens("generated", result.completion_tokens)
+        yield GenerateOutcome(committed, result)
+
+    async def score(
+        self,
+        text: str,
+        *,
+        token_logprobs: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ScoreOutcome:
+        """Stateless: log p(text) segment by segment, with memory bounded by the default mem_len."""
+        tokens = self.tokenizer.encode(text)
+        if not tokens:
+            raise InvalidRequest("text to score is empty", param="text")
+        empty = ModelState.empty(self.model.empty_memory(mem_len=self.default_mem_len))
+        job = AdvanceJob(empty, [self.start_id, *tokens], token_logprobs=token_logprobs, report_progress=True)
+        result: AdvanceResult | None = None
+        async with contextlib.aclosing(self._events(job, None)) as events:
+            async for event in events:
+                if isinstance(event, ProgressEvent) and progress is not None:
+                    progress(max(0, event.done - 1), len(tokens))
+                elif isinstance(event, AdvanceResult):
+                    result = event
+        assert result is not None
+        self.observer.on_tokens("scored", len(tokens))
+        per_token = result.token_logprobs[1:] if result.token_logprobs is not None else None
+        return ScoreOutcome(
+            len(tokens),
+            len(text.encode("utf-8", "surrogatepass")),
+            result.logprob,
+            per_token,
+            tokens,
+            result.state.nbytes,
+        )
+
+    # ------------------------------------------------------------------ step machinery
+
+    @contextlib.asynccontextmanager
+    async def _step(
+        self, owner: str, session_id: str
+    ) -> AsyncIterator[tuple[SessionMeta, ModelState, Lease]]:
+        await self.get(owner, session_id)  # 404 before 409: do not reveal a foreign session is busy
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                lease = await stack.enter_async_context(
+                    self.store.lease(session_id, self.settings.lease_ttl_seconds)
+                )
+            except Conflict:
+                self.observer.on_conflict()
+                raise
+            meta = await self.get(owner, session_id)  # re-read under the lease: the committed version
+            state = await self._state(meta)
+            self.cache.pinned.add(session_id)
+            try:
+                yield meta, state, lease
+            finally:
+                self.cache.pinned.discard(session_id)
+
+    async def _commit(self, meta: SessionMeta, state: ModelState, tokens_added: int) -> SessionMeta:
+        new = dataclasses.replace(
+            meta,
+            tokens=meta.tokens + tokens_added,
+            mem_tokens=state.memory.length,
+            version=meta.version + 1,
+            last_used=now(),
+            tier=DEVICE,
+        )
+        snapshot = await self._snapshot_bytes(state) if self._persist_always else None
+        # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
+        if not await self.store.commit(
+            new, expected_version=meta.version, snapshot=snapshot, drop_snapshot=snapshot is None
+        ):
+            raise NotFound(f"no session {meta.id!r}", param="session_id")
+        self._remember(new, state)
+        await self._enforce_budgets(keep=new.id)
+        return new
+
+    async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:
+        result: AdvanceResult | GenerateResult | None = None
+        async with contextlib.aclosing(self._events(job, lease)) as events:
+            async for event in events:
+                if isinstance(event, AdvanceResult | GenerateResult):
+                    result = event
+        assert result is not None
+        return result
+
+    async def _events(self, job: Job, lease: Lease | None) -> AsyncGenerator[Any, None]:
+        """Submits `job` and yields its token/progress events, then its result. Cancels it if abandoned."""
+        self.worker.submit(job)
+        renewer = asyncio.create_task(self._keep_lease(lease)) if lease is not None else None
+        finished = False
+        try:
+            async for event in job.events():
+                if isinstance(event, ErrorEvent):
+                    finished = True
+                    raise event.error
+                if isinstance(event, DoneEvent):
+                    finished = True
+                    yield event.result
+                    return
+                yield event
+        finally:
+            if not finished:
+                job.cancel()
+            if renewer is not None:
+                renewer.cancel()
+
+    async def _keep_lease(self, lease: Lease | None) -> None:
+        if lease is None:
+            return
+        while True:
+            await asyncio.sleep(lease.ttl_seconds / 3)
+            with contextlib.suppress(Exception):
+                await lease.renew()
+
+    # ------------------------------------------------------------------ memory tiers
+
+    @property
+    def _persist_always(self) -> bool:
+        return self.settings.persistence is Persistence.ALWAYS
+
+    async def _snapshot_bytes(self, state: ModelState) -> bytes:
+        return await asyncio.to_thread(state.to_bytes)
+
+    def _remember(self, meta: SessionMeta, state: ModelState) -> None:
+        self.cache.put(meta.id, state, meta.version, DEVICE)
+        self._expiry[meta.id] = meta.expires_at
+
+    async def _state(self, meta: SessionMeta) -> ModelState:
+        """The session's memory at its committed version, brought to the device tier."""
+        entry = self.cache.get(meta.id)
+        if entry is not None and entry.version == meta.version:
+            if entry.tier == HOST:
+                moved = await asyncio.to_thread(entry.state.moved, device=self.model.device)
+                self.cache.put(meta.id, moved, entry.version, DEVICE)
+                self.observer.on_tier_move(HOST, DEVICE)
+                await self.store.touch_tier(meta.id, DEVICE)
+                await self._enforce_budgets(keep=meta.id)
+                return moved
+            return entry.state
+        if entry is not None:  # a stale copy (another replica committed since): never served
+            self.cache.drop(meta.id)
+        snapshot = await self.store.load_snapshot(meta.id)
+        if snapshot is None or snapshot[0] != meta.version:
+            raise Gone(
+                "this session's memory was dropped to make room (persistence is off); create a new session",
+                param="session_id",
+            )
+        try:
+            state = await asyncio.to_thread(ModelState.from_bytes, snapshot[1], self.model.memory_layout())
+        except ValueError as exc:
+            raise Gone(
+                "this session's stored memory does not fit the loaded model", param="session_id"
+            ) from exc
+        self.cache.put(meta.id, state, meta.version, DEVICE)
+        self._expiry[meta.id] = meta.expires_at
+        self.observer.on_tier_move("redis", DEVICE)
+        await self.store.touch_tier(meta.id, DEVICE)
+        await self._enforce_budgets(keep=meta.id)
+        return state
+
+    def _admit(self, mem_len: int) -> None:
+        """Refuses a session that could never run: its full memory does not fit the device budget."""
+        per_position = self.model.memory_layout().bytes_per_position()
+        needed = (mem_len + self.segment_len) * per_position
+        if needed > self.cache.budget(DEVICE):
+            raise Overloaded(
+                f"a session with mem_len {mem_len} needs {needed} bytes, more than the device budget allows",
+                retry_after=60,
+            )
+        pinned = sum(e.state.nbytes for sid in self.cache.pinned if (e := self.cache.peek(sid)) is not None)
+        if pinned + needed > self.cache.budget(DEVICE):
+            raise Overloaded("no room for another session right now; retry shortly", retry_after=1)
+
+    @property
+    def segment_len(self) -> int:
+        return self.worker.segment_len
+
+    async def _enforce_budgets(self, *, keep: str | None = None) -> None:
+        """Moves least recently used sessions down a tier until each tier fits its budget."""
+        async with self._tier_lock:
+            while self.cache.over_budget(DEVICE):
+                victim = self.cache.victim(DEVICE, keep=keep)
+                if victim is None:
+                    break
+                entry = self.cache.peek(victim)
+                assert entry is not None
+                moved = await asyncio.to_thread(entry.state.moved, device="cpu")
+                if self.cache.peek(victim) is entry:  # unchanged while we copied
+                    self.cache.replace(victim, moved, HOST)
+                    self.observer.on_tier_move(DEVICE, HOST)
+                    await self._set_tier(victim, HOST)
+            while self.cache.over_budget(HOST):
+                victim = self.cache.victim(HOST, keep=keep)
+                if victim is None:
+                    break
+                entry = self.cache.peek(victim)
+                assert entry is not None
+                target = "gone"
+                if self.settings.persistence is not Persistence.NONE:
+                    if not self._persist_always:  # "always" already wrote this version at commit
+                        data = await asyncio.to_thread(entry.state.to_bytes)
+                        meta = await self.store.get(victim)
+                        if meta is not None and meta.version == entry.version:
+                            await self.store.save_snapshot(victim, entry.version, data, meta.ttl_seconds)
+                    target = "redis"
+                if self.cache.peek(victim) is entry:
+                    self.cache.drop(victim)
+                    self.observer.on_tier_move(HOST, target)
+                    await self._set_tier(victim, target)
+
+    async def _set_tier(self, session_id: str, tier: str) -> None:
+        with contextlib.suppress(Exception):  # bookkeeping only: a session's truth is its version
+            await self.store.touch_tier(session_id, tier)
+
+    async def reap_expired(self) -> int:
+        """Frees the memory of sessions whose TTL ran out (Redis already dropped their metadata)."""
+        stamp = now()
+        freed = 0
+        for session_id, expires_at in list(self._expiry.items()):
+            if expires_at > stamp:
+                continue
+            meta = await self.store.get(session_id)
+            if meta is None:
+                self.cache.drop(session_id)
+                self._expiry.pop(session_id, None)
+                freed += 1
+            else:
+                self._expiry[session_id] = meta.expires_at
+        return freed
+
+    def _ttl(self, ttl_seconds: int | None) -> int:
+        ttl = self.settings.default_ttl_seconds if ttl_seconds is None else ttl_seconds
+        if not 1 <= ttl <= self.settings.max_ttl_seconds:
+            raise InvalidRequest(
+                f"ttl_seconds must be between 1 and {self.settings.max_ttl_seconds}", param="ttl_seconds"
+            )
+        return ttl

@@ -1,0 +1,303 @@
+"""Session metadata in Redis: the authority on what sessions exist, who owns them and their version.
+
+Keys (all under the configured prefix):
+    s:{id}          hash: the session's metadata; expires with the session (Redis TTL)
+    t:{owner}       set: the owner's session ids (pruned of expired ones when listed)
+    m:{id}          hash {version, data}: the latest memory snapshot (persistence on), same TTL
+    l:{id}          string: the single-writer lease (a random token), expires by itself
+    i:{owner}:{key} string: a request's first result under an Idempotency-Key
+
+Every commit checks and bumps the version atomically (a Lua script), together with the snapshot when one is
+written, so a snapshot and the metadata never disagree. Any Redis failure surfaces as `Unavailable`, and
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+from redis import asyncio as aioredis
+from redis.exceptions import RedisError
+
+from ..errors import Conflict, Unavailable
+
+T = TypeVar("T")
+
+_COMMIT = """
+local version = redis.call('HGET', KEYS[1], 'version')
+if not version then return -1 end
+if tonumber(version) ~= tonumber(ARGV[1]) then return -2 end
+local ttl = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local fields = {}
+for i = 1, 2 * n do fields[i] = ARGV[3 + i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('EXPIRE', KEYS[1], ttl)
+local snapshot = ARGV[4 + 2 * n]
+if snapshot ~= '' then
+    redis.call('HSET', KEYS[2], 'version', ARGV[5 + 2 * n], 'data', snapshot)
+    redis.call('EXPIRE', KEYS[2], ttl)
+elseif ARGV[6 + 2 * n] == '1' then
+    redis.call('DEL', KEYS[2])
+end
+return 1
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+@dataclass
+class SessionMeta:
+    id: str
+    owner: str
+    created_at: float
+    last_used: float
+    ttl_seconds: int
+    mem_len: int
+    model: str
+    tokens: int = 0
+    mem_tokens: int = 0
+    version: int = 0
+    tier: str = "device"  # device | host | redis | gone
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expires_at(self) -> float:
+        return self.last_used + self.ttl_seconds
+
+    def to_redis(self) -> dict[Any, Any]:
+        return {k: (json.dumps(v) if k == "metadata" else str(v)) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_redis(cls, raw: Mapping[Any, Any]) -> SessionMeta:
+        d = {_text(k): _text(v) for k, v in raw.items()}
+        return cls(
+            id=d["id"],
+            owner=d["owner"],
+            created_at=float(d["created_at"]),
+            last_used=float(d["last_used"]),
+            ttl_seconds=int(d["ttl_seconds"]),
+            mem_len=int(d["mem_len"]),
+            model=d["model"],
+            tokens=int(d["tokens"]),
+            mem_tokens=int(d["mem_tokens"]),
+            version=int(d["version"]),
+            tier=d["tier"],
+            metadata=json.loads(d["metadata"]),
+        )
+
+
+class SessionStore:
+    def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:") -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self._commit = redis.register_script(_COMMIT)
+        self._release = redis.register_script(_RELEASE)
+        self._renew = redis.register_script(_RENEW)
+
+    # ------------------------------------------------------------------ keys
+
+    def _s(self, session_id: str) -> str:
+        return f"{self.prefix}s:{session_id}"
+
+    def _t(self, owner: str) -> str:
+        return f"{self.prefix}t:{owner}"
+
+    def _m(self, session_id: str) -> str:
+        return f"{self.prefix}m:{session_id}"
+
+    def _l(self, session_id: str) -> str:
+        return f"{self.prefix}l:{session_id}"
+
+    def _i(self, owner: str, key: str) -> str:
+        return f"{self.prefix}i:{owner}:{key}"
+
+    async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await make()
+        except (RedisError, OSError) as exc:
+            raise Unavailable("session store (Redis) is unavailable; nothing was changed") from exc
+
+    # ------------------------------------------------------------------ sessions
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.redis.ping())
+        except (RedisError, OSError):
+            return False
+
+    async def create(self, meta: SessionMeta, snapshot: bytes | None = None) -> None:
+        async def run() -> None:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(self._s(meta.id), mapping=meta.to_redis())
+                pipe.expire(self._s(meta.id), meta.ttl_seconds)
+                pipe.sadd(self._t(meta.owner), meta.id)
+                if snapshot is not None:
+                    pipe.hset(self._m(meta.id), mapping={"version": str(meta.version), "data": snapshot})
+                    pipe.expire(self._m(meta.id), meta.ttl_seconds)
+                await pipe.execute()
+
+        await self._call(run)
+
+    async def get(self, session_id: str) -> SessionMeta | None:
+        raw = await self._call(lambda: self.redis.hgetall(self._s(session_id)))
+        return SessionMeta.from_redis(raw) if raw else None
+
+    async def commit(
+        self,
+        meta: SessionMeta,
+        *,
+        expected_version: int,
+        snapshot: bytes | None = None,
+        drop_snapshot: bool = False,
+    ) -> bool:
+        """Writes `meta` (whose version is the new one) if Redis still holds `expected_version`.
+
+        Returns False if the session is gone; raises Conflict if another writer committed first.
+        """
+        fields = meta.to_redis()
+        args: list[Any] = [expected_version, meta.ttl_seconds, len(fields)]
+        for key, value in fields.items():
+            args += [key, value]
+        args += [snapshot or b"", str(meta.version), "1" if drop_snapshot else "0"]
+        outcome = await self._call(lambda: self._commit(keys=[self._s(meta.id), self._m(meta.id)], args=args))
+        if outcome == -2:
+            raise Conflict("the session was changed by another request; retry with its latest state")
+        return outcome == 1
+
+    async def touch_tier(self, session_id: str, tier: str) -> None:
+        """Records where the memory now lives (no version change: tiers do not change what a session is)."""
+
+        async def run() -> None:
+            if await self.redis.exists(self._s(session_id)):
+                await self.redis.hset(self._s(session_id), "tier", tier)
+
+        await self._call(run)
+
+    async def delete(self, meta: SessionMeta) -> None:
+        async def run() -> None:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(self._s(meta.id), self._m(meta.id), self._l(meta.id))
+                pipe.srem(self._t(meta.owner), meta.id)
+                await pipe.execute()
+
+        await self._call(run)
+
+    async def list(self, owner: str) -> list[SessionMeta]:
+        """The owner's live sessions, oldest first; ids of expired ones are pruned from the index."""
+        ids = sorted(_text(m) for m in await self._call(lambda: self.redis.smembers(self._t(owner))))
+        if not ids:
+            return []
+
+        async def fetch() -> list[Any]:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for session_id in ids:
+                    pipe.hgetall(self._s(session_id))
+                return await pipe.execute()
+
+        rows = await self._call(fetch)
+        sessions, expired = [], []
+        for session_id, raw in zip(ids, rows, strict=True):
+            if raw:
+                sessions.append(SessionMeta.from_redis(raw))
+            else:
+                expired.append(session_id)
+        if expired:
+            await self._call(lambda: self.redis.srem(self._t(owner), *expired))
+        return sorted(sessions, key=lambda m: (m.created_at, m.id))
+
+    async def count(self, owner: str) -> int:
+        return len(await self.list(owner))
+
+    async def exists(self, session_id: str) -> bool:
+        return bool(await self._call(lambda: self.redis.exists(self._s(session_id))))
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def save_snapshot(self, session_id: str, version: int, data: bytes, ttl: int) -> None:
+        async def run() -> None:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(self._m(session_id), mapping={"version": str(version), "data": data})
+                pipe.expire(self._m(session_id), ttl)
+                await pipe.execute()
+
+        await self._call(run)
+
+    async def load_snapshot(self, session_id: str) -> tuple[int, bytes] | None:
+        raw = await self._call(lambda: self.redis.hmget(self._m(session_id), ["version", "data"]))
+        if raw[0] is None or raw[1] is None:
+            return None
+        data = raw[1]
+        return int(raw[0]), data if isinstance(data, bytes) else data.encode()
+
+    async def drop_snapshot(self, session_id: str) -> None:
+        await self._call(lambda: self.redis.delete(self._m(session_id)))
+
+    # ------------------------------------------------------------------ single writer
+
+    @asynccontextmanager
+    async def lease(self, session_id: str, ttl_seconds: float) -> AsyncIterator[Lease]:
+        """Holds the session's single-writer lease, or raises Conflict. A holder that dies loses it after
+        `ttl_seconds`; a live holder keeps it with `Lease.renew` during long steps."""
+        lease = Lease(self, session_id, secrets.token_hex(16), ttl_seconds)
+        acquired = await self._call(
+            lambda: self.redis.set(self._l(session_id), lease.token, nx=True, px=lease.ttl_ms)
+        )
+        if not acquired:
+            raise Conflict("another request is working on this session; retry when it has finished")
+        try:
+            yield lease
+        finally:
+            with contextlib.suppress(RedisError, OSError):  # else the lease expires by itself
+                await self._release(keys=[self._l(session_id)], args=[lease.token])
+
+    # ------------------------------------------------------------------ idempotency
+
+    async def get_idempotent(self, owner: str, key: str) -> dict | None:
+        raw = await self._call(lambda: self.redis.get(self._i(owner, key)))
+        return json.loads(raw) if raw else None
+
+    async def put_idempotent(self, owner: str, key: str, value: dict, ttl: int) -> None:
+        await self._call(lambda: self.redis.set(self._i(owner, key), json.dumps(value), ex=ttl))
+
+
+@dataclass
+class Lease:
+    store: SessionStore
+    session_id: str
+    token: str
+    ttl_seconds: float
+
+    @property
+    def ttl_ms(self) -> int:
+        return max(1, int(self.ttl_seconds * 1000))
+
+    async def renew(self) -> bool:
+        """Extends the lease if this holder still has it."""
+        renewed = await self.store._call(
+            lambda: self.store._renew(keys=[self.store._l(self.session_id)], args=[self.token, self.ttl_ms])
+        )
+        return bool(renewed)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def now() -> float:
+    return time.time()
