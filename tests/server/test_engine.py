@@ -277,7 +277,7 @@ async def test_tier_round_trip_device_host_redis_is_exact(make_settings, persist
         assert service.cache.used(DEVICE) <= service.cache.budget(DEVICE)
         assert service.cache.used(HOST) <= service.cache.budget(HOST)
         for s in sessions:
-            tokens, outcome = await generate(service, s.id, max_tokens=6)
+            tokens, _ = await generate(service, s.id, max_tokens=6)
             expected[s.id] = ([t.id for t in tokens], [t.logprob for t in tokens])
         # ...must equal what a server that never moved them computes.
         reference = Runtime(make_settings())
