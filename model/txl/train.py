@@ -228,7 +228,10 @@ class Trainer:
     def run(self) -> None:
         cfg = self.cfg
         resumed = self.load_checkpoint()
-        print(f"{'resumed at step ' + str(self.step) if resumed else 'training'}: {self.model.config}", flush=True)
+        print(
+            f"{'resumed at step ' + str(self.step) if resumed else 'training'}: {self.model.config}",
+            flush=True,
+        )
         start = time.perf_counter() - self.elapsed
         recent: list[float] = []
         while self.progress() < 1.0:

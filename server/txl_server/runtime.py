@@ -18,6 +18,7 @@ from txl.tokenizers import Tokenizer, load_tokenizer
 from .engine.worker import Worker, WorkerObserver
 from .sessions.redis_server import EmbeddedRedis
 from .sessions.service import SessionObserver, SessionService
+from .sessions.stateless import StatelessService
 from .sessions.store import SessionStore
 from .settings import Settings
 
@@ -55,6 +56,7 @@ class Runtime:
         self.redis: aioredis.Redis | None = None
         self.worker: Worker | None = None
         self.service: SessionService | None = None
+        self.stateless: StatelessService | None = None
         self._reaper: asyncio.Task[None] | None = None
         self.model_id = ""
 
@@ -89,6 +91,14 @@ class Runtime:
             worker=self.worker,
             store=store,
             model_id=self.model_id,
+            observer=self.session_observer,
+        )
+        self.stateless = StatelessService(
+            model=model,
+            tokenizer=tokenizer,
+            worker=self.worker,
+            start_id=self.service.start_id,
+            mem_len=self.service.default_mem_len,
             observer=self.session_observer,
         )
         self._reaper = asyncio.create_task(self._reap_forever())

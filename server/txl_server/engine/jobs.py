@@ -14,12 +14,16 @@ from txl.sampling import SamplingParams
 
 from .state import ModelState
 
+# (token id, log-prob) of the most likely tokens at one position, best first.
+TopLogprobs = tuple[tuple[int, float], ...]
+
 
 @dataclass(frozen=True)
 class TokenEvent:
     id: int
     text: str
     logprob: float
+    top: TopLogprobs | None = None
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,8 @@ class AdvanceResult:
     state: ModelState
     tokens: int
     logprob: float  # summed over the tokens that had a prediction
-    token_logprobs: list[float] | None
+    token_logprobs: list[float] | None  # NaN for a first token that nothing predicts
+    token_top: list[TopLogprobs | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class GenerateResult:
     completion_tokens: int
     token_ids: list[int]
     token_logprobs: list[float]
+    prompt_logprobs: list[float] | None = None
+    prompt_top: list[TopLogprobs | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,7 @@ class AdvanceJob(Job):
     state: ModelState
     tokens: list[int]
     token_logprobs: bool = False
+    top_logprobs: int = 0  # with token_logprobs: also the k most likely tokens at each position
     report_progress: bool = False
 
     def __post_init__(self) -> None:
@@ -115,6 +123,10 @@ class GenerateJob(Job):
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
+    prompt_logprobs: bool = False  # log p of each prompt token (the first, if nothing precedes it, is NaN)
+    top_logprobs: int = (
+        0  # the k most likely tokens at each prompt (if prompt_logprobs) and generated position
+    )
 
     def __post_init__(self) -> None:
         super().__init__()

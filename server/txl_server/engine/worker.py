@@ -31,6 +31,7 @@ from .jobs import (
     Job,
     ProgressEvent,
     TokenEvent,
+    TopLogprobs,
 )
 from .state import ModelState
 from .text import GenerationText
@@ -51,32 +52,52 @@ class WorkerObserver:
 
 
 @dataclass(eq=False)
-class _AdvanceTask:
-    job: AdvanceJob
+class _Task:
     state: ModelState
-    cursor: int = 0
+    cursor: int = 0  # tokens of the input already fed
+    # Log-probabilities of the fed tokens (AdvanceJob always sums them; GenerateJob only on request).
     logprob: float = 0.0
     token_logprobs: list[float] = field(default_factory=list)
+    token_top: list[TopLogprobs | None] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _AdvanceTask(_Task):
+    job: AdvanceJob = field(kw_only=True)
 
     @property
     def tokens(self) -> list[int]:
         return self.job.tokens
 
+    @property
+    def scores(self) -> bool:
+        return True
+
+    @property
+    def top_k(self) -> int:
+        return self.job.top_logprobs if self.job.token_logprobs else 0
+
 
 @dataclass(eq=False)
-class _GenerateTask:
-    job: GenerateJob
-    state: ModelState
-    text: GenerationText
-    generator: torch.Generator
-    cursor: int = 0
+class _GenerateTask(_Task):
+    job: GenerateJob = field(kw_only=True)
+    text: GenerationText = field(kw_only=True)
+    generator: torch.Generator = field(kw_only=True)
     token_ids: list[int] = field(default_factory=list)
-    token_logprobs: list[float] = field(default_factory=list)
+    sampled_logprobs: list[float] = field(default_factory=list)
     held: TokenEvent | None = None  # the last token's event, kept while text may still be released after it
 
     @property
     def tokens(self) -> list[int]:
         return self.job.prompt
+
+    @property
+    def scores(self) -> bool:
+        return self.job.prompt_logprobs
+
+    @property
+    def top_k(self) -> int:
+        return self.job.top_logprobs if self.job.prompt_logprobs else 0
 
 
 class Worker:
@@ -156,11 +177,14 @@ class Worker:
 
     def _admit(self, job: Job) -> None:
         if isinstance(job, AdvanceJob):
-            self._prefill.append(_AdvanceTask(job, job.state))
+            self._prefill.append(_AdvanceTask(job.state, job=job))
         elif isinstance(job, GenerateJob):
             decoder = self.tokenizer.decoder(list(job.state.tail) + job.prompt)
             task = _GenerateTask(
-                job, job.state, GenerationText(decoder, job.stop), make_generator(job.sampling.seed)
+                job.state,
+                job=job,
+                text=GenerationText(decoder, job.stop),
+                generator=make_generator(job.sampling.seed),
             )
             if job.prompt:
                 self._prefill.append(task)
@@ -188,7 +212,7 @@ class Worker:
             ids = torch.tensor([chunk], dtype=torch.long, device=self.model.device)
             hidden, memory = self.model(ids, task.state.memory)  # [1, T, D]
             hidden = hidden[0]
-            if isinstance(task, _AdvanceTask):
+            if task.scores:
                 self._score_chunk(task, hidden, ids[0])
             task.state = task.state.advanced(memory, hidden[-1].clone(), chunk)
             task.cursor += len(chunk)
@@ -210,22 +234,34 @@ class Worker:
                 len(task.tokens),
                 task.logprob,
                 task.token_logprobs if task.job.token_logprobs else None,
+                task.token_top if task.top_k else None,
             )
             task.job.emit(DoneEvent(result))
         else:
             self._start_decoding(task)
 
-    def _score_chunk(self, task: _AdvanceTask, hidden: torch.Tensor, ids: torch.Tensor) -> None:
+    def _score_chunk(self, task: _Task, hidden: torch.Tensor, ids: torch.Tensor) -> None:
         """log p(each token of the chunk | everything before), the first predicted by the previous state."""
         last = task.state.last_hidden
         if last is None:  # nothing precedes the first token: it has no prediction
             predictors, targets = hidden[:-1], ids[1:]
         else:
             predictors, targets = torch.cat([last[None, :], hidden[:-1]]), ids
-        logprobs = self.model.target_log_probs(predictors, targets).tolist() if targets.numel() else []
+        top_k = task.top_k if isinstance(task, _AdvanceTask | _GenerateTask) else 0
+        if top_k:
+            full = self.model.log_probs(predictors)  # [T, V]: needed for the alternatives anyway
+            logprobs = full.gather(1, targets[:, None])[:, 0].tolist() if targets.numel() else []
+            tops = [_top(row, top_k) for row in full]
+        else:
+            logprobs = self.model.target_log_probs(predictors, targets).tolist() if targets.numel() else []
+            tops = []
         task.logprob += sum(logprobs)
-        if task.job.token_logprobs:
-            task.token_logprobs.extend(([float("nan")] if last is None else []) + logprobs)
+        first: list[float] = [float("nan")] if last is None else []
+        task.token_logprobs.extend(first + logprobs)
+        if top_k:
+            if last is None:
+                task.token_top.append(None)
+            task.token_top.extend(tops)
 
     # ------------------------------------------------------------------ decoding
 
@@ -249,7 +285,8 @@ class Worker:
             for row, task in enumerate(tasks):
                 token, logprob = sample(log_probs[row], task.job.sampling, task.generator)
                 sampled.append(token)
-                self._emit_token(task, token, logprob)
+                top = _top(log_probs[row], task.job.top_logprobs) if task.job.top_logprobs else None
+                self._emit_token(task, token, logprob, top)
             ids = torch.tensor(sampled, dtype=torch.long, device=self.model.device)[:, None]  # [N, 1]
             hidden, memories = self.model(ids, [t.state.memory for t in tasks])
         except Exception as exc:
@@ -265,14 +302,14 @@ class Worker:
                 self._finish(task)
         self.observer.on_decode(len(tasks), time.perf_counter() - started)
 
-    def _emit_token(self, task: _GenerateTask, token: int, logprob: float) -> None:
+    def _emit_token(self, task: _GenerateTask, token: int, logprob: float, top: TopLogprobs | None) -> None:
         if task.held is not None:
             task.job.emit(task.held)
             task.held = None
         piece = task.text.push(token)
         task.token_ids.append(token)
-        task.token_logprobs.append(logprob)
-        event = TokenEvent(token, piece, logprob)
+        task.sampled_logprobs.append(logprob)
+        event = TokenEvent(token, piece, logprob, top)
         ending = task.text.stopped or len(task.token_ids) >= task.job.max_tokens
         if ending or task.text.may_hold_text:
             task.held = event  # the end of the text may still be attached to it
@@ -283,7 +320,7 @@ class Worker:
         rest = task.text.finish()
         if task.held is not None:
             held = task.held
-            task.job.emit(TokenEvent(held.id, held.text + rest, held.logprob))
+            task.job.emit(TokenEvent(held.id, held.text + rest, held.logprob, held.top))
             task.held = None
         result = GenerateResult(
             task.state,
@@ -292,9 +329,16 @@ class Worker:
             len(task.job.prompt),
             len(task.token_ids),
             task.token_ids,
-            task.token_logprobs,
+            task.sampled_logprobs,
+            task.token_logprobs if task.job.prompt_logprobs else None,
+            task.token_top if task.top_k else None,
         )
         task.job.emit(DoneEvent(result))
+
+
+def _top(row: torch.Tensor, k: int) -> TopLogprobs:
+    values, ids = torch.topk(row.float(), min(k, row.numel()))
+    return tuple(zip(ids.tolist(), values.tolist(), strict=True))
 
 
 class CancelledByClient(Exception):

@@ -13,9 +13,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,6 @@ from ..engine.jobs import (
     GenerateJob,
     GenerateResult,
     Job,
-    ProgressEvent,
     TokenEvent,
 )
 from ..engine.state import ModelState
@@ -67,26 +65,23 @@ class GenerateOutcome:
     result: GenerateResult
 
 
-@dataclass(frozen=True)
-class ScoreOutcome:
-    tokens: int
-    bytes: int
-    logprob: float
-    token_logprobs: list[float] | None
-    token_ids: list[int]
-    memory_bytes: int  # what the scoring memory held at the end: bounded by mem_len, whatever the length
-
-    @property
-    def nll(self) -> float:
-        return -self.logprob / max(self.tokens, 1)
-
-    @property
-    def perplexity(self) -> float:
-        return math.exp(min(self.nll, 700.0))
-
-    @property
-    def bits_per_byte(self) -> float:
-        return -self.logprob / math.log(2) / max(self.bytes, 1)
+async def run_job(worker: Worker, job: Job) -> AsyncGenerator[Any, None]:
+    """Submits `job`; yields its token/progress events, then its result. Cancels it if abandoned early."""
+    worker.submit(job)
+    finished = False
+    try:
+        async for event in job.events():
+            if isinstance(event, ErrorEvent):
+                finished = True
+                raise event.error
+            if isinstance(event, DoneEvent):
+                finished = True
+                yield event.result
+                return
+            yield event
+    finally:
+        if not finished:
+            job.cancel()
 
 
 class SessionService:
@@ -261,38 +256,6 @@ class SessionService:
         self.observer.on_tokens("generated", result.completion_tokens)
         yield GenerateOutcome(committed, result)
 
-    async def score(
-        self,
-        text: str,
-        *,
-        token_logprobs: bool = False,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> ScoreOutcome:
-        """Stateless: log p(text) segment by segment, with memory bounded by the default mem_len."""
-        tokens = self.tokenizer.encode(text)
-        if not tokens:
-            raise InvalidRequest("text to score is empty", param="text")
-        empty = ModelState.empty(self.model.empty_memory(mem_len=self.default_mem_len))
-        job = AdvanceJob(empty, [self.start_id, *tokens], token_logprobs=token_logprobs, report_progress=True)
-        result: AdvanceResult | None = None
-        async with contextlib.aclosing(self._events(job, None)) as events:
-            async for event in events:
-                if isinstance(event, ProgressEvent) and progress is not None:
-                    progress(max(0, event.done - 1), len(tokens))
-                elif isinstance(event, AdvanceResult):
-                    result = event
-        assert result is not None
-        self.observer.on_tokens("scored", len(tokens))
-        per_token = result.token_logprobs[1:] if result.token_logprobs is not None else None
-        return ScoreOutcome(
-            len(tokens),
-            len(text.encode("utf-8", "surrogatepass")),
-            result.logprob,
-            per_token,
-            tokens,
-            result.state.nbytes,
-        )
-
     # ------------------------------------------------------------------ step machinery
 
     @contextlib.asynccontextmanager
@@ -345,23 +308,12 @@ class SessionService:
         return result
 
     async def _events(self, job: Job, lease: Lease | None) -> AsyncGenerator[Any, None]:
-        """Submits `job` and yields its token/progress events, then its result. Cancels it if abandoned."""
-        self.worker.submit(job)
         renewer = asyncio.create_task(self._keep_lease(lease)) if lease is not None else None
-        finished = False
         try:
-            async for event in job.events():
-                if isinstance(event, ErrorEvent):
-                    finished = True
-                    raise event.error
-                if isinstance(event, DoneEvent):
-                    finished = True
-                    yield event.result
-                    return
-                yield event
+            async with contextlib.aclosing(run_job(self.worker, job)) as events:
+                async for event in events:
+                    yield event
         finally:
-            if not finished:
-                job.cancel()
             if renewer is not None:
                 renewer.cancel()
 

@@ -272,8 +272,16 @@ class SessionStore:
         raw = await self._call(lambda: self.redis.get(self._i(owner, key)))
         return json.loads(raw) if raw else None
 
+    async def claim_idempotent(self, owner: str, key: str, ttl: int) -> bool:
+        """Marks `key` as in progress; False if it is already in progress or done."""
+        pending = json.dumps({"state": "pending"})
+        return bool(await self._call(lambda: self.redis.set(self._i(owner, key), pending, ex=ttl, nx=True)))
+
     async def put_idempotent(self, owner: str, key: str, value: dict, ttl: int) -> None:
         await self._call(lambda: self.redis.set(self._i(owner, key), json.dumps(value), ex=ttl))
+
+    async def drop_idempotent(self, owner: str, key: str) -> None:
+        await self._call(lambda: self.redis.delete(self._i(owner, key)))
 
 
 @dataclass

@@ -1,0 +1,145 @@
+"""What every route shares: the service and tenant of a request, input limits, the session object, streams."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import anyio
+from fastapi import Depends, Header, Request
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Send
+
+from ..errors import InvalidRequest, PayloadTooLarge
+from ..sessions.service import SessionService
+from ..sessions.store import SessionMeta
+from ..settings import Settings
+from . import sse
+
+
+def get_service(request: Request) -> SessionService:
+    service = request.app.state.runtime.service
+    assert service is not None
+    return service
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    tenant: str = request.app.state.api_keys.tenant(authorization)
+    return tenant
+
+
+Service = Annotated[SessionService, Depends(get_service)]
+Tenant = Annotated[str, Depends(get_tenant)]
+Config = Annotated[Settings, Depends(get_settings)]
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+
+def check_text(settings: Settings, text: str, param: str, *, allow_empty: bool = True) -> None:
+    if not allow_empty and not text:
+        raise InvalidRequest(f"{param} must not be empty", param=param)
+    if len(text) > settings.max_text_chars:
+        raise PayloadTooLarge(f"{param} is longer than {settings.max_text_chars} characters", param=param)
+
+
+def check_stop(settings: Settings, stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > settings.max_stop_strings:
+        raise InvalidRequest(f"at most {settings.max_stop_strings} stop strings", param="stop")
+    for s in stops:
+        if not s or len(s) > settings.max_stop_chars:
+            raise InvalidRequest(
+                f"stop strings must have 1 to {settings.max_stop_chars} characters", param="stop"
+            )
+    return stops
+
+
+def check_metadata(settings: Settings, metadata: dict[str, Any] | None, *, max_depth: int = 4) -> None:
+    if metadata is None:
+        return
+
+    def depth(value: Any) -> int:
+        if isinstance(value, dict):
+            return 1 + max((depth(v) for v in value.values()), default=0)
+        if isinstance(value, list):
+            return 1 + max((depth(v) for v in value), default=0)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest("metadata numbers must be finite", param="metadata")
+        return 0
+
+    if depth(metadata) > max_depth:
+        raise InvalidRequest(f"metadata may nest at most {max_depth} levels", param="metadata")
+    if len(json.dumps(metadata).encode()) > settings.max_metadata_bytes:
+        raise InvalidRequest(
+            f"metadata is larger than {settings.max_metadata_bytes} bytes as JSON", param="metadata"
+        )
+
+
+def check_max_tokens(settings: Settings, max_tokens: int) -> None:
+    if max_tokens > settings.max_tokens:
+        raise InvalidRequest(f"max_tokens must be at most {settings.max_tokens}", param="max_tokens")
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+
+
+class SessionObject(BaseModel):
+    id: str
+    object: Literal["session"] = "session"
+    created_at: int
+    expires_at: int
+    tokens: int
+    mem_tokens: int
+    mem_len: int
+    version: int
+    model: str
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, meta: SessionMeta) -> SessionObject:
+        return cls(
+            id=meta.id,
+            created_at=int(meta.created_at),
+            expires_at=math.ceil(meta.expires_at),
+            tokens=meta.tokens,
+            mem_tokens=meta.mem_tokens,
+            mem_len=meta.mem_len,
+            version=meta.version,
+            model=meta.model,
+            metadata=meta.metadata,
+        )
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+# ---------------------------------------------------------------------------------------------- streams
+
+
+class EventStream(StreamingResponse):
+    """An SSE response that always closes its source when the client goes away, so the generation stops
+    (the source's `finally` cancels the job and nothing is committed)."""
+
+    def __init__(self, source: AsyncIterator[str]) -> None:
+        super().__init__(source, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        self._source = source
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                aclose = getattr(self._source, "aclose", None)
+                if aclose is not None:
+                    await aclose()

@@ -1,0 +1,315 @@
+"""Session routes: create, list, get, delete, fork, append, generate (JSON or SSE)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from txl.sampling import SamplingParams
+
+from ..errors import ServiceError
+from ..sessions.service import GenerateOutcome
+from . import sse
+from .common import (
+    Config,
+    EventStream,
+    Service,
+    SessionObject,
+    Tenant,
+    Usage,
+    check_max_tokens,
+    check_metadata,
+    check_stop,
+    check_text,
+)
+from .idempotency import IdempotentCall
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+MAX_SEED = 2**63 - 1
+
+
+class SessionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field("", description="Text the session starts with (may be empty)")
+    mem_len: int | None = Field(None, ge=0, description="Positions of memory to keep; default: the model's")
+    ttl_seconds: int | None = Field(None, ge=1, description="Expires this long after its last use")
+    metadata: dict[str, Any] | None = Field(None, description="Your own JSON, returned with the session")
+
+
+class SessionFork(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metadata: dict[str, Any] | None = Field(
+        None, description="Metadata of the new session; default: the parent's"
+    )
+
+
+class SessionList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[SessionObject]
+
+
+class AppendRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(..., description="Text to add to the session")
+
+
+class AppendResponse(BaseModel):
+    session: SessionObject
+    tokens: int = Field(..., description="Tokens the text became")
+    logprob: float = Field(..., description="Natural-log probability of those tokens given everything before")
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    text: str = Field("", description="Text to add before generating")
+    max_tokens: int = Field(16, ge=0, description="Tokens to generate (fewer if a stop string appears)")
+    temperature: float = Field(1.0, ge=0, le=100, description="0: greedy")
+    top_k: int = Field(0, ge=0, description="0: no limit")
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: str | list[str] | None = Field(
+        None, description="Generation ends before the first of these strings"
+    )
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stream: bool = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed
+        )
+
+
+class GenerateResponse(BaseModel):
+    text: str
+    finish_reason: Literal["length", "stop"]
+    session: SessionObject
+    usage: Usage
+
+
+# ---------------------------------------------------------------------------------------------- lifecycle
+
+
+@router.post("", status_code=201, response_model=SessionObject)
+async def create_session(
+    body: SessionCreate, service: Service, tenant: Tenant, settings: Config
+) -> SessionObject:
+    check_text(settings, body.text, "text")
+    check_metadata(settings, body.metadata)
+    meta = await service.create(
+        tenant, text=body.text, mem_len=body.mem_len, ttl_seconds=body.ttl_seconds, metadata=body.metadata
+    )
+    return SessionObject.of(meta)
+
+
+@router.get("", response_model=SessionList)
+async def list_sessions(service: Service, tenant: Tenant) -> SessionList:
+    return SessionList(data=[SessionObject.of(m) for m in await service.list_sessions(tenant)])
+
+
+@router.get("/{session_id}", response_model=SessionObject)
+async def get_session(session_id: str, service: Service, tenant: Tenant) -> SessionObject:
+    return SessionObject.of(await service.get(tenant, session_id))
+
+
+@router.delete("/{session_id}", status_code=204)
+async def delete_session(session_id: str, service: Service, tenant: Tenant) -> Response:
+    await service.delete(tenant, session_id)
+    return Response(status_code=204)
+
+
+@router.post("/{session_id}/fork", status_code=201, response_model=SessionObject)
+async def fork_session(
+    session_id: str,
+    service: Service,
+    tenant: Tenant,
+    settings: Config,
+    idempotency_key: IdempotencyKey = None,
+    body: SessionFork | None = None,
+) -> Any:
+    metadata = body.metadata if body is not None else None
+    check_metadata(settings, metadata)
+    call = IdempotentCall(
+        service.store, tenant, f"fork:{session_id}", idempotency_key, settings.idempotency_ttl_seconds
+    )
+    if (stored := await call.replay()) is not None:
+        return JSONResponse(stored, status_code=201)
+    try:
+        response = SessionObject.of(await service.fork(tenant, session_id, metadata=metadata)).model_dump()
+    except BaseException:
+        await call.failed()
+        raise
+    await call.succeeded(response)
+    return JSONResponse(response, status_code=201)
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+
+@router.post("/{session_id}/append", response_model=AppendResponse)
+async def append(
+    session_id: str,
+    body: AppendRequest,
+    service: Service,
+    tenant: Tenant,
+    settings: Config,
+    idempotency_key: IdempotencyKey = None,
+) -> Any:
+    check_text(settings, body.text, "text", allow_empty=False)
+    call = IdempotentCall(
+        service.store, tenant, f"append:{session_id}", idempotency_key, settings.idempotency_ttl_seconds
+    )
+    if (stored := await call.replay()) is not None:
+        return stored
+    try:
+        outcome = await service.append(tenant, session_id, body.text)
+    except BaseException:
+        await call.failed()
+        raise
+    response = AppendResponse(
+        session=SessionObject.of(outcome.session), tokens=outcome.tokens, logprob=outcome.logprob
+    )
+    await call.succeeded(response.model_dump())
+    return response
+
+
+@router.post(
+    "/{session_id}/generate",
+    response_model=GenerateResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events with stream=true"}
+    },
+)
+async def generate(
+    session_id: str,
+    body: GenerateRequest,
+    request: Request,
+    service: Service,
+    tenant: Tenant,
+    settings: Config,
+    idempotency_key: IdempotencyKey = None,
+) -> Any:
+    check_text(settings, body.text, "text")
+    check_max_tokens(settings, body.max_tokens)
+    stops = check_stop(settings, body.stop)
+    call = IdempotentCall(
+        service.store, tenant, f"generate:{session_id}", idempotency_key, settings.idempotency_ttl_seconds
+    )
+    if (stored := await call.replay()) is not None:
+        return EventStream(_replay(stored)) if body.stream else _without_tokens(stored)
+    metrics = request.app.state.metrics
+    started = time.perf_counter()
+    source = service.generate(
+        tenant, session_id, text=body.text, max_tokens=body.max_tokens, sampling=body.sampling(), stop=stops
+    )
+    timing = _Timing(metrics, started)
+    try:
+        # Errors before the first event (404, 409, 410, ...) are plain HTTP errors, not a 200 stream.
+        first = await anext(source)
+    except BaseException:
+        await call.failed()
+        raise
+    if body.stream:
+        return EventStream(_stream(first, source, call, timing))
+    tokens: list[dict[str, Any]] = []
+    item: Any = first
+    try:
+        while not isinstance(item, GenerateOutcome):
+            timing.token()
+            tokens.append(_token(item))
+            item = await anext(source)
+    except BaseException:
+        await call.failed()
+        raise
+    response = _response(item)
+    await call.succeeded({**response, "tokens": tokens})
+    return response
+
+
+class _Timing:
+    """Time to first token and inter-token latency of one request."""
+
+    def __init__(self, metrics: Any, started: float) -> None:
+        self.metrics, self.started = metrics, started
+        self.last: float | None = None
+
+    def token(self) -> None:
+        now = time.perf_counter()
+        if self.last is None:
+            self.metrics.time_to_first_token.observe(now - self.started)
+        else:
+            self.metrics.inter_token.observe(now - self.last)
+        self.last = now
+
+
+def _token(event: Any) -> dict[str, Any]:
+    return {"id": event.id, "text": event.text, "logprob": event.logprob}
+
+
+def _response(outcome: GenerateOutcome) -> dict[str, Any]:
+    result = outcome.result
+    return GenerateResponse(
+        text=result.text,
+        finish_reason=result.finish_reason,  # type: ignore[arg-type]
+        session=SessionObject.of(outcome.session),
+        usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens),
+    ).model_dump()
+
+
+def _without_tokens(stored: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in stored.items() if k != "tokens"}
+
+
+async def _stream(
+    first: Any, source: AsyncIterator[Any], call: IdempotentCall, timing: _Timing
+) -> AsyncIterator[str]:
+    tokens: list[dict[str, Any]] = []
+    finished = False
+    try:
+        item = first
+        while True:
+            if isinstance(item, GenerateOutcome):
+                response = _response(item)
+                finished = True
+                await call.succeeded({**response, "tokens": tokens})
+                yield sse.event(
+                    {
+                        "type": "done",
+                        **{k: response[k] for k in ("finish_reason", "text", "session", "usage")},
+                    }
+                )
+                yield sse.DONE
+                return
+            timing.token()
+            token = _token(item)
+            tokens.append(token)
+            yield sse.event({"type": "token", "token": token})
+            item = await anext(source)
+    except ServiceError as exc:
+        yield sse.event({"type": "error", **exc.body()})
+        yield sse.DONE
+    except Exception:
+        log.exception("generation failed mid-stream")
+        yield sse.event(
+            {"type": "error", "error": {"type": "internal", "message": "internal error", "param": None}}
+        )
+        yield sse.DONE
+    finally:
+        if not finished:
+            await call.failed()
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _replay(stored: dict[str, Any]) -> AsyncIterator[str]:
+    for token in stored.get("tokens", []):
+        yield sse.event({"type": "token", "token": token})
+    yield sse.event({"type": "done", **_without_tokens(stored)})
+    yield sse.DONE

@@ -1,0 +1,101 @@
+"""Prometheus metrics (prefix `txl_`), in a registry per app so that several apps can live in one process.
+
+Labels never carry user text or ids: routes are reported by their template (`/v1/sessions/{session_id}`).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .engine.worker import WorkerObserver
+from .sessions.service import SessionObserver
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics(WorkerObserver, SessionObserver):
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "txl_requests", "HTTP requests by route and status", ["route", "method", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "txl_request_duration_seconds", "HTTP request time (streams: until the last byte)", ["route", "method"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.time_to_first_token = Histogram(
+            "txl_time_to_first_token_seconds",
+            "From request to the first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "txl_inter_token_latency_seconds", "Between consecutive generated tokens of one request",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "txl_tokens", "Tokens processed", ["kind"], registry=r
+        )  # ingested|generated|scored
+        self.queue_depth = Gauge("txl_queue_depth", "Jobs waiting to be admitted by the worker", registry=r)
+        self.active_jobs = Gauge("txl_active_jobs", "Jobs the worker is running", registry=r)
+        self.batch_size = Histogram(
+            "txl_batch_size", "Rows per decode forward", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.decode_seconds = Histogram(
+            "txl_decode_step_seconds", "One decode forward", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.prefill_seconds = Histogram(
+            "txl_prefill_step_seconds", "One ingestion segment", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.sessions = Gauge(
+            "txl_sessions", "Sessions whose memory is in this process, by tier", ["tier"], registry=r
+        )
+        self.memory_bytes = Gauge(
+            "txl_memory_bytes", "Bytes of session memory, by tier", ["tier"], registry=r
+        )
+        self.memory_budget = Gauge("txl_memory_budget_bytes", "Byte budget, by tier", ["tier"], registry=r)
+        self.tier_moves = Counter(
+            "txl_tier_moves", "Session memory moved between tiers", ["source", "target"], registry=r
+        )
+        self.evictions = Counter(
+            "txl_evictions", "Session memory moved down a tier or dropped", ["target"], registry=r
+        )
+        self.restores = Counter(
+            "txl_restores", "Session memory brought back to the device", ["source"], registry=r
+        )
+        self.conflicts = Counter(
+            "txl_conflicts", "Steps refused because another step held the session", registry=r
+        )
+        self.cancellations = Counter("txl_cancellations", "Jobs cancelled (client gone)", registry=r)
+        self.overloaded = Counter("txl_overloaded", "Requests refused with 429", registry=r)
+
+    # ---- WorkerObserver (called from the worker thread; prometheus_client is thread-safe)
+    def on_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill_seconds.observe(seconds)
+
+    def on_decode(self, batch_size: int, seconds: float) -> None:
+        self.batch_size.observe(batch_size)
+        self.decode_seconds.observe(seconds)
+
+    def on_queue(self, queued: int, active: int) -> None:
+        self.queue_depth.set(queued)
+        self.active_jobs.set(active)
+
+    def on_cancel(self) -> None:
+        self.cancellations.inc()
+
+    # ---- SessionObserver
+    def on_tier_move(self, source: str, target: str) -> None:
+        self.tier_moves.labels(source, target).inc()
+        if target == "device":
+            self.restores.labels(source).inc()
+        else:
+            self.evictions.labels(target).inc()
+
+    def on_conflict(self) -> None:
+        self.conflicts.inc()
+
+    def on_tokens(self, kind: str, n: int) -> None:
+        self.tokens.labels(kind).inc(n)

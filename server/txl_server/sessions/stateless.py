@@ -1,0 +1,179 @@
+"""Work that belongs to no session: scoring a document, and completions of a prompt (OpenAI style).
+
+Both start from an empty memory primed with the separator token, exactly as a new session does, so a prompt
+completes the same whether it is sent here or used to create a session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+
+from txl import TransfoXLLMHeadModel
+from txl.sampling import SamplingParams
+from txl.tokenizers import Tokenizer
+
+from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateJob, GenerateResult, ProgressEvent, TokenEvent
+from ..engine.state import ModelState
+from ..engine.worker import Worker
+from ..errors import InvalidRequest
+from .service import SessionObserver, run_job
+
+
+@dataclass(frozen=True)
+class ScoreOutcome:
+    tokens: int
+    bytes: int
+    logprob: float
+    token_logprobs: list[float] | None
+    token_ids: list[int]
+    memory_bytes: int  # what the scoring memory held at the end: bounded by mem_len, whatever the length
+
+    @property
+    def nll(self) -> float:
+        return -self.logprob / max(self.tokens, 1)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.nll, 700.0))
+
+    @property
+    def bits_per_byte(self) -> float:
+        return -self.logprob / math.log(2) / max(self.bytes, 1)
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """Per-token log-probs of a prompt (the first token is predicted by the start of the document)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top: list | None
+
+
+class StatelessService:
+    def __init__(
+        self,
+        *,
+        model: TransfoXLLMHeadModel,
+        tokenizer: Tokenizer,
+        worker: Worker,
+        start_id: int,
+        mem_len: int,
+        observer: SessionObserver | None = None,
+    ) -> None:
+        self.model, self.tokenizer, self.worker = model, tokenizer, worker
+        self.start_id, self.mem_len = start_id, mem_len
+        self.observer = observer or SessionObserver()
+
+    def _empty(self) -> ModelState:
+        return ModelState.empty(self.model.empty_memory(mem_len=self.mem_len))
+
+    async def score(
+        self,
+        text: str,
+        *,
+        token_logprobs: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ScoreOutcome:
+        """log p(text), segment by segment, with memory bounded by mem_len whatever the length."""
+        tokens = self.tokenizer.encode(text)
+        if not tokens:
+            raise InvalidRequest("text to score is empty", param="text")
+        job = AdvanceJob(
+            self._empty(), [self.start_id, *tokens], token_logprobs=token_logprobs, report_progress=True
+        )
+        result: AdvanceResult | None = None
+        async with contextlib.aclosing(run_job(self.worker, job)) as events:
+            async for event in events:
+                if isinstance(event, ProgressEvent) and progress is not None:
+                    progress(max(0, event.done - 1), len(tokens))
+                elif isinstance(event, AdvanceResult):
+                    result = event
+        assert result is not None
+        self.observer.on_tokens("scored", len(tokens))
+        per_token = result.token_logprobs[1:] if result.token_logprobs is not None else None
+        return ScoreOutcome(
+            len(tokens),
+            len(text.encode("utf-8", "surrogatepass")),
+            result.logprob,
+            per_token,
+            tokens,
+            result.state.nbytes,
+        )
+
+    async def prefill(
+        self, tokens: list[int], *, logprobs: bool, top_logprobs: int
+    ) -> tuple[ModelState, PromptScores]:
+        """Feeds a prompt after the start token; with `logprobs`, scores every prompt token."""
+        job = AdvanceJob(
+            self._empty(), [self.start_id, *tokens], token_logprobs=logprobs, top_logprobs=top_logprobs
+        )
+        result: AdvanceResult | None = None
+        async with contextlib.aclosing(run_job(self.worker, job)) as events:
+            async for event in events:
+                if isinstance(event, AdvanceResult):
+                    result = event
+        assert result is not None
+        self.observer.on_tokens("ingested", len(tokens))
+        scores = PromptScores(
+            tokens,
+            (result.token_logprobs or [])[1:],
+            result.token_top[1:] if result.token_top is not None else None,
+        )
+        return result.state, scores
+
+    async def generate(
+        self,
+        state: ModelState,
+        *,
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: list[str],
+        top_logprobs: int = 0,
+    ) -> AsyncGenerator[TokenEvent | GenerateResult, None]:
+        """Tokens after `state` (nothing is stored): TokenEvents, then the GenerateResult."""
+        job = GenerateJob(state, [], max_tokens, sampling, stop, top_logprobs=top_logprobs)
+        async with contextlib.aclosing(run_job(self.worker, job)) as events:
+            async for event in events:
+                if isinstance(event, GenerateResult):
+                    self.observer.on_tokens("generated", event.completion_tokens)
+                yield event
+
+
+def merge(streams: list[AsyncGenerator]) -> AsyncGenerator[tuple[int, object], None]:
+    """Interleaves several async generators as (index, item), in arrival order; closes all at the end."""
+
+    async def run() -> AsyncGenerator[tuple[int, object], None]:
+        queue: asyncio.Queue[tuple[int, object, bool]] = asyncio.Queue()
+
+        async def pump(i: int, stream: AsyncGenerator) -> None:
+            try:
+                async for item in stream:
+                    await queue.put((i, item, False))
+                await queue.put((i, None, True))
+            except BaseException as exc:
+                await queue.put((i, exc, True))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        remaining = len(streams)
+        try:
+            while remaining:
+                i, item, finished = await queue.get()
+                if finished:
+                    remaining -= 1
+                    if isinstance(item, BaseException):
+                        raise item
+                    continue
+                yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            for stream in streams:
+                with contextlib.suppress(BaseException):
+                    await stream.aclose()
+
+    return run()
