@@ -1,0 +1,67 @@
+"""`python -m txl_server [--host H] [--port P] [--model DIR]`: the server, configured by flags and TXL_* variables."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m txl_server",
+        description="Stateful Transformer-XL inference server. Every setting can also come from a TXL_* "
+        "environment variable (e.g. TXL_PORT, TXL_REDIS_URL, TXL_API_KEYS); flags win.",
+    )
+    parser.add_argument("--host", help="interface to listen on (TXL_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (TXL_PORT, default 8000)")
+    parser.add_argument("--model", type=Path, help="model directory (TXL_MODEL, default: the bundled model)")
+    parser.add_argument("--redis-url", help="Redis URL (TXL_REDIS_URL, default: a private redis-server)")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (TXL_DTYPE)"
+    )
+    parser.add_argument("--device", help="torch device, e.g. cuda:0 (TXL_DEVICE, default cpu)")
+    parser.add_argument("--log-level", default=None, help="debug, info, warning (TXL_LOG_LEVEL)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from .settings import Settings
+
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        print(f"invalid settings: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not settings.model_dir.is_dir():
+        print(f"model directory not found: {settings.model_dir}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from .api.app import create_app
+
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=10,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    # uvicorn returns normally when startup failed (e.g. an unreadable checkpoint): report it as a failure.
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

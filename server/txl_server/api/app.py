@@ -1,0 +1,200 @@
+"""The FastAPI application: `create_app(settings)`.
+
+The lifespan starts the runtime (model, worker, Redis, sessions) and always stops it. Every error leaves as
+`{"error": {"type", "message", "param"}}` with its HTTP status; internals are logged, never returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import __version__
+from ..errors import Overloaded, PayloadTooLarge, ServiceError
+from ..metrics import Metrics
+from ..runtime import Runtime
+from ..settings import Settings
+from . import completions, score, sessions, system
+from .auth import ApiKeys
+
+log = logging.getLogger("txl_server")
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+
+def create_app(settings: Settings) -> FastAPI:
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = Runtime(settings, worker_observer=metrics, session_observer=metrics)
+        app.state.runtime = runtime
+        try:
+            await runtime.start()
+        except Exception as exc:
+            log.error("cannot start: %s", exc)
+            await runtime.stop()
+            raise
+        log.info("serving %s from %s", runtime.model_id, settings.model_dir)
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(
+        title="TXL Serve",
+        version=__version__,
+        description="Stateful Transformer-XL inference: sessions with cached segment memory, streaming, scoring, "
+        "and an OpenAI-compatible completions API.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.api_keys = ApiKeys.from_settings(settings)
+    app.state.started_at = time.time()
+    for module in (sessions, score, completions, system):
+        app.include_router(module.router)
+    _install_error_handlers(app)
+    # Outermost first: metrics see every response, including the limits' 413 and 429.
+    app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    if STATIC_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="playground")
+    return app
+
+
+def error_response(error: ServiceError) -> JSONResponse:
+    headers = {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        message = f"invalid request: {first.get('msg', 'invalid value')}" + (
+            f" ({'.'.join(loc)})" if loc else ""
+        )
+        body = {"error": {"type": "invalid_request", "message": message, "param": ".".join(loc) or None}}
+        return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not_found", 405: "invalid_request", 401: "unauthorized", 413: "payload_too_large"}.get(
+            exc.status_code, "invalid_request" if exc.status_code < 500 else "internal"
+        )
+        message = "no such route" if exc.status_code == 404 else str(exc.detail)
+        return JSONResponse(
+            {"error": {"type": kind, "message": message, "param": None}}, status_code=exc.status_code
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        body = {"error": {"type": "internal", "message": "internal error", "param": None}}
+        return JSONResponse(body, status_code=500)
+
+
+# ---------------------------------------------------------------------------------------------- middleware
+
+
+class _BodyTooLarge(PayloadTooLarge):
+    pass
+
+
+class BodyLimit:
+    """413 for a body over the limit, whether announced by Content-Length or streamed in chunks."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _BodyTooLarge(f"the request body is larger than {self.limit} bytes", param="body")
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await error_response(too_large)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise too_large
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class ConcurrencyLimit:
+    """429 (with Retry-After) once `limit` API requests are in flight; streams count until they end."""
+
+    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics) -> None:
+        self.app, self.limit, self.metrics = app, limit, metrics
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            self.metrics.overloaded.inc()
+            busy = Overloaded(f"more than {self.limit} requests in flight; retry shortly", retry_after=1)
+            await error_response(busy)(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+class RequestMetrics:
+    """Counts and times requests by route template and status (never by path: ids are not labels)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status: dict[str, Any] = {"code": 500}
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or ("/" if scope["path"] == "/" else "unmatched")
+            method = scope.get("method", "GET")
+            self.metrics.requests.labels(template, method, str(status["code"])).inc()
+            self.metrics.request_seconds.labels(template, method).observe(time.perf_counter() - started)

@@ -1,0 +1,372 @@
+"""OpenAI-compatible `POST /v1/completions` (and `GET /v1/models`), usable by the official `openai` client.
+
+Stateless by default: each prompt starts from an empty memory. The extension field `session_id` continues an
+existing session instead (the prompt and the completion become part of it, as with /generate).
+`echo` + `logprobs` + `max_tokens: 0` scores a prompt.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from txl.sampling import SamplingParams
+from txl.tokenizers import Tokenizer
+
+from ..engine.jobs import GenerateResult, TokenEvent, TopLogprobs
+from ..errors import InvalidRequest, ServiceError
+from ..sessions.service import GenerateOutcome, SessionService
+from ..sessions.stateless import PromptScores, StatelessService, merge
+from . import sse
+from .common import Config, EventStream, Tenant, check_max_tokens, check_stop, check_text
+
+router = APIRouter(tags=["openai"])
+
+MAX_N = 8
+MAX_LOGPROBS = 5
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    # Unknown fields are ignored, as OpenAI clients send options this server has no use for.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model: str | None = None
+    prompt: str | list[str] | list[int] | list[list[int]] = ""
+    max_tokens: int | None = Field(16, ge=0)
+    temperature: float | None = Field(1.0, ge=0, le=2)
+    top_p: float | None = Field(1.0, gt=0, le=1)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = False
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    n: int | None = Field(1, ge=1, le=MAX_N)
+    user: str | None = Field(None, max_length=256)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    suffix: str | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    session_id: str | None = Field(None, description="Extension: continue (and advance) this session")
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["length", "stop"] | None
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "txl-serve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(request: Request, tenant: Tenant) -> ModelList:
+    runtime = request.app.state.runtime
+    return ModelList(data=[ModelCard(id=runtime.model_id, created=int(request.app.state.started_at))])
+
+
+@router.post(
+    "/v1/completions",
+    response_model=Completion,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks with stream"}},
+)
+async def create_completion(
+    body: CompletionRequest, request: Request, tenant: Tenant, settings: Config
+) -> Any:
+    runtime = request.app.state.runtime
+    plan = _Plan.build(body, runtime, settings)
+    completion_id = "cmpl-" + secrets.token_hex(12)
+    created = int(time.time())
+    if body.session_id is not None:
+        source = _session_completion(runtime.service, tenant, body, plan)
+    else:
+        source = _stateless_completions(runtime.stateless, body, plan)
+    if body.stream:
+        first = await anext(source)  # errors before any output are HTTP errors
+        return EventStream(_stream(first, source, completion_id, created, runtime.model_id, body, plan))
+    choices: dict[int, CompletionChoice] = {}
+    usage = [0, 0]
+    async for index, item in source:
+        if isinstance(item, _Finished):
+            choices[index] = item.choice(index)
+            usage[0] += item.prompt_tokens if index == 0 or body.session_id is None else 0
+            usage[1] += item.completion_tokens
+    return Completion(
+        id=completion_id,
+        created=created,
+        model=runtime.model_id,
+        choices=[choices[i] for i in sorted(choices)],
+        usage=CompletionUsage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)),
+    ).model_dump()
+
+
+# ---------------------------------------------------------------------------------------------- planning
+
+
+class _Plan:
+    """The validated request: prompts as token ids, sampling, and what to report."""
+
+    def __init__(self, prompts: list[tuple[str, list[int]]], n: int, sampling: list[SamplingParams], stops: list[str],
+                 max_tokens: int, top: int, tokenizer: Tokenizer) -> None:  # fmt: skip
+        self.prompts, self.n, self.sampling, self.stops = prompts, n, sampling, stops
+        self.max_tokens, self.top, self.tokenizer = max_tokens, top, tokenizer
+
+    @classmethod
+    def build(cls, body: CompletionRequest, runtime: Any, settings: Any) -> _Plan:
+        if body.model is not None and body.model != runtime.model_id:
+            raise InvalidRequest(
+                f"unknown model {body.model!r}; this server serves {runtime.model_id!r}", param="model"
+            )
+        if body.suffix:
+            raise InvalidRequest("suffix is not supported", param="suffix")
+        if body.best_of not in (None, body.n or 1):
+            raise InvalidRequest("best_of other than n is not supported", param="best_of")
+        if body.frequency_penalty or body.presence_penalty:
+            raise InvalidRequest(
+                "frequency and presence penalties are not supported", param="frequency_penalty"
+            )
+        tokenizer: Tokenizer = runtime.service.tokenizer
+        prompts = cls._prompts(body.prompt, tokenizer, settings)
+        if body.session_id is not None and len(prompts) != 1:
+            raise InvalidRequest("with session_id, give a single prompt", param="prompt")
+        max_tokens = 16 if body.max_tokens is None else body.max_tokens
+        check_max_tokens(settings, max_tokens)
+        n = body.n or 1
+        if body.session_id is not None and n != 1:
+            raise InvalidRequest("with session_id, n must be 1", param="n")
+        if len(prompts) * n > MAX_N:
+            raise InvalidRequest(f"prompts x n must be at most {MAX_N}", param="n")
+        temperature = 1.0 if body.temperature is None else body.temperature
+        top_p = 1.0 if body.top_p is None else body.top_p
+        sampling = [
+            SamplingParams(
+                temperature=temperature, top_p=top_p, seed=None if body.seed is None else body.seed + i
+            )
+            for i in range(n)
+        ]
+        return cls(
+            prompts, n, sampling, check_stop(settings, body.stop), max_tokens, body.logprobs or 0, tokenizer
+        )
+
+    @staticmethod
+    def _prompts(prompt: Any, tokenizer: Tokenizer, settings: Any) -> list[tuple[str, list[int]]]:
+        if isinstance(prompt, str):
+            items: list[Any] = [prompt]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            items = [prompt]
+        else:
+            items = list(prompt) or [""]
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                check_text(settings, item, "prompt")
+                out.append((item, tokenizer.encode(item)))
+            else:
+                if any(not 0 <= t < tokenizer.vocab_size for t in item):
+                    raise InvalidRequest(f"token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
+                if len(item) > settings.max_text_chars:
+                    raise InvalidRequest("prompt has too many tokens", param="prompt")
+                out.append((tokenizer.decode(item), list(item)))
+        return out
+
+
+class _Finished:
+    def __init__(self, text: str, finish_reason: str, logprobs: CompletionLogprobs | None,
+                 prompt_tokens: int, completion_tokens: int) -> None:  # fmt: skip
+        self.text, self.finish_reason, self.logprobs = text, finish_reason, logprobs
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, completion_tokens
+
+    def choice(self, index: int) -> CompletionChoice:
+        reason: Literal["length", "stop"] = "stop" if self.finish_reason == "stop" else "length"
+        return CompletionChoice(text=self.text, index=index, logprobs=self.logprobs, finish_reason=reason)
+
+
+class _LogprobsBuilder:
+    """OpenAI's `logprobs` object: token strings, their log-probs, top alternatives and text offsets."""
+
+    def __init__(self, tokenizer: Tokenizer, top: int) -> None:
+        self.tokenizer, self.top = tokenizer, top
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
+        self.text_offset: list[int] = []
+        self.offset = 0
+
+    def add(self, text: str, logprob: float | None, top: TopLogprobs | None) -> None:
+        self.tokens.append(text)
+        self.token_logprobs.append(logprob)
+        self.top_logprobs.append(None if top is None else {self.tokenizer.token_text(t): lp for t, lp in top})
+        self.text_offset.append(self.offset)
+        self.offset += len(text)
+
+    def add_prompt(self, scores: PromptScores, top: bool) -> None:
+        decoder = self.tokenizer.decoder()
+        pieces = [decoder.push(t) for t in scores.token_ids]
+        if pieces:
+            pieces[-1] += decoder.flush()
+        for i, piece in enumerate(pieces):
+            logprob = scores.logprobs[i] if i < len(scores.logprobs) else None
+            alternatives = scores.top[i] if (top and scores.top is not None and i < len(scores.top)) else None
+            self.add(piece, logprob, alternatives)
+
+    def build(self) -> CompletionLogprobs:
+        return CompletionLogprobs(
+            tokens=self.tokens,
+            token_logprobs=self.token_logprobs,
+            top_logprobs=self.top_logprobs if self.top else None,
+            text_offset=self.text_offset,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- sources
+# Each yields (choice index, TokenEvent) as tokens arrive and (choice index, _Finished) at the end.
+
+
+async def _stateless_completions(
+    stateless: StatelessService, body: CompletionRequest, plan: _Plan
+) -> AsyncGenerator[tuple[int, Any], None]:
+    want_logprobs = body.logprobs is not None
+    streams = []
+    for prompt_text, prompt_ids in plan.prompts:
+        state, scores = await stateless.prefill(
+            prompt_ids, logprobs=bool(body.echo and want_logprobs), top_logprobs=plan.top
+        )
+        for i in range(plan.n):
+            generation = stateless.generate(
+                state,
+                max_tokens=plan.max_tokens,
+                sampling=plan.sampling[i],
+                stop=plan.stops,
+                top_logprobs=plan.top,
+            )
+            streams.append(_choice(generation, prompt_text, scores, body, plan))
+    async for index, item in merge(streams):
+        yield index, item
+
+
+async def _session_completion(
+    service: SessionService, tenant: str, body: CompletionRequest, plan: _Plan
+) -> AsyncGenerator[tuple[int, Any], None]:
+    assert body.session_id is not None
+    prompt_text, _ = plan.prompts[0]
+    generation = service.generate(
+        tenant, body.session_id, text=prompt_text, max_tokens=plan.max_tokens, sampling=plan.sampling[0],
+        stop=plan.stops,
+    )  # fmt: skip
+    scores = PromptScores(plan.tokenizer.encode(prompt_text), [], None)  # session mode: no prompt log-probs
+    async for item in _choice(generation, prompt_text, scores, body, plan):
+        yield 0, item
+
+
+async def _choice(
+    generation: AsyncGenerator[Any, None],
+    prompt_text: str,
+    scores: PromptScores,
+    body: CompletionRequest,
+    plan: _Plan,
+) -> AsyncGenerator[Any, None]:
+    logprobs = _LogprobsBuilder(plan.tokenizer, plan.top) if body.logprobs is not None else None
+    if body.echo and logprobs is not None:
+        logprobs.add_prompt(scores, top=True)
+    try:
+        async for item in generation:
+            if isinstance(item, TokenEvent):
+                if logprobs is not None:
+                    logprobs.add(item.text, item.logprob, item.top)
+                yield item
+            else:
+                result: GenerateResult = item.result if isinstance(item, GenerateOutcome) else item
+                text = (prompt_text if body.echo else "") + result.text
+                yield _Finished(
+                    text,
+                    result.finish_reason,
+                    logprobs.build() if logprobs is not None else None,
+                    len(scores.token_ids),
+                    result.completion_tokens,
+                )
+    finally:
+        await generation.aclose()
+
+
+async def _stream(first: tuple[int, Any], source: AsyncGenerator[tuple[int, Any], None], completion_id: str,
+                  created: int, model: str, body: CompletionRequest, plan: _Plan) -> AsyncIterator[str]:  # fmt: skip
+    def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
+        return sse.event(
+            {"id": completion_id, "object": "text_completion", "created": created, "model": model,
+             "choices": [{"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}]}
+        )  # fmt: skip
+
+    echoed: set[int] = set()
+    usage = [0, 0]
+    try:
+        item: tuple[int, Any] | None = first
+        while item is not None:
+            index, event = item
+            if body.echo and index not in echoed:
+                echoed.add(index)
+                yield chunk(index, plan.prompts[index // plan.n][0], None)
+            if isinstance(event, TokenEvent):
+                logprobs = None
+                if body.logprobs is not None:
+                    top = (
+                        None
+                        if event.top is None
+                        else {plan.tokenizer.token_text(t): lp for t, lp in event.top}
+                    )
+                    logprobs = {"tokens": [event.text], "token_logprobs": [event.logprob],
+                                "top_logprobs": [top] if body.logprobs else None, "text_offset": [0]}  # fmt: skip
+                yield chunk(index, event.text, None, logprobs)
+            else:
+                usage[0] += event.prompt_tokens
+                usage[1] += event.completion_tokens
+                yield chunk(index, "", event.finish_reason)
+            item = await anext(source, None)
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield sse.event(
+                {"id": completion_id, "object": "text_completion", "created": created, "model": model, "choices": [],
+                 "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}
+            )  # fmt: skip
+    except ServiceError as exc:
+        yield sse.event(exc.body())
+    finally:
+        await source.aclose()
+    yield sse.DONE

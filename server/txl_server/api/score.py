@@ -1,0 +1,145 @@
+"""POST /v1/score: log-likelihood of a long document, as JSON or a `text/plain` body, optionally streamed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import InvalidRequest, ServiceError
+from ..sessions.stateless import ScoreOutcome, StatelessService
+from . import sse
+from .common import Config, EventStream, Tenant
+
+router = APIRouter(tags=["scoring"])
+
+PROGRESS_INTERVAL_SECONDS = 0.2
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(..., description="The document")
+    token_logprobs: bool = Field(False, description="Also return each token's log-probability and text")
+    stream: bool = Field(False, description="Stream progress events, then the result")
+
+
+class ScoreResponse(BaseModel):
+    object: Literal["score"] = "score"
+    tokens: int
+    bytes: int
+    logprob: float = Field(..., description="Natural-log probability of the whole document")
+    nll: float = Field(..., description="Mean negative log-likelihood per token (nats)")
+    perplexity: float
+    bits_per_byte: float
+    token_logprobs: list[float] | None = None
+    token_texts: list[str] | None = None
+
+
+_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}},
+            "text/plain": {"schema": {"type": "string"}},
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/score",
+    response_model=ScoreResponse,
+    openapi_extra=_BODY_DOC,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events with stream"}},
+)
+async def score(
+    request: Request,
+    tenant: Tenant,
+    settings: Config,
+    token_logprobs: bool = Query(False, description="text/plain bodies: same as the JSON field"),
+    stream: bool = Query(False, description="text/plain bodies: same as the JSON field"),
+) -> Any:
+    body = await _read(request, settings.max_body_bytes, token_logprobs=token_logprobs, stream=stream)
+    if not body.text:  # documents are limited by the body size (TXL_MAX_BODY_BYTES), not the prompt limit
+        raise InvalidRequest("text to score is empty", param="text")
+    scorer: StatelessService = request.app.state.runtime.stateless
+    tokenizer = request.app.state.runtime.service.tokenizer
+    if not body.stream:
+        outcome = await scorer.score(body.text, token_logprobs=body.token_logprobs)
+        return _response(outcome, tokenizer, body.token_logprobs)
+    return EventStream(_progress_stream(scorer, body, tokenizer))
+
+
+async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: bool) -> ScoreRequest:
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    raw = await request.body()
+    if content_type == "text/plain":
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest("the body is not valid UTF-8", param="body") from exc
+        return ScoreRequest(text=text, token_logprobs=token_logprobs, stream=stream)
+    if content_type not in ("application/json", ""):
+        raise InvalidRequest("send the document as application/json or text/plain", param="content-type")
+    try:
+        return ScoreRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidRequest(f"invalid request: {first['msg']}", param=param) from exc
+    except (ValueError, json.JSONDecodeError) as exc:  # pragma: no cover - pydantic reports JSON errors above
+        raise InvalidRequest("the body is not valid JSON", param="body") from exc
+
+
+def _response(outcome: ScoreOutcome, tokenizer: Any, with_tokens: bool) -> dict[str, Any]:
+    return ScoreResponse(
+        tokens=outcome.tokens,
+        bytes=outcome.bytes,
+        logprob=outcome.logprob,
+        nll=outcome.nll,
+        perplexity=outcome.perplexity,
+        bits_per_byte=outcome.bits_per_byte,
+        token_logprobs=outcome.token_logprobs if with_tokens else None,
+        token_texts=[tokenizer.token_text(t) for t in outcome.token_ids] if with_tokens else None,
+    ).model_dump(exclude_none=True)
+
+
+async def _progress_stream(
+    scorer: StatelessService, body: ScoreRequest, tokenizer: Any
+) -> AsyncIterator[str]:
+    queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+    last_sent = 0.0
+
+    def progress(done: int, total: int) -> None:
+        nonlocal last_sent
+        now = time.monotonic()
+        if done == total or now - last_sent >= PROGRESS_INTERVAL_SECONDS:
+            last_sent = now
+            queue.put_nowait((done, total))
+
+    task = asyncio.create_task(scorer.score(body.text, token_logprobs=body.token_logprobs, progress=progress))
+    try:
+        while not task.done() or not queue.empty():
+            getter = asyncio.create_task(queue.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                done, total = getter.result()
+                yield sse.event({"type": "progress", "tokens_done": done, "tokens_total": total})
+            else:
+                getter.cancel()
+        outcome = task.result()
+        yield sse.event({"type": "result", **_response(outcome, tokenizer, body.token_logprobs)})
+    except ServiceError as exc:
+        yield sse.event({"type": "error", **exc.body()})
+    finally:
+        if not task.done():
+            task.cancel()  # the client went away: stop scoring
+            with contextlib.suppress(BaseException):
+                await task
+    yield sse.DONE

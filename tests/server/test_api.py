@@ -1,0 +1,484 @@
+"""The HTTP API against a real uvicorn server on loopback and a real Redis."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+from txl_server.settings import Persistence, Settings
+
+from .live_server import LiveServer
+
+KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, redis_server):
+    settings = Settings(
+        model=tiny_model_dir,
+        redis_url=redis_server.url,
+        redis_prefix=f"api-{uuid.uuid4().hex[:6]}:",
+        api_keys=f"{KEY_A},{KEY_B}",
+        max_body_bytes=64 * 1024,
+        max_text_chars=8 * 1024,
+        max_tokens=256,
+        max_stop_strings=2,
+        max_stop_chars=8,
+        max_metadata_bytes=256,
+        max_sessions_per_tenant=50,
+    )
+    with LiveServer(settings) as live:
+        yield live
+
+
+@pytest.fixture
+def a(server):
+    with server.client(KEY_A) as client:
+        yield client
+
+
+@pytest.fixture
+def b(server):
+    with server.client(KEY_B) as client:
+        yield client
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"type", "message", "param"}, body
+    return body["error"]
+
+
+def sse_events(response: httpx.Response) -> list:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def create(client, **body) -> dict:
+    response = client.post("/v1/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+
+
+def test_session_lifecycle(a):
+    session = create(a, text="Hello", metadata={"user": "ada"}, ttl_seconds=600)
+    assert session["object"] == "session" and len(session["id"]) >= 22  # >= 128 random bits, url-safe
+    assert (session["tokens"], session["version"], session["metadata"]) == (5, 1, {"user": "ada"})
+    assert session["expires_at"] - session["created_at"] in (600, 601)
+    assert a.get(f"/v1/sessions/{session['id']}").json() == session
+    listed = a.get("/v1/sessions").json()
+    assert listed["object"] == "list" and session["id"] in [s["id"] for s in listed["data"]]
+
+    appended = a.post(f"/v1/sessions/{session['id']}/append", json={"text": " world"}).json()
+    assert appended["tokens"] == 6 and appended["logprob"] < 0
+    assert appended["session"]["version"] == 2 and appended["session"]["tokens"] == 11
+
+    fork = a.post(f"/v1/sessions/{session['id']}/fork", json={"metadata": {"branch": 1}})
+    assert fork.status_code == 201
+    forked = fork.json()
+    assert forked["id"] != session["id"] and forked["tokens"] == 11 and forked["metadata"] == {"branch": 1}
+
+    assert a.delete(f"/v1/sessions/{session['id']}").status_code == 204
+    assert error_of(a.get(f"/v1/sessions/{session['id']}"))["type"] == "not_found"
+    assert a.get(f"/v1/sessions/{forked['id']}").status_code == 200  # the fork lives on
+
+
+def test_generate_json_and_stream_agree_at_temperature_zero_and_with_a_seed(a):
+    base = create(a, text="The whale")
+    for params in ({"temperature": 0}, {"temperature": 0.9, "top_k": 40, "top_p": 0.9, "seed": 1234}):
+        one = a.post(f"/v1/sessions/{base['id']}/fork").json()
+        two = a.post(f"/v1/sessions/{base['id']}/fork").json()
+        plain = a.post(f"/v1/sessions/{one['id']}/generate", json={"text": " is", "max_tokens": 24, **params})
+        assert plain.status_code == 200, plain.text
+        result = plain.json()
+        assert result["finish_reason"] == "length" and result["usage"] == {
+            "prompt_tokens": 3,
+            "completion_tokens": 24,
+        }
+        with a.stream(
+            "POST",
+            f"/v1/sessions/{two['id']}/generate",
+            json={"text": " is", "max_tokens": 24, "stream": True, **params},
+        ) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(response)
+        assert events[-1] == "[DONE]"
+        tokens = [e for e in events[:-1] if e["type"] == "token"]
+        done = events[-2]
+        assert len(tokens) == 24 and done["type"] == "done"
+        assert "".join(t["token"]["text"] for t in tokens) == done["text"] == result["text"]
+        assert done["session"]["version"] == result["session"]["version"] == 2
+        assert all(t["token"]["logprob"] <= 0 for t in tokens)
+
+
+def test_stop_strings_end_generation(a):
+    session = create(a, text="aaaa")
+    first = a.post(f"/v1/sessions/{session['id']}/fork").json()
+    text = a.post(f"/v1/sessions/{first['id']}/generate", json={"max_tokens": 30, "temperature": 0}).json()[
+        "text"
+    ]
+    stop = text[3:5]
+    result = a.post(
+        f"/v1/sessions/{session['id']}/generate", json={"max_tokens": 30, "temperature": 0, "stop": [stop]}
+    ).json()
+    assert result["finish_reason"] == "stop" and result["text"] == text[: text.find(stop)]
+
+
+def test_client_disconnect_mid_stream_leaves_the_session_unchanged(server, a):
+    session = create(a, text="It was a dark and stormy night")
+    with a.stream(
+        "POST",
+        f"/v1/sessions/{session['id']}/generate",
+        json={"max_tokens": 250, "stream": True, "temperature": 0},
+    ) as response:
+        for i, _ in enumerate(response.iter_lines()):
+            if i >= 6:
+                break  # leave after a few tokens
+    service = server.app.state.runtime.service
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and service.worker.active_jobs:
+        time.sleep(0.05)
+    assert service.worker.active_jobs == 0  # the generation stopped and left the worker
+    after = a.get(f"/v1/sessions/{session['id']}").json()
+    assert (after["version"], after["tokens"], after["mem_tokens"]) == (
+        session["version"], session["tokens"], session["mem_tokens"]
+    )  # fmt: skip
+    # and the session is usable right away (its lease was released)
+    assert a.post(f"/v1/sessions/{session['id']}/append", json={"text": "."}).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+
+def test_score_json_plain_text_and_streamed_progress_agree(a):
+    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 6
+    as_json = a.post("/v1/score", json={"text": text, "token_logprobs": True}).json()
+    assert as_json["tokens"] == as_json["bytes"] == len(text)
+    assert as_json["bits_per_byte"] == pytest.approx(-as_json["logprob"] / 0.6931471805599453 / len(text))
+    assert len(as_json["token_logprobs"]) == len(as_json["token_texts"]) == len(text)
+    assert "".join(as_json["token_texts"]) == text
+    as_plain = a.post("/v1/score", content=text.encode(), headers={"Content-Type": "text/plain"}).json()
+    assert as_plain["logprob"] == pytest.approx(as_json["logprob"], rel=1e-6)
+    with a.stream("POST", "/v1/score", json={"text": text, "stream": True}) as response:
+        events = sse_events(response)
+    assert events[-1] == "[DONE]" and events[-2]["type"] == "result"
+    assert events[-2]["logprob"] == pytest.approx(as_json["logprob"], rel=1e-6)
+    progress = [e for e in events[:-2] if e["type"] == "progress"]
+    assert progress and progress[-1]["tokens_done"] == progress[-1]["tokens_total"] == len(text)
+
+
+def test_score_rejects_invalid_utf8_and_empty_documents(a):
+    bad = a.post("/v1/score", content=b"abc\xff\xfe", headers={"Content-Type": "text/plain"})
+    assert bad.status_code == 400 and error_of(bad)["type"] == "invalid_request"
+    assert a.post("/v1/score", json={"text": ""}).status_code == 400
+    assert a.post("/v1/score", content=b"x", headers={"Content-Type": "application/xml"}).status_code == 400
+
+
+# ---------------------------------------------------------------------------------------------- errors, limits
+
+
+def test_authentication_is_required_and_wrong_keys_are_refused(server):
+    with server.client() as anonymous:
+        response = anonymous.get("/v1/sessions")
+        assert response.status_code == 401 and error_of(response)["type"] == "unauthorized"
+        assert anonymous.get("/health").status_code == 200  # health stays open for probes
+    with server.client("wrong-key") as wrong:
+        assert error_of(wrong.post("/v1/sessions", json={}))["type"] == "unauthorized"
+
+
+def test_tenants_cannot_see_or_touch_each_others_sessions(a, b):
+    session = create(a, text="private")
+    sid = session["id"]
+    for method, path, body in (
+        ("GET", f"/v1/sessions/{sid}", None),
+        ("DELETE", f"/v1/sessions/{sid}", None),
+        ("POST", f"/v1/sessions/{sid}/fork", None),
+        ("POST", f"/v1/sessions/{sid}/append", {"text": "x"}),
+        ("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 2}),
+        ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, "session_id": sid}),
+    ):
+        response = b.request(method, path, json=body)
+        assert response.status_code == 404 and error_of(response)["type"] == "not_found", (method, path)
+    assert sid not in [s["id"] for s in b.get("/v1/sessions").json()["data"]]
+    assert a.get(f"/v1/sessions/{sid}").json()["version"] == session["version"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/sessions", {"text": 5}, "text"),
+        ("/v1/sessions", {"mem_len": -1}, "mem_len"),
+        ("/v1/sessions", {"bogus": 1}, "bogus"),
+        ("/v1/sessions", {"mem_len": 10**9}, "mem_len"),
+        ("/v1/sessions", {"metadata": {"a": {"b": {"c": {"d": {"e": 1}}}}}}, "metadata"),
+        ("/v1/sessions", {"metadata": {"big": "x" * 300}}, "metadata"),
+        ("/v1/sessions", {"ttl_seconds": 0}, "ttl_seconds"),
+    ],
+)
+def test_bad_session_input_is_a_clear_error(a, path, body, param):
+    response = a.post(path, json=body)
+    assert response.status_code in (400, 422)
+    error = error_of(response)
+    assert error["type"] == "invalid_request" and param in (error["param"] or "")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"max_tokens": 10**6},
+        {"max_tokens": -1},
+        {"temperature": -0.5},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"stop": ["a", "b", "c"]},
+        {"stop": ["way too long a stop"]},
+        {"stop": [""]},
+        {"seed": -1},
+        {"unknown": True},
+    ],
+)
+def test_bad_generate_input_is_refused_and_changes_nothing(a, body):
+    session = create(a, text="abc")
+    response = a.post(f"/v1/sessions/{session['id']}/generate", json=body)
+    assert response.status_code in (400, 422) and error_of(response)["type"] == "invalid_request"
+    assert a.get(f"/v1/sessions/{session['id']}").json()["version"] == session["version"]
+
+
+def test_nan_sampling_values_are_refused(a):
+    session = create(a, text="abc")
+    raw = b'{"temperature": NaN, "max_tokens": 2}'
+    response = a.post(
+        f"/v1/sessions/{session['id']}/generate", content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422 and error_of(response)["param"] == "temperature"
+
+
+def test_oversized_bodies_and_texts_get_413(a):
+    session = create(a, text="abc")
+    big = a.post(f"/v1/sessions/{session['id']}/append", json={"text": "x" * 70_000})
+    assert big.status_code == 413 and error_of(big)["type"] == "payload_too_large"
+    long_text = a.post(f"/v1/sessions/{session['id']}/append", json={"text": "x" * 9000})
+    assert long_text.status_code == 413
+
+    def chunks():
+        for _ in range(80):
+            yield b"y" * 1024
+
+    streamed = a.post("/v1/score", content=chunks(), headers={"Content-Type": "text/plain"})
+    assert streamed.status_code == 413
+    assert a.get(f"/v1/sessions/{session['id']}").json()["version"] == session["version"]
+
+
+def test_empty_append_and_wrong_content_type_are_refused(a):
+    session = create(a, text="abc")
+    assert error_of(a.post(f"/v1/sessions/{session['id']}/append", json={"text": ""}))["param"] == "text"
+    wrong = a.post(
+        f"/v1/sessions/{session['id']}/append",
+        content=b"text=hi",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert wrong.status_code == 422 and error_of(wrong)["type"] == "invalid_request"
+    assert a.get("/v1/nope").status_code == 404
+
+
+def test_concurrent_steps_on_one_session_conflict(a, server):
+    session = create(a, text="race")
+    results = []
+
+    def append():
+        with server.client(KEY_A) as client:
+            results.append(client.post(f"/v1/sessions/{session['id']}/append", json={"text": "z" * 2000}))
+
+    threads = [threading.Thread(target=append) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(r.status_code for r in results)
+    assert 200 in codes and set(codes) <= {200, 409}
+    assert 409 in codes
+    assert all(error_of(r)["type"] == "conflict" for r in results if r.status_code == 409)
+    after = a.get(f"/v1/sessions/{session['id']}").json()
+    assert after["tokens"] == session["tokens"] + 2000 * codes.count(200)
+    assert after["version"] == session["version"] + codes.count(200)
+
+
+def test_idempotent_retries_do_not_step_twice(a):
+    session = create(a, text="once")
+    headers = {"Idempotency-Key": "retry-" + uuid.uuid4().hex}
+    first = a.post(f"/v1/sessions/{session['id']}/append", json={"text": " more"}, headers=headers)
+    second = a.post(f"/v1/sessions/{session['id']}/append", json={"text": " more"}, headers=headers)
+    assert first.json() == second.json()
+    assert a.get(f"/v1/sessions/{session['id']}").json()["version"] == session["version"] + 1
+
+    gen_headers = {"Idempotency-Key": "gen-" + uuid.uuid4().hex}
+    body = {"max_tokens": 8, "temperature": 0.8, "seed": 5}
+    one = a.post(f"/v1/sessions/{session['id']}/generate", json=body, headers=gen_headers).json()
+    with a.stream(
+        "POST", f"/v1/sessions/{session['id']}/generate", json={**body, "stream": True}, headers=gen_headers
+    ) as r:
+        replay = sse_events(r)
+    assert replay[-2]["text"] == one["text"] == "".join(e["token"]["text"] for e in replay[:-2])
+    assert a.get(f"/v1/sessions/{session['id']}").json()["version"] == session["version"] + 2
+
+    fork_headers = {"Idempotency-Key": "fork-" + uuid.uuid4().hex}
+    f1 = a.post(f"/v1/sessions/{session['id']}/fork", headers=fork_headers).json()
+    f2 = a.post(f"/v1/sessions/{session['id']}/fork", headers=fork_headers).json()
+    assert f1["id"] == f2["id"]
+
+
+def test_internal_errors_leak_nothing(server, a, monkeypatch):
+    service = server.app.state.runtime.service
+
+    async def explode(*args, **kwargs):
+        raise RuntimeError("secret internal detail /etc/passwd")
+
+    monkeypatch.setattr(service, "list_sessions", explode)
+    response = a.get("/v1/sessions")
+    assert response.status_code == 500
+    error = error_of(response)
+    assert error == {"type": "internal", "message": "internal error", "param": None}
+
+
+def test_health_ready_models_and_metrics(server, a):
+    assert a.get("/health").json() == {"status": "ok"}
+    assert a.get("/ready").json()["status"] == "ready"
+    models = a.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "tiny-byte"
+    before = a.get("/metrics").text
+    session = create(a, text="metrics please")
+    a.post(f"/v1/sessions/{session['id']}/generate", json={"max_tokens": 5})
+    after = a.get("/metrics").text
+
+    def value(text, name):
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                if name + " " in line or "}" in line:
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    assert (
+        value(after, 'txl_tokens_total{kind="generated"}')
+        >= value(before, 'txl_tokens_total{kind="generated"}') + 5
+    )
+    assert (
+        'txl_requests_total{method="POST",route="/v1/sessions/{session_id}/generate",status="200"}' in after
+    )
+    assert "txl_time_to_first_token_seconds_count" in after and "txl_batch_size_bucket" in after
+    assert 'txl_memory_bytes{tier="device"}' in after
+    assert "metrics please" not in after and session["id"] not in after  # no user text or ids in labels
+
+
+# ---------------------------------------------------------------------------------------------- OpenAI
+
+
+def test_official_openai_client_non_stream_and_stream(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A)
+    model = client.models.list().data[0].id
+    full = client.completions.create(model=model, prompt="Once upon a time", max_tokens=20, temperature=0)
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 20
+    pieces = []
+    for chunk in client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=20, temperature=0, stream=True
+    ):
+        pieces.extend(c.text for c in chunk.choices)
+    assert "".join(pieces) == full.choices[0].text
+    several = client.completions.create(
+        model=model, prompt=["a", "b"], max_tokens=4, n=2, seed=3, temperature=1
+    )
+    assert sorted(c.index for c in several.choices) == [0, 1, 2, 3]
+
+
+def test_completions_echo_logprobs_scores_the_prompt(a):
+    prompt = "It was the best of times"
+    scored = a.post(
+        "/v1/completions", json={"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 0}
+    ).json()
+    choice = scored["choices"][0]
+    assert choice["text"] == prompt
+    logprobs = choice["logprobs"]
+    assert "".join(logprobs["tokens"]) == prompt and len(logprobs["token_logprobs"]) == len(prompt)
+    assert all(len(t) == 2 for t in logprobs["top_logprobs"])
+    direct = a.post("/v1/score", json={"text": prompt}).json()
+    assert sum(logprobs["token_logprobs"]) == pytest.approx(direct["logprob"], rel=1e-5)
+
+
+def test_completions_can_continue_a_session(a):
+    session = create(a, text="Chapter 1.")
+    response = a.post(
+        "/v1/completions",
+        json={"prompt": " It", "max_tokens": 5, "temperature": 0, "session_id": session["id"]},
+    )
+    assert response.status_code == 200, response.text
+    after = a.get(f"/v1/sessions/{session['id']}").json()
+    assert after["version"] == session["version"] + 1 and after["tokens"] == session["tokens"] + 3 + 5
+
+
+def test_openapi_document_matches_the_committed_one(server):
+    import pathlib
+
+    committed = pathlib.Path(__file__).parents[2] / "docs" / "openapi.json"
+    served = server.app.openapi()
+    assert json.loads(committed.read_text()) == json.loads(json.dumps(served)), (
+        "docs/openapi.json is stale: run `python -m txl_server.openapi > docs/openapi.json`"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- separate servers
+
+
+def test_too_many_concurrent_requests_get_429_with_retry_after(tiny_model_dir, redis_server):
+    settings = Settings(
+        model=tiny_model_dir, redis_url=redis_server.url, redis_prefix="c429:", max_concurrent_requests=1
+    )
+    with LiveServer(settings) as live, live.client() as client:
+        session = create(client, text="busy")
+        with client.stream(
+            "POST", f"/v1/sessions/{session['id']}/generate", json={"max_tokens": 200, "stream": True}
+        ) as stream:
+            next(stream.iter_lines())
+            refused = client.get("/v1/sessions")
+            assert refused.status_code == 429 and error_of(refused)["type"] == "overloaded"
+            assert int(refused.headers["Retry-After"]) >= 1
+        assert client.get("/health").status_code == 200
+
+
+def test_dropped_memory_is_410_gone(tiny_model_dir, redis_server):
+    settings = Settings(
+        model=tiny_model_dir, redis_url=redis_server.url, redis_prefix="g410:", persistence=Persistence.NONE,
+        device_memory_bytes=40_000, host_memory_bytes=1,
+    )  # fmt: skip
+    with LiveServer(settings) as live, live.client() as client:
+        first = create(client, text="one")
+        create(client, text="two")
+        response = client.post(f"/v1/sessions/{first['id']}/append", json={"text": "x"})
+        assert response.status_code == 410 and error_of(response)["type"] == "gone"
+
+
+def test_redis_down_gives_503_and_ready_reports_it(tiny_model_dir, tmp_path):
+    from txl_server.sessions.redis_server import EmbeddedRedis
+
+    redis = EmbeddedRedis(tmp_path / "r")
+    redis.start()
+    settings = Settings(model=tiny_model_dir, redis_url=redis.url)
+    try:
+        with LiveServer(settings) as live, live.client() as client:
+            session = create(client, text="before")
+            redis.kill()
+            assert client.get("/ready").status_code == 503
+            response = client.post(f"/v1/sessions/{session['id']}/append", json={"text": "x"})
+            assert response.status_code == 503 and error_of(response)["type"] == "unavailable"
+    finally:
+        redis.stop()
