@@ -363,9 +363,8 @@ def test_health_ready_models_and_metrics(server, a):
 
     def value(text, name):
         for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                if name + " " in line or "}" in line:
-                    return float(line.rsplit(" ", 1)[1])
+            if line.startswith((name + " ", name + "{")):
+                return float(line.rsplit(" ", 1)[1])
         return 0.0
 
     assert (

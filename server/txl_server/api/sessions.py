@@ -256,7 +256,7 @@ def _response(outcome: GenerateOutcome) -> dict[str, Any]:
     result = outcome.result
     return GenerateResponse(
         text=result.text,
-        finish_reason=result.finish_reason,  # type: ignore[arg-type]
+        finish_reason=result.finish_reason,
         session=SessionObject.of(outcome.session),
         usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens),
     ).model_dump()
