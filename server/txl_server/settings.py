@@ -64,7 +64,9 @@ class Settings(BaseSettings):
     max_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
     max_sessions_per_tenant: int = Field(1000, ge=1)
     idempotency_ttl_seconds: int = Field(24 * 3600, ge=1)
-    lease_ttl_seconds: float = Field(60.0, gt=0)  # a crashed writer's lease expires after this
+    lease_ttl_seconds: float = Field(
+        10.0, gt=0
+    )  # a crashed writer's lease expires after this (renewed at 1/3)
 
     # ---- limits
     max_body_bytes: int = Field(16 * 1024**2, ge=1024)  # also the largest scoring document

@@ -7,12 +7,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
-from ..errors import ServiceError
+from ..errors import InvalidRequest, ServiceError
 from ..sessions.service import GenerateOutcome
 from . import sse
 from .common import (
@@ -147,6 +147,45 @@ async def fork_session(
         raise
     await call.succeeded(response)
     return JSONResponse(response, status_code=201)
+
+
+# ---------------------------------------------------------------------------------------------- snapshots
+
+
+@router.get(
+    "/{session_id}/snapshot",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "A safetensors blob"}},
+)
+async def export_snapshot(session_id: str, service: Service, tenant: Tenant) -> Response:
+    """The session's memory and metadata as one safetensors file, to import elsewhere."""
+    data = await service.export_snapshot(tenant, session_id)
+    headers = {"Content-Disposition": f'attachment; filename="session-{session_id[:16]}.safetensors"'}
+    return Response(data, media_type="application/octet-stream", headers=headers)
+
+
+@router.post(
+    "/import",
+    status_code=201,
+    response_model=SessionObject,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
+async def import_snapshot(
+    request: Request,
+    service: Service,
+    tenant: Tenant,
+    ttl_seconds: int | None = Query(None, ge=1, description="Expires this long after its last use"),
+) -> SessionObject:
+    """A new session (new id, owned by the caller) from a snapshot exported by any TXL Serve of this model."""
+    data = await request.body()
+    if not data:
+        raise InvalidRequest("send the snapshot as the request body", param="body")
+    return SessionObject.of(await service.import_snapshot(tenant, data, ttl_seconds=ttl_seconds))
 
 
 # ---------------------------------------------------------------------------------------------- steps

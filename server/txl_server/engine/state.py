@@ -48,11 +48,18 @@ class ModelState:
 
     # ------------------------------------------------------------------ serialisation (snapshots, Redis tier)
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, extra: dict[str, str] | None = None) -> bytes:
+        """safetensors: the memory's tensors and `last_hidden`; metadata `mem_len`, `tail`, the layout and `extra`."""
         tensors = self.memory.to_tensors()
         if self.last_hidden is not None:
             tensors["last_hidden"] = self.last_hidden.contiguous()
-        meta = {"mem_len": str(self.memory.mem_len), "tail": json.dumps(list(self.tail))}
+        layout = self.memory.layout
+        meta = {
+            "mem_len": str(self.memory.mem_len),
+            "tail": json.dumps(list(self.tail)),
+            "layout": json.dumps([layout.n_layer, layout.n_head, layout.d_head, layout.d_model]),
+            **(extra or {}),
+        }
         return save_safetensors({k: v.cpu() for k, v in tensors.items()}, metadata=meta)
 
     @classmethod
@@ -65,6 +72,9 @@ class ModelState:
             tail = tuple(int(t) for t in json.loads(meta["tail"]))
         except Exception as exc:
             raise ValueError(f"not a session snapshot: {exc}") from exc
+        expected = [layout.n_layer, layout.n_head, layout.d_head, layout.d_model]
+        if "layout" in meta and json.loads(meta["layout"]) != expected:
+            raise ValueError("the snapshot was made by a model of another shape")
         last_hidden = tensors.pop("last_hidden", None)
         if last_hidden is not None and last_hidden.shape != (layout.d_model,):
             raise ValueError("snapshot's last hidden state does not have the model's width")
@@ -73,6 +83,14 @@ class ModelState:
         tensors = {k: v.to(dtype=layout.dtype, device=layout.device) for k, v in tensors.items()}
         memory = Memory.from_tensors(layout, tensors, mem_len=mem_len)
         return cls(memory, last_hidden, tail)
+
+
+def snapshot_metadata(data: bytes) -> dict[str, str]:
+    """The metadata of a snapshot made by `to_bytes`; ValueError if it is not one."""
+    try:
+        return _metadata(data)
+    except Exception as exc:
+        raise ValueError(f"not a session snapshot: {exc}") from exc
 
 
 def _metadata(data: bytes) -> dict[str, str]:

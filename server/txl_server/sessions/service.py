@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -32,7 +33,7 @@ from ..engine.jobs import (
     Job,
     TokenEvent,
 )
-from ..engine.state import ModelState
+from ..engine.state import ModelState, snapshot_metadata
 from ..engine.worker import Worker
 from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
 from ..settings import Persistence, Settings
@@ -208,6 +209,65 @@ class SessionService:
         self._remember(child, state)
         await self._enforce_budgets(keep=child.id)
         return child
+
+    # ------------------------------------------------------------------ moving sessions between deployments
+
+    async def export_snapshot(self, owner: str, session_id: str) -> bytes:
+        """The session as one safetensors blob: its memory, and its metadata in the header."""
+        meta = await self.get(owner, session_id)
+        state = await self._state(meta)
+        extra = {
+            "txl_snapshot": "1",
+            "model": meta.model,
+            "tokens": str(meta.tokens),
+            "version": str(meta.version),
+            "metadata": json.dumps(meta.metadata),
+        }
+        return await asyncio.to_thread(state.to_bytes, extra)
+
+    async def import_snapshot(
+        self, owner: str, data: bytes, *, ttl_seconds: int | None = None
+    ) -> SessionMeta:
+        """A new session (new id, this owner) holding an exported session's memory."""
+        try:
+            header = snapshot_metadata(data)
+            tokens = int(header["tokens"])
+            metadata = json.loads(header.get("metadata", "{}"))
+            if header.get("txl_snapshot") != "1" or tokens < 0 or not isinstance(metadata, dict):
+                raise ValueError("missing or malformed session fields")
+            state = await asyncio.to_thread(ModelState.from_bytes, data, self.model.memory_layout())
+        except (ValueError, KeyError) as exc:
+            raise InvalidRequest(f"not a session snapshot of this model: {exc}", param="body") from exc
+        if state.mem_len > self.max_mem_len:
+            raise InvalidRequest(
+                f"the snapshot's mem_len exceeds this server's {self.max_mem_len}", param="body"
+            )
+        if any(not 0 <= t < self.tokenizer.vocab_size for t in state.tail):
+            raise InvalidRequest("the snapshot's token ids do not fit this model's vocabulary", param="body")
+        if await self.store.count(owner) >= self.settings.max_sessions_per_tenant:
+            raise InvalidRequest(
+                f"session limit reached ({self.settings.max_sessions_per_tenant}); delete some first"
+            )
+        self._admit(state.mem_len)
+        stamp = now()
+        meta = SessionMeta(
+            id=secrets.token_urlsafe(24),
+            owner=owner,
+            created_at=stamp,
+            last_used=stamp,
+            ttl_seconds=self._ttl(ttl_seconds),
+            mem_len=state.mem_len,
+            model=self.model_id,
+            tokens=tokens,
+            mem_tokens=state.memory.length,
+            version=1,
+            metadata=metadata,
+        )
+        snapshot = await self._snapshot_bytes(state) if self._persist_always else None
+        await self.store.create(meta, snapshot)
+        self._remember(meta, state)
+        await self._enforce_budgets(keep=meta.id)
+        return meta
 
     # ------------------------------------------------------------------ steps
 
