@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -39,6 +40,17 @@ def get_tenant(request: Request, authorization: Annotated[str | None, Header()] 
 Service = Annotated[SessionService, Depends(get_service)]
 Tenant = Annotated[str, Depends(get_tenant)]
 Config = Annotated[Settings, Depends(get_settings)]
+
+
+# ---------------------------------------------------------------------------------------------- logging
+
+_text_log = logging.getLogger("txl_server.text")
+
+
+def log_text(settings: Settings, what: str, text: str) -> None:
+    """User text reaches the logs only when the operator opted in (TXL_LOG_PROMPTS=true)."""
+    if settings.log_prompts:
+        _text_log.info("%s: %r", what, text)
 
 
 # ---------------------------------------------------------------------------------------------- limits

@@ -22,7 +22,7 @@ from ..errors import InvalidRequest, ServiceError
 from ..sessions.service import GenerateOutcome, SessionService
 from ..sessions.stateless import PromptScores, StatelessService, merge
 from . import sse
-from .common import Config, EventStream, Tenant, check_max_tokens, check_stop, check_text
+from .common import Config, EventStream, Tenant, check_max_tokens, check_stop, check_text, log_text
 
 router = APIRouter(tags=["openai"])
 
@@ -114,6 +114,8 @@ async def create_completion(
 ) -> Any:
     runtime = request.app.state.runtime
     plan = _Plan.build(body, runtime, settings)
+    for text, _ in plan.prompts:
+        log_text(settings, "completion prompt", text)
     completion_id = "cmpl-" + secrets.token_hex(12)
     created = int(time.time())
     if body.session_id is not None:

@@ -26,6 +26,7 @@ from .common import (
     check_metadata,
     check_stop,
     check_text,
+    log_text,
 )
 from .idempotency import IdempotentCall
 
@@ -102,6 +103,7 @@ async def create_session(
 ) -> SessionObject:
     check_text(settings, body.text, "text")
     check_metadata(settings, body.metadata)
+    log_text(settings, "new session", body.text)
     meta = await service.create(
         tenant, text=body.text, mem_len=body.mem_len, ttl_seconds=body.ttl_seconds, metadata=body.metadata
     )
