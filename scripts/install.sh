@@ -10,12 +10,14 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 stamp=".venv/.txl-installed-$extras"
+# pip warns about every missing local index directory; keep the log readable.
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
+    quiet .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+    quiet .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+    quiet .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
     if [ -f clients/python/pyproject.toml ]; then
-        .venv/bin/python -m pip install --quiet --disable-pip-version-check -e clients/python
+        quiet .venv/bin/python -m pip install --quiet --disable-pip-version-check -e clients/python
     fi
     touch "$stamp"
 fi
