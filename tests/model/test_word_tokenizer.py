@@ -20,7 +20,8 @@ from txl.tokenizers import TokenizerError, load_tokenizer, save_tokenizer
 from txl.tokenizers.word import WordTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("TXL_DATA_DIR", ROOT.parent / "shared" / "data"))
+# Vendored copies (tests/data, see its README) unless TXL_DATA_DIR points at the full shared data folder.
+DATA = Path(os.environ.get("TXL_DATA_DIR", ROOT / "tests" / "data"))
 WIKI_TRAIN_HEAD = DATA / "wikitext-103" / "wiki.train.tokens.head"
 WIKI_VALID = DATA / "wikitext-103" / "wiki.valid.tokens"
 GUTENBERG_BOOKS = ["melville-moby_dick", "carroll-alice", "chesterton-thursday", "whitman-leaves"]
@@ -29,7 +30,7 @@ JOINERS = {"@-@", "@,@", "@.@"}
 
 def data_file(path: Path) -> Path:
     if not path.is_file():
-        pytest.skip(f"{path} not found (set TXL_DATA_DIR to the shared data folder)")
+        pytest.fail(f"{path} not found: the vendored test data (tests/data) is missing")
     return path
 
 

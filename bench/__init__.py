@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench [suite ...]` prints tables and writes docs/benchmarks.md (+ PNG plots)."""

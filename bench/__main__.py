@@ -1,0 +1,51 @@
+"""`python -m bench [SUITE ...] [--quick]`: run benchmark suites, print tables, write docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+
+import torch
+
+from .common import ORDER, assemble
+
+SUITES = {
+    "model": "bench.model_vs_hf",
+    "paper": "bench.paper_table9",
+    "floor": "bench.floor",
+    "engine": "bench.engine",
+    "http": "bench.http",
+    "memory": "bench.memory",
+    "quality": "bench.quality",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "suites", nargs="*", choices=[*SUITES, []], help=f"default: all ({', '.join(SUITES)})"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repetitions and smaller inputs (smoke test)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads (default 2, as on the CI machine)"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    chosen = args.suites or [s for s in ORDER if s in SUITES]
+    started = time.perf_counter()
+    for name in chosen:
+        suite_started = time.perf_counter()
+        print(f"\n=== {name} ===", flush=True)
+        module = importlib.import_module(SUITES[name])
+        section = module.run(quick=args.quick)
+        section.save()
+        print(f"({name}: {time.perf_counter() - suite_started:.0f} s)", flush=True)
+    path = assemble()
+    print(f"\nwrote {path} in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Memory per session: exact bytes by dtype and mem_len, how many sessions fit a budget, and peak RSS.
+
+A session holds, per layer, the keys and values of its last `mem_len` positions: n_layer x 2 x n_head x d_head
+x bytes per element x mem_len, plus one hidden state (d_model values) that predicts its next token. The
+buffers keep up to max(mem_len // 8, 16, segment) positions of headroom so appends happen in place and the
+window compacts rarely; "allocated" is what a session's buffers take once its memory is full.
+"""
+
+from __future__ import annotations
+
+import torch
+import txl
+
+from .common import Section, peak_rss_mib
+from .engine import bundled_model
+from .model_vs_hf import random_memory
+
+GIB = 2**30
+
+
+def allocated_after_steps(model: txl.TransfoXLLMHeadModel, mem_len: int) -> int:
+    """Bytes a session's buffers take once its memory has filled and slid (measured, not computed)."""
+    memory = random_memory(model, mem_len, mem_len)
+    token = torch.tensor([[1]])
+    with torch.inference_mode():
+        for _ in range(3):
+            _, memory = model(token, memory)
+    return memory.allocated_nbytes + model.config.d_model * torch.empty((), dtype=model.dtype).element_size()
+
+
+def run(quick: bool = False) -> Section:
+    section = Section("memory", "Memory per session and sessions per budget", "python -m bench memory")
+    section.note(__doc__.split("\n\n", 1)[1].strip())
+    small, _, label = bundled_model()
+    wt103 = txl.TxlConfig.wt103()
+    rows = []
+    for name, config in ((label, small.config), ("wt103", wt103)):
+        for dtype, size in (("float32", 4), ("bfloat16", 2)):
+            for mem_len in (128, 512, 1024, 1600, 3800):
+                exact = config.memory_bytes_per_token(size) * mem_len + config.d_model * size
+                rows.append([name, dtype, mem_len, exact / 2**20, int(8 * GIB // exact), int(80e9 // exact)])
+    section.table(
+        "Bytes per session (keys + values of mem_len positions + last hidden state)",
+        ["model", "dtype", "mem_len", "MiB per session", "sessions in 8 GiB", "sessions in 80 GB"],
+        rows,
+    )
+    measured = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = small.to(dtype)
+        for mem_len in (128, 1024):
+            exact = model.config.memory_bytes_per_token(torch.empty((), dtype=dtype).element_size()) * mem_len
+            allocated = allocated_after_steps(model, mem_len)
+            measured.append(
+                [
+                    str(dtype).removeprefix("torch."),
+                    mem_len,
+                    exact / 2**20,
+                    allocated / 2**20,
+                    allocated / exact,
+                ]
+            )
+    small.to(torch.float32)
+    section.table(
+        f"{label}: exact memory against the buffers actually allocated (after filling and sliding)",
+        ["dtype", "mem_len", "exact MiB", "allocated MiB", "allocated / exact"],
+        measured,
+    )
+    section.note(f"Peak RSS of this benchmark process: {peak_rss_mib():,.0f} MiB.")
+    return section
