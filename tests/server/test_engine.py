@@ -360,3 +360,20 @@ def test_model_state_snapshot_round_trip(tiny_model_dir):
         torch.testing.assert_close(restored.memory.to_tensors()[name], value, rtol=0, atol=0)
     with pytest.raises(ValueError):
         ModelState.from_bytes(b"garbage", model.memory_layout())
+
+
+async def test_sessions_per_tenant_are_limited(make_settings):
+    rt = Runtime(make_settings(max_sessions_per_tenant=3))
+    await rt.start()
+    try:
+        service = rt.service
+        sessions = [await service.create(OWNER, text=str(i)) for i in range(3)]
+        with pytest.raises(InvalidRequest, match="session limit"):
+            await service.create(OWNER, text="one too many")
+        with pytest.raises(InvalidRequest, match="session limit"):
+            await service.fork(OWNER, sessions[0].id)
+        assert (await service.create("another-tenant", text="fine")).tokens == 4
+        await service.delete(OWNER, sessions[0].id)
+        assert (await service.create(OWNER, text="room again")).version == 1
+    finally:
+        await rt.stop()

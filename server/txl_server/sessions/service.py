@@ -147,10 +147,7 @@ class SessionService:
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
         ttl = self._ttl(ttl_seconds)
-        if await self.store.count(owner) >= self.settings.max_sessions_per_tenant:
-            raise InvalidRequest(
-                f"session limit reached ({self.settings.max_sessions_per_tenant}); delete some first"
-            )
+        await self._check_session_limit(owner)
         self._admit(mem_len)
         tokens = self.tokenizer.encode(text)
         empty = ModelState.empty(self.model.empty_memory(mem_len=mem_len))
@@ -177,6 +174,12 @@ class SessionService:
         self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
+    async def _check_session_limit(self, owner: str) -> None:
+        limit = self.settings.max_sessions_per_tenant
+        # The index may still list expired sessions: count exactly (and prune) only when it matters.
+        if await self.store.count(owner) >= limit and await self.store.count_exact(owner) >= limit:
+            raise InvalidRequest(f"session limit reached ({limit}); delete some first")
+
     async def delete(self, owner: str, session_id: str) -> None:
         meta = await self.get(owner, session_id)
         async with self.store.lease(session_id, self.settings.lease_ttl_seconds):
@@ -189,10 +192,7 @@ class SessionService:
     ) -> SessionMeta:
         """A new session with the same memory (shared until one of them writes: copy on write)."""
         meta = await self.get(owner, session_id)
-        if await self.store.count(owner) >= self.settings.max_sessions_per_tenant:
-            raise InvalidRequest(
-                f"session limit reached ({self.settings.max_sessions_per_tenant}); delete some first"
-            )
+        await self._check_session_limit(owner)
         state = await self._state(meta)
         stamp = now()
         child = dataclasses.replace(
@@ -244,10 +244,7 @@ class SessionService:
             )
         if any(not 0 <= t < self.tokenizer.vocab_size for t in state.tail):
             raise InvalidRequest("the snapshot's token ids do not fit this model's vocabulary", param="body")
-        if await self.store.count(owner) >= self.settings.max_sessions_per_tenant:
-            raise InvalidRequest(
-                f"session limit reached ({self.settings.max_sessions_per_tenant}); delete some first"
-            )
+        await self._check_session_limit(owner)
         self._admit(state.mem_len)
         stamp = now()
         meta = SessionMeta(

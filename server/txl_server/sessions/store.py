@@ -222,6 +222,11 @@ class SessionStore:
         return sorted(sessions, key=lambda m: (m.created_at, m.id))
 
     async def count(self, owner: str) -> int:
+        """The owner's live sessions. Cheap (SCARD) unless the index may hold expired ids near a limit."""
+        indexed = int(await self._call(lambda: self.redis.scard(self._t(owner))))
+        return indexed
+
+    async def count_exact(self, owner: str) -> int:
         return len(await self.list(owner))
 
     async def exists(self, session_id: str) -> bool:

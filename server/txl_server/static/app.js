@@ -1,0 +1,496 @@
+// TXL Serve playground: generation on a session (streamed over SSE) and a per-token surprisal heatmap.
+// No build step and no dependencies. User and model text is only ever written with textContent.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const KEY_STORAGE = "txl.apiKey";
+const SESSION_STORAGE = "txl.sessionId";
+const LN2 = Math.log(2);
+
+// ------------------------------------------------------------------------------------------------ API
+
+class ApiError extends Error {
+  constructor(status, error) {
+    super(error.message || `HTTP ${status}`);
+    this.status = status;
+    this.type = error.type || "error";
+    this.param = error.param || null;
+  }
+}
+
+function headers(json = true) {
+  const h = {};
+  if (json) h["Content-Type"] = "application/json";
+  const key = localStorage.getItem(KEY_STORAGE);
+  if (key) h["Authorization"] = `Bearer ${key}`;
+  return h;
+}
+
+// Relative URLs, so that the playground also works behind a path prefix.
+async function api(method, path, body, { signal } = {}) {
+  const response = await fetch(path, {
+    method,
+    headers: headers(body !== undefined),
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal,
+  });
+  if (!response.ok) throw await errorOf(response);
+  if (response.status === 204) return null;
+  return response;
+}
+
+async function errorOf(response) {
+  let error = { type: "error", message: `HTTP ${response.status}` };
+  try {
+    const body = await response.json();
+    if (body && body.error) error = body.error;
+  } catch (_) {
+    /* not the server's error shape (a proxy's page): keep the status */
+  }
+  return new ApiError(response.status, error);
+}
+
+async function apiJson(method, path, body) {
+  const response = await api(method, path, body);
+  return response ? response.json() : null;
+}
+
+// Reads `data: <json>` server-sent events from a fetch response as they arrive; calls onEvent for each.
+async function readEvents(response, onEvent) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = block
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).replace(/^ /, ""))
+        .join("\n");
+      if (!data) continue;
+      if (data === "[DONE]") return;
+      const event = JSON.parse(data);
+      if (event.type === "error") throw new ApiError(0, event.error || {});
+      onEvent(event);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ page state
+
+const state = {
+  session: null, // the server's session object
+  controller: null, // AbortController of the running generation
+};
+
+function showError(error) {
+  const box = $("error");
+  if (!error) {
+    box.hidden = true;
+    box.textContent = "";
+    return;
+  }
+  let text = error instanceof ApiError ? `${error.type}: ${error.message}` : String(error.message || error);
+  if (error instanceof ApiError && error.param) text += ` (${error.param})`;
+  if (error instanceof ApiError && error.status === 401) text += " — enter the server's API key above.";
+  box.textContent = text;
+  box.hidden = false;
+}
+
+function setBusy(busy) {
+  $("generate").disabled = busy;
+  $("stop").disabled = !busy;
+  $("fork").disabled = busy || !state.session;
+  $("delete").disabled = busy || !state.session;
+  $("new-session").disabled = busy;
+}
+
+function showSession(session) {
+  state.session = session;
+  if (session) localStorage.setItem(SESSION_STORAGE, session.id);
+  else localStorage.removeItem(SESSION_STORAGE);
+  $("session-id").textContent = session ? session.id : "none yet";
+  $("session-tokens").textContent = session ? String(session.tokens) : "–";
+  $("session-mem").textContent = session ? `${session.mem_tokens} / ${session.mem_len}` : "–";
+  $("session-version").textContent = session ? String(session.version) : "–";
+  $("session-expires").textContent = session ? new Date(session.expires_at * 1000).toLocaleString() : "–";
+  setBusy(Boolean(state.controller));
+}
+
+function clearTranscript(note) {
+  const transcript = $("transcript");
+  transcript.replaceChildren();
+  if (note) {
+    const span = document.createElement("span");
+    span.className = "placeholder";
+    span.textContent = note;
+    transcript.append(span);
+  }
+}
+
+function addPiece(className, text) {
+  const transcript = $("transcript");
+  transcript.querySelectorAll(".placeholder").forEach((p) => p.remove());
+  const span = document.createElement("span");
+  span.className = className;
+  span.textContent = text;
+  transcript.append(span);
+  return span;
+}
+
+// ------------------------------------------------------------------------------------------------ generate
+
+function numberOr(id, fallback) {
+  const raw = $(id).value.trim();
+  if (raw === "") return fallback;
+  const value = Number(raw);
+  return Number.isFinite(value) ? value : fallback;
+}
+
+function stopStrings() {
+  return $("stop-strings")
+    .value.split(",")
+    .map((s) => s.replace(/\\n/g, "\n").replace(/\\t/g, "\t"))
+    .filter((s) => s.length > 0);
+}
+
+function samplingBody() {
+  const body = {
+    max_tokens: numberOr("max-tokens", 64),
+    temperature: numberOr("temperature", 1),
+    top_k: numberOr("top-k", 0),
+    top_p: numberOr("top-p", 1),
+  };
+  const seed = numberOr("seed", null);
+  if (seed !== null) body.seed = seed;
+  const stop = stopStrings();
+  if (stop.length) body.stop = stop;
+  return body;
+}
+
+async function generate() {
+  if (state.controller) return;
+  showError(null);
+  const text = $("prompt").value;
+  const controller = new AbortController();
+  state.controller = controller;
+  setBusy(true);
+  let promptSpan = null;
+  let outputSpan = null;
+  let tokens = 0;
+  let started = performance.now();
+  try {
+    if (!state.session) showSession(await apiJson("POST", "v1/sessions", {}));
+    if (text) promptSpan = addPiece("prompt", text);
+    outputSpan = addPiece("generated streaming", "");
+    $("gen-status").textContent = "waiting for the first token…";
+    const response = await api(
+      "POST",
+      `v1/sessions/${encodeURIComponent(state.session.id)}/generate`,
+      { text, ...samplingBody(), stream: true },
+      { signal: controller.signal },
+    );
+    started = performance.now();
+    let finished = false;
+    await readEvents(response, (event) => {
+      if (event.type === "token") {
+        tokens += 1;
+        outputSpan.textContent += event.token.text;
+        const seconds = (performance.now() - started) / 1000;
+        $("gen-status").textContent = `${tokens} tokens · ${(tokens / Math.max(seconds, 1e-3)).toFixed(1)} tokens/s`;
+      } else if (event.type === "done") {
+        finished = true;
+        outputSpan.textContent = event.text; // the committed text (identical to the joined tokens)
+        showSession(event.session);
+        $("gen-status").textContent =
+          `${event.usage.completion_tokens} tokens · finished: ${event.finish_reason === "stop" ? "stop string" : "max tokens"}`;
+      }
+    });
+    if (!finished) throw new Error("the stream ended before the generation finished; nothing was added");
+    outputSpan.classList.remove("streaming");
+    $("prompt").value = "";
+  } catch (error) {
+    // Nothing was committed: take the uncommitted text out again and give the prompt back.
+    if (outputSpan) outputSpan.remove();
+    if (promptSpan) promptSpan.remove();
+    if (error.name === "AbortError") {
+      $("gen-status").textContent = "stopped — nothing was added to the session";
+    } else {
+      $("gen-status").textContent = "";
+      showError(error);
+      if (error instanceof ApiError && (error.status === 404 || error.type === "gone")) {
+        showSession(null);
+        clearTranscript("That session is no longer available: the next generation starts a new one.");
+      }
+    }
+  } finally {
+    state.controller = null;
+    setBusy(false);
+  }
+}
+
+async function fork() {
+  if (!state.session) return;
+  showError(null);
+  try {
+    const forked = await apiJson("POST", `v1/sessions/${encodeURIComponent(state.session.id)}/fork`);
+    const from = state.session.id;
+    showSession(forked);
+    $("gen-status").textContent = `forked from ${from}: the text so far is shared, what follows is not`;
+  } catch (error) {
+    showError(error);
+  }
+}
+
+async function deleteSession() {
+  if (!state.session) return;
+  showError(null);
+  try {
+    await api("DELETE", `v1/sessions/${encodeURIComponent(state.session.id)}`);
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 404)) {
+      showError(error);
+      return;
+    }
+  }
+  showSession(null);
+  clearTranscript("Session deleted. The next generation starts a new session.");
+  $("gen-status").textContent = "";
+}
+
+function newSession() {
+  showSession(null);
+  clearTranscript("New session: it is created with your next generation.");
+  $("gen-status").textContent = "";
+}
+
+async function restoreSession() {
+  const id = localStorage.getItem(SESSION_STORAGE);
+  if (!id) return;
+  try {
+    showSession(await apiJson("GET", `v1/sessions/${encodeURIComponent(id)}`));
+    clearTranscript(`Continuing session ${id} from an earlier visit (its earlier text is not shown).`);
+  } catch (_) {
+    showSession(null);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ score
+
+// Light yellow (unsurprising) to dark red (surprising), by bits of surprisal.
+const PALETTE = ["#fffbe6", "#fee8a8", "#fdc47d", "#f99556", "#e8603c", "#c22f2c", "#8c1028"];
+
+function colorAt(fraction) {
+  const x = Math.min(1, Math.max(0, fraction)) * (PALETTE.length - 1);
+  const i = Math.min(PALETTE.length - 2, Math.floor(x));
+  const mix = (a, b, t) => Math.round(a + (b - a) * t);
+  const [r1, g1, b1] = rgb(PALETTE[i]);
+  const [r2, g2, b2] = rgb(PALETTE[i + 1]);
+  const t = x - i;
+  return [mix(r1, r2, t), mix(g1, g2, t), mix(b1, b2, t)];
+}
+
+function rgb(hex) {
+  return [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+}
+
+const BYTE_TOKEN = /^\\x([0-9a-f]{2})$/;
+
+// Groups the tokens into what to show: byte tokens (`\xNN`) of one UTF-8 character become one piece.
+function pieces(texts, logprobs) {
+  const out = [];
+  for (let i = 0; i < texts.length; i++) {
+    const match = BYTE_TOKEN.exec(texts[i]);
+    if (!match) {
+      out.push({ text: texts[i], bits: [-logprobs[i] / LN2] });
+      continue;
+    }
+    const lead = parseInt(match[1], 16);
+    const length = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+    const bytes = [];
+    const bits = [];
+    for (let j = i; j < Math.min(texts.length, i + length); j++) {
+      const m = BYTE_TOKEN.exec(texts[j]);
+      if (!m || (j > i && (parseInt(m[1], 16) & 0xc0) !== 0x80)) break;
+      bytes.push(parseInt(m[1], 16));
+      bits.push(-logprobs[j] / LN2);
+    }
+    out.push({ text: new TextDecoder().decode(new Uint8Array(bytes)), bits, bytes: bytes.length });
+    i += bytes.length - 1;
+  }
+  return out;
+}
+
+function quantile(values, q) {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] : 0;
+}
+
+function renderHeatmap(result, documentText) {
+  const items = pieces(result.token_texts, result.token_logprobs);
+  const totals = items.map((p) => p.bits.reduce((a, b) => a + b, 0));
+  // The scale's top: most pieces below it, so that the colours spread; never under 4 bits.
+  const top = Math.max(4, Math.ceil(quantile(totals, 0.98)));
+  // Byte (or character) tokens spell the document; word tokens do not carry their spaces.
+  const contiguous = items.map((p) => p.text).join("") === documentText;
+  const heatmap = $("heatmap");
+  const fragment = document.createDocumentFragment();
+  items.forEach((piece, i) => {
+    if (!contiguous && i > 0) fragment.append(document.createTextNode(piece.text === "<eos>" ? "\n" : " "));
+    const span = document.createElement("span");
+    span.className = "tok";
+    const bits = totals[i];
+    const [r, g, b] = colorAt(bits / top);
+    span.style.backgroundColor = `rgb(${r}, ${g}, ${b})`;
+    if (0.299 * r + 0.587 * g + 0.114 * b < 140) span.classList.add("dark");
+    span.dataset.bits = bits.toFixed(3);
+    const shown = JSON.stringify(piece.text);
+    const parts = piece.bits.length > 1 ? ` (${piece.bits.length} bytes: ${piece.bits.map((x) => x.toFixed(2)).join(" + ")})` : "";
+    span.title = `${shown}: ${bits.toFixed(2)} bits${parts} · p = ${Math.pow(2, -bits).toPrecision(3)}`;
+    span.textContent = piece.text === "\n" || piece.text === "<eos>" ? "↵\n" : piece.text;
+    fragment.append(span);
+  });
+  heatmap.replaceChildren(fragment);
+  $("legend-min").textContent = "0";
+  $("legend-max").textContent = String(top);
+}
+
+function formatNumber(value, digits) {
+  return Number.isFinite(value) ? value.toLocaleString(undefined, { maximumFractionDigits: digits }) : String(value);
+}
+
+async function score() {
+  if (state.scoring) return;
+  showError(null);
+  const text = $("doc").value;
+  if (!text) {
+    showError(new Error("paste or drop a document first"));
+    return;
+  }
+  state.scoring = true;
+  $("score").disabled = true;
+  const progress = $("score-progress");
+  progress.hidden = false;
+  progress.value = 0;
+  $("score-status").textContent = "scoring…";
+  try {
+    const response = await api("POST", "v1/score", { text, token_logprobs: true, stream: true });
+    let result = null;
+    await readEvents(response, (event) => {
+      if (event.type === "progress") {
+        progress.max = Math.max(1, event.tokens_total);
+        progress.value = event.tokens_done;
+        $("score-status").textContent = `${event.tokens_done.toLocaleString()} / ${event.tokens_total.toLocaleString()} tokens`;
+      } else if (event.type === "result") {
+        result = event;
+      }
+    });
+    if (!result) throw new Error("the stream ended before the result arrived");
+    $("stat-tokens").textContent = formatNumber(result.tokens, 0);
+    $("stat-bytes").textContent = formatNumber(result.bytes, 0);
+    $("stat-perplexity").textContent = formatNumber(result.perplexity, 3);
+    $("stat-bpb").textContent = formatNumber(result.bits_per_byte, 4);
+    renderHeatmap(result, text);
+    $("score-results").hidden = false;
+    $("score-status").textContent = "done";
+  } catch (error) {
+    $("score-status").textContent = "";
+    showError(error);
+  } finally {
+    state.scoring = false;
+    $("score").disabled = false;
+    progress.hidden = true;
+  }
+}
+
+function loadFile(file) {
+  if (!file) return;
+  const reader = new FileReader();
+  reader.onload = () => {
+    $("doc").value = String(reader.result);
+    $("score-status").textContent = `loaded ${file.name} (${file.size.toLocaleString()} bytes)`;
+  };
+  reader.onerror = () => showError(new Error(`cannot read ${file.name}`));
+  reader.readAsText(file);
+}
+
+// ------------------------------------------------------------------------------------------------ wiring
+
+function selectTab(name) {
+  for (const tab of ["generate", "score"]) {
+    const selected = tab === name;
+    $(`tab-${tab}`).setAttribute("aria-selected", String(selected));
+    $(`panel-${tab}`).hidden = !selected;
+  }
+}
+
+async function loadModel() {
+  try {
+    const models = await apiJson("GET", "v1/models");
+    $("model").textContent = models.data.length ? models.data[0].id : "no model";
+    $("model").classList.remove("warn");
+  } catch (error) {
+    $("model").textContent = error instanceof ApiError && error.status === 401 ? "API key needed" : "server unreachable";
+    $("model").classList.add("warn");
+  }
+}
+
+function init() {
+  $("api-key").value = localStorage.getItem(KEY_STORAGE) || "";
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const key = $("api-key").value.trim();
+    if (key) localStorage.setItem(KEY_STORAGE, key);
+    else localStorage.removeItem(KEY_STORAGE);
+    showError(null);
+    loadModel();
+    restoreSession();
+  });
+  $("tab-generate").addEventListener("click", () => selectTab("generate"));
+  $("tab-score").addEventListener("click", () => selectTab("score"));
+
+  $("generate-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    generate();
+  });
+  $("prompt").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      generate();
+    }
+  });
+  $("stop").addEventListener("click", () => state.controller && state.controller.abort());
+  $("fork").addEventListener("click", fork);
+  $("delete").addEventListener("click", deleteSession);
+  $("new-session").addEventListener("click", newSession);
+
+  $("score-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    score();
+  });
+  $("file").addEventListener("change", (event) => loadFile(event.target.files[0]));
+  const zone = $("drop-zone");
+  zone.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    zone.classList.add("over");
+  });
+  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+  zone.addEventListener("drop", (event) => {
+    event.preventDefault();
+    zone.classList.remove("over");
+    loadFile(event.dataTransfer && event.dataTransfer.files[0]);
+  });
+
+  document.querySelector(".legend .ramp").style.background = `linear-gradient(to right, ${PALETTE.join(", ")})`;
+  setBusy(false);
+  loadModel();
+  restoreSession();
+}
+
+document.addEventListener("DOMContentLoaded", init);
