@@ -38,10 +38,10 @@ class AttentionGroup:
     rows: slice
     writer: MemoryWriter
     mask: Tensor | None  # [T, K] bool, True = hidden
-    # Inference: per layer, the positional keys [H, K, Dh] for distances K-1..0. Training: None, and
-    # `pos_emb` (R, [K, D], after dropout) is projected by each layer with gradients.
-    pos_keys: Sequence[Tensor] | None
-    pos_emb: Tensor | None
+    klen: int  # keys attended: memory length + T
+    # Training only: R [K, D] after dropout, projected by each layer with gradients. Inference reads the
+    # model's precomputed positional table instead.
+    pos_emb: Tensor | None = None
 
 
 def rel_shift(x: Tensor) -> Tensor:
@@ -65,27 +65,19 @@ def rel_shift(x: Tensor) -> Tensor:
     return x.as_strided((*batch, qlen, klen), strides, x.storage_offset() + qlen - 1)
 
 
-def relative_attention(
-    q: Tensor,
-    keys: Tensor,
-    values: Tensor,
-    pos_keys: Tensor,
-    r_w_bias: Tensor,
-    r_r_bias: Tensor,
-    mask: Tensor | None,
-    scale: float,
-    dropatt: nn.Module,
-) -> Tensor:
-    """q [B,H,T,Dh], keys/values [B,H,K,Dh], pos_keys [H,K,Dh] (distances K-1..0), biases [H,Dh] -> [B,H,T,Dh]."""
-    ac = torch.matmul(q + r_w_bias[:, None, :], keys.transpose(-1, -2))  # [B, H, T, K]
-    bd = torch.matmul(q + r_r_bias[:, None, :], pos_keys.transpose(-1, -2))  # [B, H, T, K] by distance slot
-    score = (ac + rel_shift(bd)) * scale
+def _bmm(a: Tensor, b: Tensor) -> Tensor:
+    """[b, H, m, k] @ [b, H, k, n] as one batched product on views: memory slices are strided along their
+    length, and torch.matmul's 4-d path would copy them first (a copy of the whole memory per product)."""
+    batch, heads, m, _ = a.shape
+    out = torch.bmm(a.reshape(batch * heads, m, a.size(-1)), b.flatten(0, 1))  # [b*H, m, n]
+    return out.view(batch, heads, m, b.size(-1))
+
+
+def attention_probs(score: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """Masked softmax over keys. Half precision: computed in float32 (long rows of close scores)."""
     if mask is not None:
         score = score.masked_fill(mask, torch.finfo(score.dtype).min)
-    # Half precision: softmax in float32 (long rows of near-equal scores lose too much in 16 bits).
-    prob = torch.softmax(score, dim=-1, dtype=torch.float32).to(values.dtype)
-    prob = dropatt(prob)
-    return torch.matmul(prob, values)  # [B, H, T, Dh]
+    return torch.softmax(score, dim=-1, dtype=torch.float32).to(dtype)
 
 
 class RelPartialLearnableMultiHeadAttn(nn.Module):
@@ -137,29 +129,44 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
         k, v = kv.view(batch, length, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
-    def forward(self, x: Tensor, groups: Sequence[AttentionGroup], layer: int) -> Tensor:
-        """x [B, T, D] (this layer's input) -> [B, T, D]."""
+    def forward(
+        self, x: Tensor, groups: Sequence[AttentionGroup], layer: int, pos_table: Tensor | None = None
+    ) -> Tensor:
+        """x [B, T, D] (this layer's input) -> [B, T, D].
+
+        pos_table: this layer's positional keys [H, N, Dh] for distances N-1..0 (inference), or None (training:
+        each group carries R to project).
+        """
         batch, qlen, _ = x.shape
         h = self.layer_norm(x) if self.pre_lnorm else x
         qkv = self.qkv_net(h).view(batch, qlen, 3, self.n_head, self.d_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, Dh]
-        parts = [self._attend(q[g.rows], k[g.rows], v[g.rows], x[g.rows], g, layer) for g in groups]
+        # The scale is applied to the queries once: (q + u)s.k = s((q + u).k), and likewise for v.
+        q_content = (q + self.r_w_bias[:, None, :]) * self.scale  # [B, H, T, Dh]
+        q_position = (q + self.r_r_bias[:, None, :]) * self.scale
+        bd_all = None
+        if pos_table is not None:
+            # One product for every row: each group's positional keys are a suffix of the same table.
+            kmax = max(g.klen for g in groups)
+            positions = pos_table[:, pos_table.size(1) - kmax :]  # [H, Kmax, Dh], distances Kmax-1..0
+            rows = q_position.transpose(0, 1).reshape(self.n_head, batch * qlen, self.d_head)  # [H, B*T, Dh]
+            bd_all = torch.bmm(rows, positions.transpose(1, 2))  # [H, B*T, Kmax]
+            bd_all = bd_all.view(self.n_head, batch, qlen, kmax).transpose(0, 1)  # [B, H, T, Kmax]
+        parts = []
+        for g in groups:
+            # [b, H, K, Dh] each: the memory followed by this step's positions
+            keys, values = g.writer.extend(layer, k[g.rows], v[g.rows], x[g.rows], self.project_kv)
+            if bd_all is not None:
+                bd = bd_all[g.rows, :, :, bd_all.size(-1) - g.klen :]  # [b, H, T, K] by distance slot
+            else:
+                assert g.pos_emb is not None
+                bd = torch.matmul(q_position[g.rows], self.project_positions(g.pos_emb).transpose(-1, -2))
+            ac = _bmm(q_content[g.rows], keys.transpose(-1, -2))  # [b, H, T, K]
+            prob = self.dropatt(attention_probs(ac + rel_shift(bd), g.mask, values.dtype))
+            parts.append(_bmm(prob, values))  # [b, H, T, Dh]
         attn_vec = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [B, H, T, Dh]
         attn_vec = attn_vec.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)
         out = self.drop(self.o_net(attn_vec))
         if self.pre_lnorm:
             return x + out
         return self.layer_norm(x + out)
-
-    def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, group: AttentionGroup, layer: int
-    ) -> Tensor:
-        keys, values = group.writer.extend(layer, k, v, x, self.project_kv)  # [B, H, K, Dh]
-        if group.pos_keys is not None:
-            pos_keys = group.pos_keys[layer]
-        else:
-            assert group.pos_emb is not None
-            pos_keys = self.project_positions(group.pos_emb)
-        return relative_attention(
-            q, keys, values, pos_keys, self.r_w_bias, self.r_r_bias, group.mask, self.scale, self.dropatt
-        )

@@ -51,8 +51,10 @@ class RelPartialLearnableDecoderLayer(nn.Module):
             layer_norm_epsilon=config.layer_norm_epsilon,
         )
 
-    def forward(self, x: Tensor, groups: Sequence[AttentionGroup], layer: int) -> Tensor:
-        return self.pos_ff(self.dec_attn(x, groups, layer))
+    def forward(
+        self, x: Tensor, groups: Sequence[AttentionGroup], layer: int, pos_table: Tensor | None
+    ) -> Tensor:
+        return self.pos_ff(self.dec_attn(x, groups, layer, pos_table))
 
 
 class TransfoXLModel(nn.Module):
@@ -88,8 +90,8 @@ class TransfoXLModel(nn.Module):
         c = self.config
         return MemoryLayout(c.n_layer, c.n_head, c.d_head, c.d_model, weight.dtype, weight.device)
 
-    def positional_keys(self, klen: int) -> list[Tensor]:
-        """Per layer, W_r R for distances klen-1..0: [H, klen, Dh] views of a table grown on demand."""
+    def positional_tables(self, klen: int) -> list[Tensor]:
+        """Per layer, W_r R for distances N-1..0 ([H, N, Dh], N >= klen): a table grown on demand."""
         attentions = self.attentions
         weights = [attn.r_net.weight for attn in attentions]
         key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
@@ -101,8 +103,7 @@ class TransfoXLModel(nn.Module):
                 pos_emb = self.pos_emb.for_keys(size, self.config.clamp_len).to(weights[0].dtype)  # [N, D]
                 self._pos_table = [attn.project_positions(pos_emb).contiguous() for attn in attentions]
             self._pos_table_key = key
-        n = self._pos_table[0].size(1)
-        return [table[:, n - klen :] for table in self._pos_table]
+        return self._pos_table
 
     def forward(self, tokens: Tensor, memories: Sequence[AnyMemory]) -> tuple[Tensor, list[AnyMemory]]:
         """tokens [B, T]; memories: one per group of rows, in row order, batch sizes summing to B.
@@ -121,6 +122,7 @@ class TransfoXLModel(nn.Module):
         # Training re-projects R every step (gradients reach r_net); inference reads the cached table.
         project_positions = self.training and torch.is_grad_enabled()
         groups = []
+        kmax = 0
         row = 0
         for memory in memories:
             writer = memory.writer(qlen)
@@ -133,17 +135,17 @@ class TransfoXLModel(nn.Module):
                 same_length=self.config.same_length,
                 device=tokens.device,
             )
+            pos_emb = None
             if project_positions:
                 pos_emb = self.drop(self.pos_emb.for_keys(klen, self.config.clamp_len).to(hidden.dtype))
-                group = AttentionGroup(slice(row, row + memory.batch_size), writer, mask, None, pos_emb)
-            else:
-                group = AttentionGroup(
-                    slice(row, row + memory.batch_size), writer, mask, self.positional_keys(klen), None
-                )
-            groups.append(group)
+            groups.append(AttentionGroup(slice(row, row + memory.batch_size), writer, mask, klen, pos_emb))
             row += memory.batch_size
+            kmax = max(kmax, klen)
+        tables: list[Tensor | None] = [None] * len(self.layers)
+        if not project_positions:
+            tables = list(self.positional_tables(kmax))
         for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, groups, i)
+            hidden = layer(hidden, groups, i, tables[i])
         hidden = self.drop(hidden)
         return hidden, [g.writer.finish() for g in groups]  # type: ignore[attr-defined]
 
