@@ -1,0 +1,64 @@
+# syntax=docker/dockerfile:1.7
+# TXL Serve: one server process per GPU, so run one container per GPU (docs/deploy.md).
+#
+#   GPU (default): docker build -t txl-serve:0.1.0 .
+#   CPU only:      docker build -t txl-serve:0.1.0-cpu --build-arg VARIANT=cpu .
+#
+# The model directory comes in by volume (-v /srv/models:/models:ro -e TXL_MODEL=/models/NAME); without
+# TXL_MODEL the bundled default model is served. Every other setting is a TXL_* variable.
+#
+# tests/deploy/test_image.py reads this file and runs its pip commands and its start command in a fresh
+# virtual environment (the cpu variant): the image paths /src, /wheels and /data become temp directories
+# there, and a RUN line that is neither pip nor user/directory setup makes that test fail until it learns it.
+
+ARG VARIANT=cuda
+
+# ---- bases: the CUDA one ships torch (and Python 3.11); the CPU one gets torch's CPU wheel
+FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime AS base-cuda
+ENV TXL_DEVICE=cuda \
+    TXL_DTYPE=bfloat16
+
+FROM python:3.11.11-slim-bookworm AS base-cpu
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN python -m pip install --no-cache-dir --index-url "$TORCH_INDEX" torch==2.13.0
+ENV TXL_DEVICE=cpu \
+    TXL_DTYPE=float32
+
+# ---- build: the project (and the Python client, where the repo has one) as wheels; no source in the image
+FROM python:3.11.11-slim-bookworm AS build
+WORKDIR /src
+# .dockerignore lets in only what the wheels are built from.
+COPY . .
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && if [ -f clients/python/pyproject.toml ]; then python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ./clients/python; fi \
+    && cp deploy/constraints.txt /wheels/constraints.txt
+
+# ---- runtime (base-${VARIANT} is one of the pinned bases above, which hadolint cannot see)
+# hadolint ignore=DL3006
+FROM base-${VARIANT} AS runtime
+LABEL org.opencontainers.image.title="TXL Serve" \
+      org.opencontainers.image.description="Stateful Transformer-XL inference server" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0"
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+# The server extra without dev tools; deploy/constraints.txt pins the server's dependencies (torch and what
+# the base image already has stay as the base has them).
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    python -m pip install --constraint /wheels/constraints.txt /wheels/*.whl "txl-serve[server]"
+RUN useradd --create-home --uid 10001 --user-group txl \
+    && mkdir -p /models /data/redis \
+    && chown -R 10001:10001 /data
+# Flags in CMD win over these; they are here so that `docker run IMAGE --model ...` (a new CMD) still listens
+# on all interfaces. The embedded Redis (used when TXL_REDIS_URL is unset) keeps its append-only file in /data.
+ENV TXL_HOST=0.0.0.0 \
+    TXL_PORT=8000 \
+    TXL_REDIS_DATA_DIR=/data/redis
+USER 10001:10001
+WORKDIR /home/txl
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
+ENTRYPOINT ["python", "-m", "txl_server"]
+CMD ["--host", "0.0.0.0", "--port", "8000"]

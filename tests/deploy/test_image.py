@@ -1,0 +1,177 @@
+"""The image's install and start commands work: without a Docker engine, this runs the Dockerfile's own pip
+commands (read from the Dockerfile, cpu variant) in a fresh virtual environment, then its ENTRYPOINT + CMD
+with its ENV, and waits for /health and /ready.
+
+What differs from `docker build --build-arg VARIANT=cpu`, and why:
+- the venv's python stands in for the base image's; image paths (/src, /wheels, /data, ...) are temp dirs;
+- TORCH_INDEX is the package index pip uses here (the torch==2.13.0 CPU wheel comes from the local wheels);
+- user and directory setup (useradd, mkdir, chown) is skipped: it needs root, and the temp dirs exist;
+- the server listens on loopback and a free port instead of 0.0.0.0:8000, on a tiny model the test makes
+  (TXL_MODEL), since the bundled model may not be in the repo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from txl_server.sessions.redis_server import free_port
+
+from tests.server.conftest import make_byte_model_dir
+
+from .files import REPO, Stage, build_context, parse_dockerfile
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+IMAGE_PATHS = ("/src", "/wheels", "/data", "/models", "/home/txl")
+SETUP_ONLY = re.compile(r"^(useradd|mkdir|chown)\b")
+
+
+class Emulator:
+    def __init__(self, root: Path, build_args: dict[str, str]) -> None:
+        self.root = root
+        self.build_args = build_args
+        self.venv = root / "venv"
+        self.timings: dict[str, float] = {}
+        clean = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("TXL_") and k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
+        }
+        self.base_env = {
+            **clean,
+            "VIRTUAL_ENV": str(self.venv),
+            "PATH": f"{self.venv / 'bin'}:{clean['PATH']}",
+        }
+        self.image_env: dict[str, str] = {}
+
+    def map_paths(self, text: str) -> str:
+        return re.sub(
+            r"(?<![\w./-])(" + "|".join(map(re.escape, IMAGE_PATHS)) + r")(?=[/\s\"']|$)",
+            lambda m: str(self.root / m.group(1).lstrip("/")),
+            text,
+        )
+
+    def timed(self, label: str, command: list[str] | str, cwd: Path, env: dict[str, str]) -> None:
+        started = time.monotonic()
+        result = subprocess.run(
+            command, cwd=cwd, env=env, shell=isinstance(command, str), capture_output=True, text=True
+        )
+        self.timings[label] = round(time.monotonic() - started, 1)
+        assert result.returncode == 0, f"{label} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+    def create_venv(self) -> None:
+        self.timed("venv", [sys.executable, "-m", "venv", str(self.venv)], self.root, self.base_env)
+
+    def run_stage(self, stage: Stage) -> None:
+        """ARG, ENV, WORKDIR, COPY and RUN of one stage, in order; the rest only describes the image."""
+        args: dict[str, str] = {}
+        env: dict[str, str] = {}
+        cwd = self.root
+        for instruction in stage.instructions:
+            if instruction.keyword == "ARG":
+                name, _, default = instruction.args.partition("=")
+                args[name] = self.build_args.get(name, default)
+            elif instruction.keyword == "ENV":
+                env.update(Stage("", None, [instruction]).env())
+            elif instruction.keyword == "WORKDIR":
+                cwd = Path(self.map_paths(instruction.args))
+                cwd.mkdir(parents=True, exist_ok=True)
+            elif instruction.keyword == "COPY":
+                assert instruction.args == ". ." and not instruction.flags, f"unsupported COPY: {instruction}"
+                for rel in build_context(REPO):
+                    target = cwd / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(REPO / rel, target)
+            elif instruction.keyword == "RUN":
+                command = instruction.args
+                if SETUP_ONLY.match(command):
+                    continue
+                assert "pip " in command, f"line {instruction.line}: teach test_image.py this RUN: {command}"
+                run_env = {**self.base_env, **self.image_env, **env, **args}
+                self.timed(f"{stage.name}: line {instruction.line}", self.map_paths(command), cwd, run_env)
+        self.image_env.update(env)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_byte_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
+
+
+def test_image_commands_install_and_serve_in_a_fresh_venv(tmp_path, model_dir):
+    dockerfile = parse_dockerfile()
+    build_args = {"VARIANT": "cpu", "TORCH_INDEX": os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple")}
+    emulator = Emulator(tmp_path, build_args)
+    for path in IMAGE_PATHS:
+        (tmp_path / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "data" / "redis").mkdir()
+    emulator.create_venv()
+
+    runtime_chain = dockerfile.chain("runtime", build_args)
+    for stage in runtime_chain[:-1]:  # the bases (the CPU one installs torch)
+        emulator.run_stage(stage)
+    emulator.run_stage(dockerfile.stage("build"))
+    emulator.run_stage(runtime_chain[-1])
+
+    runtime = runtime_chain[-1]
+    entrypoint, cmd, healthcheck = (
+        runtime.last("ENTRYPOINT"),
+        runtime.last("CMD"),
+        runtime.last("HEALTHCHECK"),
+    )
+    assert entrypoint is not None and cmd is not None and healthcheck is not None
+    argv = entrypoint.exec_form() + cmd.exec_form()
+    port = free_port()
+    argv[argv.index("--host") + 1] = "127.0.0.1"
+    argv[argv.index("--port") + 1] = str(port)
+    assert argv[0] == "python"
+    argv[0] = str(emulator.venv / "bin" / "python")
+
+    image_env = {k: emulator.map_paths(v) for k, v in emulator.image_env.items()}
+    assert image_env["TXL_DEVICE"] == "cpu"
+    server_env = {**emulator.base_env, **image_env, "TXL_MODEL": str(model_dir)}
+    log = (tmp_path / "server.log").open("w")
+    started = time.monotonic()
+    server = subprocess.Popen(argv, cwd=tmp_path / "home" / "txl", env=server_env, stdout=log, stderr=log)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=5) as client:
+            for path in ("/health", "/ready"):
+                deadline = time.monotonic() + 90
+                while True:
+                    assert server.poll() is None, "server exited:\n" + (tmp_path / "server.log").read_text()
+                    try:
+                        if client.get(path).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    assert time.monotonic() < deadline, f"no 200 from {path}"
+                    time.sleep(0.2)
+            emulator.timings["server ready"] = round(time.monotonic() - started, 1)
+            assert "txl_queue_depth" in client.get("/metrics").text
+        probe = json.loads(healthcheck.args.removeprefix("CMD "))
+        probe = [str(emulator.venv / "bin" / "python")] + [
+            a.replace(":8000/", f":{port}/") for a in probe[1:]
+        ]
+        assert subprocess.run(probe, env=server_env, timeout=30).returncode == 0  # the HEALTHCHECK passes
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            code = server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+        log.close()
+    # uvicorn shuts down cleanly, then re-raises SIGTERM on itself (exit 143 in a container): both are a stop.
+    output = (tmp_path / "server.log").read_text()
+    assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in output, output
+    print("image emulation timings (s):", emulator.timings)
