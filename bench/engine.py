@@ -8,6 +8,7 @@ and waiting for the others'; inter-token latency is the gap between a session's 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -111,7 +112,7 @@ async def measure(
     all_stamps = await asyncio.gather(*(collect(job) for job in jobs))
     ended = max(s[-1] for s in all_stamps)
     first = [s[0] - started for s in all_stamps]
-    gaps = [b - a for s in all_stamps for a, b in zip(s, s[1:], strict=False)]
+    gaps = [b - a for s in all_stamps for a, b in itertools.pairwise(s)]
     total = sum(len(s) for s in all_stamps)
     rates = [(len(s) - 1) / (s[-1] - s[0]) for s in all_stamps if len(s) > 1]
     return RunStats(sessions, total / (ended - started), percentile(first, 50), percentile(first, 99),

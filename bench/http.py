@@ -8,6 +8,7 @@ client-side. Each stream: a fresh session with a 64-byte prompt, 32 sampled toke
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -76,7 +77,7 @@ async def concurrent(url: str, streams: int, max_tokens: int) -> dict[str, float
         results = await asyncio.gather(*(stream_once(client, max_tokens, i) for i in range(streams)))
         ended = time.perf_counter()
     ttft = [r[0] for r in results]
-    gaps = [b - a for _, s in results for a, b in zip(s, s[1:], strict=False)]
+    gaps = [b - a for _, s in results for a, b in itertools.pairwise(s)]
     tokens = sum(len(s) for _, s in results)
     return {
         "tokens_per_s": tokens / (ended - started),

@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import torch
 import txl
+from txl_server.engine.state import ModelState
 
-from .common import Section, peak_rss_mib
+from .common import Section, peak_rss_mib, timeit
 from .engine import bundled_model
 from .model_vs_hf import random_memory
 
 GIB = 2**30
+
+
+def _random_state(config: txl.TxlConfig, mem_len: int, dtype: torch.dtype) -> ModelState:
+    layout = txl.MemoryLayout(
+        config.n_layer, config.n_head, config.d_head, config.d_model, dtype, torch.device("cpu")
+    )
+    shape = (1, config.n_head, mem_len, config.d_head)
+    tensors = {}
+    for i in range(config.n_layer):
+        tensors[f"keys.{i}"] = torch.randn(shape, dtype=dtype)
+        tensors[f"values.{i}"] = torch.randn(shape, dtype=dtype)
+    memory = txl.Memory.from_tensors(layout, tensors, mem_len=mem_len)
+    return ModelState(memory, torch.randn(config.d_model, dtype=dtype), (1, 2, 3))
 
 
 def allocated_after_steps(model: txl.TransfoXLLMHeadModel, mem_len: int) -> int:
@@ -64,6 +78,29 @@ def run(quick: bool = False) -> Section:
         f"{label}: exact memory against the buffers actually allocated (after filling and sliding)",
         ["dtype", "mem_len", "exact MiB", "allocated MiB", "allocated / exact"],
         measured,
+    )
+    rows = []
+    for name, config, mem_len in ((label, small.config, small.config.mem_len), ("wt103", wt103, 1600)):
+        for dtype in (torch.float32, torch.bfloat16):
+            state = _random_state(config, mem_len, dtype)
+            data = state.to_bytes()
+            layout = state.memory.layout
+            save = timeit(state.to_bytes, repeat=3)
+            load = timeit(lambda data=data, layout=layout: ModelState.from_bytes(data, layout), repeat=3)
+            rows.append(
+                [
+                    name,
+                    str(dtype).removeprefix("torch."),
+                    mem_len,
+                    len(data) / 2**20,
+                    save * 1000,
+                    load * 1000,
+                ]
+            )
+    section.table(
+        "Session snapshots (what persistence writes to Redis, and what a replica loads)",
+        ["model", "dtype", "mem_len", "MiB", "serialise (ms)", "load (ms)"],
+        rows,
     )
     section.note(f"Peak RSS of this benchmark process: {peak_rss_mib():,.0f} MiB.")
     return section
