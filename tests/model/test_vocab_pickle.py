@@ -174,3 +174,13 @@ def test_nothing_else_unpickles():
         if path != allowed and pattern.search(path.read_text(encoding="utf-8"))
     ]
     assert offenders == []
+
+
+@pytest.mark.oracle
+def test_a_directory_with_only_hf_vocab_pkl_loads_safely(tmp_path, hf_saved):
+    path, hf = hf_saved
+    (tmp_path / "vocab.pkl").write_bytes(path.read_bytes())
+    tok = load_tokenizer(tmp_path)  # no tokenizer.json: the restricted unpickler reads HF's file
+    assert isinstance(tok, WordTokenizer)
+    for line in PROBES:
+        assert tok.encode(line) == hf.encode(line)

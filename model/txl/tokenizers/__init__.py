@@ -20,9 +20,22 @@ class TokenizerError(ValueError):
     """A model directory's tokenizer description is missing or malformed."""
 
 
+# HF's word-level vocabulary files, read (safely) when a directory has no tokenizer.json yet.
+HF_VOCAB_NAMES = ("vocab.pkl", "vocab.bin")
+
+
 def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+    """The tokenizer of a model directory: its `tokenizer.json`, or else an HF `vocab.pkl`/`vocab.bin`, read with the
+    restricted unpickler (so a downloaded `transfo-xl-wt103` directory serves as it is; `txl convert` makes the JSON
+    once and for all)."""
     path = Path(model_dir) / TOKENIZER_NAME
     if not path.is_file():
+        for name in HF_VOCAB_NAMES:
+            if (Path(model_dir) / name).is_file():
+                from .vocab_pickle import read_hf_vocab
+                from .word import WordTokenizer
+
+                return WordTokenizer.from_json(read_hf_vocab(Path(model_dir) / name))
         raise TokenizerError(f"{path} not found: a model directory needs a tokenizer description")
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
