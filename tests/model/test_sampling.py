@@ -57,3 +57,38 @@ def test_low_temperature_sharpens():
 def test_invalid_parameters_are_refused(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_a_rows_sample_does_not_depend_on_the_other_rows():
+    from txl.sampling import sample_batch
+
+    log_probs = torch.log_softmax(torch.randn(5, 300, generator=torch.Generator().manual_seed(0)), dim=-1)
+    params = [
+        SamplingParams(temperature=0.7, seed=1),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.2, top_k=5, seed=2),
+        SamplingParams(top_p=0.5, seed=3),
+        SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=4),
+    ]
+    batch, _ = sample_batch(log_probs, params, [make_generator(p.seed) for p in params])
+    alone = [sample(log_probs[i], p, make_generator(p.seed))[0] for i, p in enumerate(params)]
+    assert batch == alone
+
+
+def test_top_p_on_a_large_flat_vocabulary_matches_a_full_sort():
+    # Nearly flat over 300,000 words: the nucleus is wider than the first 1,024 candidates.
+    logits = torch.randn(300_000, generator=torch.Generator().manual_seed(1)) * 0.1
+    log_probs = torch.log_softmax(logits, dim=0)
+    kept = torch.isfinite(truncated_logits(log_probs, SamplingParams(top_p=0.3)))
+    order = torch.sort(log_probs, descending=True).indices
+    mass = log_probs.exp()[order].cumsum(0)
+    expected = int((mass - log_probs.exp()[order] < 0.3).sum())
+    assert int(kept.sum()) == expected
+    assert kept[order[:expected]].all()
+
+
+def test_masked_tokens_are_never_sampled():
+    log_probs = torch.log(torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0]))
+    generator = make_generator(9)
+    draws = {sample(log_probs, SamplingParams(temperature=1.0), generator)[0] for _ in range(500)}
+    assert draws == {1, 3}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 from txl import TransfoXLLMHeadModel
-from txl.sampling import make_generator, sample
+from txl.sampling import make_generator, sample_batch
 from txl.tokenizers import Tokenizer
 
 from ..errors import Overloaded, Unavailable
@@ -281,12 +281,12 @@ class Worker:
         try:
             last_hidden = torch.stack([t.state.last_hidden for t in tasks])  # type: ignore[misc]  # [N, D]
             log_probs = self.model.log_probs(last_hidden).cpu()  # [N, V] float32
-            sampled = []
+            sampled, logprobs = sample_batch(
+                log_probs, [t.job.sampling for t in tasks], [t.generator for t in tasks]
+            )
             for row, task in enumerate(tasks):
-                token, logprob = sample(log_probs[row], task.job.sampling, task.generator)
-                sampled.append(token)
                 top = _top(log_probs[row], task.job.top_logprobs) if task.job.top_logprobs else None
-                self._emit_token(task, token, logprob, top)
+                self._emit_token(task, sampled[row], logprobs[row], top)
             ids = torch.tensor(sampled, dtype=torch.long, device=self.model.device)[:, None]  # [N, 1]
             hidden, memories = self.model(ids, [t.state.memory for t in tasks])
         except Exception as exc:
