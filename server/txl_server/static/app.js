@@ -87,6 +87,7 @@ async function readEvents(response, onEvent) {
 const state = {
   session: null, // the server's session object
   controller: null, // AbortController of the running generation
+  scoring: false,
 };
 
 function showError(error) {

@@ -1,0 +1,69 @@
+"""txl_client: the Python SDK for TXL Serve (stateful Transformer-XL inference), sync and async.
+
+    from txl_client import Client, NotFound
+    client = Client()                                    # $TXL_URL and $TXL_API_KEY, or arguments
+    session = client.create_session(text="Hello")
+    result = client.generate(session.id, max_tokens=16, temperature=0)
+    for token in client.generate(session.id, max_tokens=16, stream=True):
+        print(token.text, end="")
+
+See docs/clients.md for the full tour (streaming, errors, retries, the `txl` command line).
+"""
+
+from ._version import __version__
+from .async_client import AsyncClient, AsyncGenerateStream
+from .client import Client, GenerateStream
+from .errors import (
+    Conflict,
+    Gone,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    TxlConnectionError,
+    TxlError,
+    TxlTimeoutError,
+    Unauthorized,
+    Unavailable,
+)
+from .types import (
+    AppendResult,
+    GenerateResult,
+    Health,
+    ModelCard,
+    ScoreProgress,
+    ScoreResult,
+    Session,
+    TokenEvent,
+    Usage,
+)
+
+__all__ = [
+    "AppendResult",
+    "AsyncClient",
+    "AsyncGenerateStream",
+    "Client",
+    "Conflict",
+    "GenerateResult",
+    "GenerateStream",
+    "Gone",
+    "Health",
+    "InternalError",
+    "InvalidRequest",
+    "ModelCard",
+    "NotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "ScoreProgress",
+    "ScoreResult",
+    "Session",
+    "TokenEvent",
+    "TxlConnectionError",
+    "TxlError",
+    "TxlTimeoutError",
+    "Unauthorized",
+    "Unavailable",
+    "Usage",
+    "__version__",
+]

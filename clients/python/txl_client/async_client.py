@@ -1,0 +1,339 @@
+"""`AsyncClient`: the asyncio SDK over `httpx.AsyncClient`; the same methods as `Client`, awaited.
+
+async with AsyncClient() as txl:
+    session = await txl.create_session(text="Once upon a time")
+    async with await txl.generate(session.id, max_tokens=20, stream=True) as stream:
+        async for token in stream:
+            print(token.text, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, overload
+
+import httpx
+
+from . import _core
+from .errors import TxlConnectionError, TxlError, error_from_response
+from .types import (
+    AppendResult,
+    GenerateResult,
+    Health,
+    ModelCard,
+    ScoreProgress,
+    ScoreResult,
+    Session,
+    TokenEvent,
+)
+
+AsyncProgressCallback = Callable[[int, int], object | Awaitable[object]]
+
+
+class AsyncClient:
+    """See `Client`: the same options, environment variables, retries and errors."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = _core.DEFAULT_TIMEOUT,
+        max_retries: int = _core.DEFAULT_MAX_RETRIES,
+        retry_overloaded: bool = False,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._options = _core.Options.resolve(
+            url, api_key, timeout=timeout, max_retries=max_retries, retry_overloaded=retry_overloaded
+        )
+        self._http = http_client or httpx.AsyncClient(timeout=self._options.httpx_timeout())
+        self._owns_http = http_client is None
+
+    @property
+    def url(self) -> str:
+        return self._options.url
+
+    def with_options(
+        self,
+        *,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+        retry_overloaded: bool | None = None,
+    ) -> AsyncClient:
+        other = object.__new__(AsyncClient)
+        other._options = self._options.with_changes(
+            timeout=timeout, max_retries=max_retries, retry_overloaded=retry_overloaded
+        )
+        other._http, other._owns_http = self._http, False
+        return other
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------------------------------ sessions
+
+    async def create_session(
+        self,
+        text: str = "",
+        *,
+        mem_len: int | None = None,
+        ttl_seconds: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
+        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata)
+        return Session.model_validate(await self._json(call))
+
+    async def get_session(self, session_id: str) -> Session:
+        return Session.model_validate(await self._json(_core.session_call("GET", session_id)))
+
+    async def list_sessions(self) -> list[Session]:
+        body = await self._json(_core.Call("GET", "/v1/sessions"))
+        return [Session.model_validate(s) for s in body["data"]]
+
+    async def delete_session(self, session_id: str) -> None:
+        response = await self._send(_core.session_call("DELETE", session_id))
+        await response.aclose()
+
+    async def fork_session(
+        self,
+        session_id: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Session:
+        body = {"metadata": metadata} if metadata is not None else None
+        call = _core.step_call(session_id, "fork", body, idempotency_key)
+        return Session.model_validate(await self._json(call))
+
+    async def append(self, session_id: str, text: str, *, idempotency_key: str | None = None) -> AppendResult:
+        call = _core.step_call(session_id, "append", {"text": text}, idempotency_key)
+        return AppendResult.model_validate(await self._json(call))
+
+    @overload
+    async def generate(
+        self,
+        session_id: str,
+        text: str = "",
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        stream: Literal[False] = False,
+        idempotency_key: str | None = None,
+    ) -> GenerateResult: ...
+
+    @overload
+    async def generate(
+        self,
+        session_id: str,
+        text: str = "",
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        stream: Literal[True],
+        idempotency_key: str | None = None,
+    ) -> AsyncGenerateStream: ...
+
+    async def generate(
+        self,
+        session_id: str,
+        text: str = "",
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        stream: bool = False,
+        idempotency_key: str | None = None,
+    ) -> GenerateResult | AsyncGenerateStream:
+        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, stream)
+        call = _core.step_call(session_id, "generate", body, idempotency_key)
+        if not stream:
+            return GenerateResult.model_validate(await self._json(call))
+        return AsyncGenerateStream(self, call, await self._send(call, stream=True))
+
+    # ------------------------------------------------------------------------------------------ stateless
+
+    async def score(
+        self,
+        text: str,
+        *,
+        token_logprobs: bool = False,
+        on_progress: AsyncProgressCallback | None = None,
+    ) -> ScoreResult:
+        """See `Client.score`; `on_progress` may be a plain function or a coroutine function."""
+        if on_progress is None:
+            call = _core.score_call(text, token_logprobs, False)
+            return ScoreResult.model_validate(await self._json(call))
+        call = _core.score_call(text, token_logprobs, True)
+        attempt = 0
+        while True:
+            try:
+                return await self._score_stream(await self._send(call, stream=True), on_progress)
+            except TxlConnectionError as error:  # scoring changes nothing: safe to run again
+                delay = _core.retry_delay(
+                    self._options, call, error, attempt=attempt, after_lost_response=True
+                )
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+                attempt += 1
+
+    async def _score_stream(
+        self, response: httpx.Response, on_progress: AsyncProgressCallback
+    ) -> ScoreResult:
+        try:
+            async for event in _events(response, _core.score_event):
+                if isinstance(event, ScoreProgress):
+                    outcome = on_progress(event.tokens_done, event.tokens_total)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                elif isinstance(event, ScoreResult):
+                    return event
+        finally:
+            await response.aclose()
+        raise _core.ended_early("score")
+
+    async def models(self) -> list[ModelCard]:
+        body = await self._json(_core.Call("GET", "/v1/models"))
+        return [ModelCard.model_validate(m) for m in body["data"]]
+
+    async def health(self) -> Health:
+        return Health.model_validate(await self._json(_core.Call("GET", "/health")))
+
+    # ------------------------------------------------------------------------------------------ transport
+
+    async def _json(self, call: _core.Call) -> Any:
+        response = await self._send(call)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise TxlError(f"the server answered {call.path} with something other than JSON") from exc
+
+    async def _send(self, call: _core.Call, *, stream: bool = False) -> httpx.Response:
+        attempt, lost = 0, False
+        while True:
+            request = self._http.build_request(
+                call.method,
+                self._options.url + call.path,
+                json=call.body,
+                headers={**self._options.headers(), **call.request_headers()},
+                timeout=self._options.httpx_timeout(),
+            )
+            error: TxlError
+            try:
+                response = await self._http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                error = _core.transport_error(exc)
+            else:
+                if response.is_success:
+                    return response
+                try:
+                    content = await response.aread()
+                except httpx.TransportError:
+                    content = b""
+                await response.aclose()
+                error = error_from_response(response.status_code, content, response.headers)
+            lost = lost or isinstance(error, TxlConnectionError)
+            delay = _core.retry_delay(self._options, call, error, attempt=attempt, after_lost_response=lost)
+            if delay is None:
+                raise error
+            await asyncio.sleep(delay)
+            attempt += 1
+
+
+class AsyncGenerateStream(AsyncIterator[TokenEvent]):
+    """See `GenerateStream`: `async for token in stream`, then `stream.result`; `aclose()` stops early."""
+
+    def __init__(self, client: AsyncClient, call: _core.Call, response: httpx.Response) -> None:
+        self._client, self._call, self._response = client, call, response
+        self.idempotency_key = call.idempotency_key
+        self.result: GenerateResult | None = None
+        self._texts: list[str] = []
+        self._events = self._iterate()
+
+    @property
+    def text(self) -> str:
+        return "".join(self._texts)
+
+    async def __anext__(self) -> TokenEvent:
+        return await anext(self._events)
+
+    async def finish(self) -> GenerateResult:
+        async for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+        await self._response.aclose()
+
+    async def __aenter__(self) -> AsyncGenerateStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _iterate(self) -> AsyncGenerator[TokenEvent, None]:
+        retries = 0
+        try:
+            while True:
+                try:
+                    async for event in _events(self._response, _core.generate_event):
+                        if isinstance(event, TokenEvent):
+                            self._texts.append(event.text)
+                            yield event
+                        else:
+                            self.result = event
+                    if self.result is None:
+                        raise _core.ended_early("generation's result")
+                    return
+                except TxlConnectionError as error:
+                    if self._texts or self.result is not None:
+                        raise
+                    delay = _core.retry_delay(
+                        self._client._options, self._call, error, attempt=retries, after_lost_response=True
+                    )
+                    if delay is None:
+                        raise
+                    await self._response.aclose()
+                    await asyncio.sleep(delay)
+                    retries += 1
+                    self._response = await self._client._send(self._call, stream=True)
+        finally:
+            await self._response.aclose()
+
+
+async def _events(response: httpx.Response, parse: Callable[[dict[str, Any]], Any]) -> AsyncIterator[Any]:
+    decoder = _core.SSEDecoder()
+    try:
+        async for line in response.aiter_lines():
+            data = decoder.feed(line)
+            if data is None:
+                continue
+            if data == _core.DONE:
+                return
+            event = parse(_core.parse_event(data))
+            if event is not None:
+                yield event
+    except httpx.TransportError as exc:
+        raise _core.transport_error(exc) from exc

@@ -1,0 +1,199 @@
+"""Commands that talk to a server: generate, score, sessions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..types import ScoreResult, Session
+from . import UsageError, add_sampling, make_client, sampling_kwargs
+
+# ---------------------------------------------------------------------------------------------- generate
+
+
+def add_generate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", nargs="?", default="", help='text to continue ("-": read standard input)')
+    parser.add_argument("--session", metavar="ID", help="continue this session (default: a new one)")
+    parser.add_argument("--rm", action="store_true", help="delete the new session afterwards")
+    parser.add_argument("--json", action="store_true", help="no streaming: print the result as JSON")
+    add_sampling(parser, max_tokens=100)
+
+
+def generate(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt and not args.session:
+        raise UsageError("give a prompt, or --session ID to continue a session")
+    with make_client(args) as client:
+        session_id = args.session or client.create_session().id
+        try:
+            if args.json:
+                result = client.generate(session_id, prompt, **sampling_kwargs(args))
+                print(result.model_dump_json(indent=2))
+                return 0
+            with client.generate(session_id, prompt, stream=True, **sampling_kwargs(args)) as stream:
+                for token in stream:
+                    sys.stdout.write(token.text)
+                    sys.stdout.flush()
+            result = stream.finish()
+            if not result.text.endswith("\n"):
+                sys.stdout.write("\n")
+            sys.stdout.flush()
+            if not args.rm:
+                print(
+                    f"session {session_id} (version {result.session.version}, {result.session.tokens} tokens, "
+                    f"finish: {result.finish_reason})",
+                    file=sys.stderr,
+                )
+        finally:
+            if args.rm and not args.session:
+                client.delete_session(session_id)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- score
+
+
+def add_score(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "files", metavar="FILE", nargs="+", type=Path, help='UTF-8 text files ("-": standard input)'
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON list, one object per file")
+    progress = parser.add_mutually_exclusive_group()
+    progress.add_argument(
+        "--progress", action="store_true", default=None, help="always show progress on stderr"
+    )
+    progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show progress")
+
+
+def score(args: argparse.Namespace) -> int:
+    documents = [
+        (str(path), _read_document(path)) for path in args.files
+    ]  # every file readable before any work
+    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+    rows = []
+    with make_client(args) as client:
+        for name, text in documents:
+            bar = ProgressBar(name, sys.stderr) if show_progress else None
+            try:
+                result = client.score(text, on_progress=bar.update if bar else None)
+            finally:
+                if bar:
+                    bar.clear()
+            rows.append((name, result))
+    if args.json:
+        print(json.dumps([{"file": name, **_score_fields(r)} for name, r in rows], indent=2))
+        return 0
+    print(f"{'tokens':>10} {'bytes':>10} {'perplexity':>12} {'bits/byte':>10}  file")
+    for name, r in rows:
+        print(f"{r.tokens:>10} {r.bytes:>10} {r.perplexity:>12.4f} {r.bits_per_byte:>10.4f}  {name}")
+    if len(rows) > 1:
+        tokens = sum(r.tokens for _, r in rows)
+        size = sum(r.bytes for _, r in rows)
+        logprob = sum(r.logprob for _, r in rows)
+        perplexity = math.exp(-logprob / tokens) if tokens else float("nan")
+        bpb = -logprob / math.log(2) / size if size else float("nan")
+        print(f"{tokens:>10} {size:>10} {perplexity:>12.4f} {bpb:>10.4f}  total")
+    return 0
+
+
+def _read_document(path: Path) -> str:
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 text (byte {exc.start})") from exc
+    if not text:
+        raise UsageError(f"{path} is empty")
+    return text
+
+
+def _score_fields(result: ScoreResult) -> dict[str, Any]:
+    keys = ("tokens", "bytes", "logprob", "nll", "perplexity", "bits_per_byte")
+    return {k: getattr(result, k) for k in keys}
+
+
+class ProgressBar:
+    """One line on a terminal, redrawn at most 10 times a second: `name [#####-----] 50% 1200/2400 tokens`."""
+
+    WIDTH = 30
+
+    def __init__(self, name: str, stream: TextIO) -> None:
+        self.name, self.stream = name, stream
+        self.last = 0.0
+        self.drawn = False
+
+    def update(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self.last < 0.1:
+            return
+        self.last = now
+        filled = self.WIDTH * done // total if total else self.WIDTH
+        percent = 100 * done // total if total else 100
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        self.stream.write(f"\r{self.name} [{bar}] {percent:3d}% {done}/{total} tokens")
+        self.stream.flush()
+        self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[K" if self.stream.isatty() else "\n")
+            self.stream.flush()
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+
+
+def sessions_help(args: argparse.Namespace) -> int:
+    raise UsageError("give an action: txl sessions ls | show ID | rm ID...")
+
+
+def sessions_ls(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        sessions = client.list_sessions()
+    if args.json:
+        print(json.dumps([s.model_dump() for s in sessions], indent=2))
+        return 0
+    if not sessions:
+        print("no sessions", file=sys.stderr)
+        return 0
+    width = max(len(s.id) for s in sessions)
+    print(f"{'id':<{width}} {'tokens':>8} {'memory':>11} {'version':>7}  expires")
+    for s in sorted(sessions, key=lambda s: s.created_at):
+        memory = f"{s.mem_tokens}/{s.mem_len}"
+        print(f"{s.id:<{width}} {s.tokens:>8} {memory:>11} {s.version:>7}  {_when(s.expires_at)}")
+    return 0
+
+
+def sessions_show(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        print(client.get_session(args.session_id).model_dump_json(indent=2))
+    return 0
+
+
+def sessions_rm(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        for session_id in args.session_ids:
+            client.delete_session(session_id)
+            print(f"deleted {session_id}")
+    return 0
+
+
+def describe(session: Session) -> str:
+    return (
+        f"session {session.id}: {session.tokens} tokens, memory {session.mem_tokens}/{session.mem_len}, "
+        f"version {session.version}, model {session.model}, expires {_when(session.expires_at)}"
+        + (f", metadata {json.dumps(session.metadata)}" if session.metadata else "")
+    )
+
+
+def _when(timestamp: int) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,350 @@
+"""`Client`: the synchronous SDK over `httpx.Client`.
+
+from txl_client import Client
+with Client("http://127.0.0.1:8000") as txl:
+    session = txl.create_session(text="It was a dark and stormy night")
+    print(txl.generate(session.id, max_tokens=20, temperature=0).text)
+    with txl.generate(session.id, max_tokens=20, stream=True) as stream:
+        for token in stream:
+            print(token.text, end="", flush=True)
+    print(stream.result.session.version)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, Literal, overload
+
+import httpx
+
+from . import _core
+from .errors import TxlConnectionError, TxlError, error_from_response
+from .types import (
+    AppendResult,
+    GenerateResult,
+    Health,
+    ModelCard,
+    ScoreProgress,
+    ScoreResult,
+    Session,
+    TokenEvent,
+)
+
+ProgressCallback = Callable[[int, int], object]
+
+
+class Client:
+    """A TXL Serve client. `url` defaults to $TXL_URL (else http://127.0.0.1:8000), `api_key` to $TXL_API_KEY.
+
+    Steps that change a session (append, generate, fork) carry an Idempotency-Key, fresh per call and the same
+    on its retries: transport failures are retried (up to `max_retries`) without ever stepping twice. 429
+    Overloaded is retried, honouring Retry-After, only with `retry_overloaded=True` (or `with_options`).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = _core.DEFAULT_TIMEOUT,
+        max_retries: int = _core.DEFAULT_MAX_RETRIES,
+        retry_overloaded: bool = False,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._options = _core.Options.resolve(
+            url, api_key, timeout=timeout, max_retries=max_retries, retry_overloaded=retry_overloaded
+        )
+        self._http = http_client or httpx.Client(timeout=self._options.httpx_timeout())
+        self._owns_http = http_client is None
+
+    @property
+    def url(self) -> str:
+        return self._options.url
+
+    def with_options(
+        self,
+        *,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+        retry_overloaded: bool | None = None,
+    ) -> Client:
+        """A client sharing this one's connections, with some options changed (for one call or a few)."""
+        other = object.__new__(Client)
+        other._options = self._options.with_changes(
+            timeout=timeout, max_retries=max_retries, retry_overloaded=retry_overloaded
+        )
+        other._http, other._owns_http = self._http, False
+        return other
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ sessions
+
+    def create_session(
+        self,
+        text: str = "",
+        *,
+        mem_len: int | None = None,
+        ttl_seconds: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
+        return Session.model_validate(
+            self._json(_core.create_session_call(text, mem_len, ttl_seconds, metadata))
+        )
+
+    def get_session(self, session_id: str) -> Session:
+        return Session.model_validate(self._json(_core.session_call("GET", session_id)))
+
+    def list_sessions(self) -> list[Session]:
+        body = self._json(_core.Call("GET", "/v1/sessions"))
+        return [Session.model_validate(s) for s in body["data"]]
+
+    def delete_session(self, session_id: str) -> None:
+        self._send(_core.session_call("DELETE", session_id)).close()
+
+    def fork_session(
+        self,
+        session_id: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Session:
+        body = {"metadata": metadata} if metadata is not None else None
+        return Session.model_validate(self._json(_core.step_call(session_id, "fork", body, idempotency_key)))
+
+    def append(self, session_id: str, text: str, *, idempotency_key: str | None = None) -> AppendResult:
+        call = _core.step_call(session_id, "append", {"text": text}, idempotency_key)
+        return AppendResult.model_validate(self._json(call))
+
+    @overload
+    def generate(
+        self,
+        session_id: str,
+        text: str = "",
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        stream: Literal[False] = False,
+        idempotency_key: str | None = None,
+    ) -> GenerateResult: ...
+
+    @overload
+    def generate(
+        self,
+        session_id: str,
+        text: str = "",
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        stream: Literal[True],
+        idempotency_key: str | None = None,
+    ) -> GenerateStream: ...
+
+    def generate(
+        self,
+        session_id: str,
+        text: str = "",
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        stream: bool = False,
+        idempotency_key: str | None = None,
+    ) -> GenerateResult | GenerateStream:
+        """Adds `text` (may be empty), then generates. Unset sampling values take the server's defaults
+        (16 tokens, temperature 1). With `stream=True`, returns a GenerateStream of TokenEvents whose
+        `result` is the final GenerateResult; errors before the first token are raised here."""
+        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, stream)
+        call = _core.step_call(session_id, "generate", body, idempotency_key)
+        if not stream:
+            return GenerateResult.model_validate(self._json(call))
+        return GenerateStream(self, call, self._send(call, stream=True))
+
+    # ------------------------------------------------------------------------------------------ stateless
+
+    def score(
+        self, text: str, *, token_logprobs: bool = False, on_progress: ProgressCallback | None = None
+    ) -> ScoreResult:
+        """Log-likelihood of a document. `on_progress(tokens_done, tokens_total)` is called as the server
+        reports progress (a few times a second on long documents)."""
+        if on_progress is None:
+            return ScoreResult.model_validate(self._json(_core.score_call(text, token_logprobs, False)))
+        call = _core.score_call(text, token_logprobs, True)
+        attempt = 0
+        while True:
+            try:
+                return self._score_stream(self._send(call, stream=True), on_progress)
+            except TxlConnectionError as error:  # scoring changes nothing: safe to run again
+                delay = _core.retry_delay(
+                    self._options, call, error, attempt=attempt, after_lost_response=True
+                )
+                if delay is None:
+                    raise
+                time.sleep(delay)
+                attempt += 1
+
+    def _score_stream(self, response: httpx.Response, on_progress: ProgressCallback) -> ScoreResult:
+        try:
+            for event in _events(response, _core.score_event):
+                if isinstance(event, ScoreProgress):
+                    on_progress(event.tokens_done, event.tokens_total)
+                elif isinstance(event, ScoreResult):
+                    return event
+        finally:
+            response.close()
+        raise _core.ended_early("score")
+
+    def models(self) -> list[ModelCard]:
+        return [ModelCard.model_validate(m) for m in self._json(_core.Call("GET", "/v1/models"))["data"]]
+
+    def health(self) -> Health:
+        return Health.model_validate(self._json(_core.Call("GET", "/health")))
+
+    # ------------------------------------------------------------------------------------------ transport
+
+    def _json(self, call: _core.Call) -> Any:
+        response = self._send(call)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise TxlError(f"the server answered {call.path} with something other than JSON") from exc
+
+    def _send(self, call: _core.Call, *, stream: bool = False) -> httpx.Response:
+        """The successful response to `call`, after any retries the options allow; else a TxlError."""
+        attempt, lost = 0, False
+        while True:
+            request = self._http.build_request(
+                call.method,
+                self._options.url + call.path,
+                json=call.body,
+                headers={**self._options.headers(), **call.request_headers()},
+                timeout=self._options.httpx_timeout(),
+            )
+            error: TxlError
+            try:
+                response = self._http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                error = _core.transport_error(exc)
+            else:
+                if response.is_success:
+                    return response
+                try:
+                    content = response.read()
+                except httpx.TransportError:
+                    content = b""
+                response.close()
+                error = error_from_response(response.status_code, content, response.headers)
+            lost = lost or isinstance(error, TxlConnectionError)
+            delay = _core.retry_delay(self._options, call, error, attempt=attempt, after_lost_response=lost)
+            if delay is None:
+                raise error
+            time.sleep(delay)
+            attempt += 1
+
+
+class GenerateStream(Iterator[TokenEvent]):
+    """The tokens of a streamed generation, as they arrive; then `result` is the final GenerateResult.
+
+    Use it in a `with` block, or `close()` it, to stop early: the server cancels the generation and commits
+    nothing. A transport failure before the first token is retried (same Idempotency-Key); after it, it raises
+    TxlConnectionError: `generate(..., idempotency_key=stream.idempotency_key)` then returns the committed
+    result if the generation finished, or runs it again if it did not.
+    """
+
+    def __init__(self, client: Client, call: _core.Call, response: httpx.Response) -> None:
+        self._client, self._call, self._response = client, call, response
+        self.idempotency_key = call.idempotency_key
+        self.result: GenerateResult | None = None
+        self._texts: list[str] = []
+        self._events = self._iterate()
+
+    @property
+    def text(self) -> str:
+        """The text generated so far."""
+        return "".join(self._texts)
+
+    def __next__(self) -> TokenEvent:
+        return next(self._events)
+
+    def finish(self) -> GenerateResult:
+        """Reads the rest of the stream and returns the final result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def close(self) -> None:
+        self._events.close()
+        self._response.close()
+
+    def __enter__(self) -> GenerateStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _iterate(self) -> Generator[TokenEvent, None, None]:
+        retries = 0
+        try:
+            while True:
+                try:
+                    for event in _events(self._response, _core.generate_event):
+                        if isinstance(event, TokenEvent):
+                            self._texts.append(event.text)
+                            yield event
+                        else:
+                            self.result = event
+                    if self.result is None:
+                        raise _core.ended_early("generation's result")
+                    return
+                except TxlConnectionError as error:
+                    if self._texts or self.result is not None:
+                        raise
+                    delay = _core.retry_delay(
+                        self._client._options, self._call, error, attempt=retries, after_lost_response=True
+                    )
+                    if delay is None:
+                        raise
+                    self._response.close()
+                    time.sleep(delay)
+                    retries += 1
+                    self._response = self._client._send(self._call, stream=True)
+        finally:
+            self._response.close()
+
+
+def _events(response: httpx.Response, parse: Callable[[dict[str, Any]], Any]) -> Iterator[Any]:
+    """The parsed events of an SSE response up to `[DONE]`; error events raise their TxlError."""
+    decoder = _core.SSEDecoder()
+    try:
+        for line in response.iter_lines():
+            data = decoder.feed(line)
+            if data is None:
+                continue
+            if data == _core.DONE:
+                return
+            event = parse(_core.parse_event(data))
+            if event is not None:
+                yield event
+    except httpx.TransportError as exc:
+        raise _core.transport_error(exc) from exc

@@ -1,0 +1,90 @@
+"""Typed results, mirroring the server's JSON. Fields the server adds later are kept (extra="allow"), not lost."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Session(_Model):
+    id: str
+    object: Literal["session"] = "session"
+    created_at: int
+    expires_at: int
+    tokens: int  # every token the session has seen
+    mem_tokens: int  # how many of them its memory holds (at most mem_len)
+    mem_len: int
+    version: int  # +1 per committed step (append, generate)
+    model: str
+    metadata: dict[str, Any] = {}
+
+
+class Usage(_Model):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class AppendResult(_Model):
+    session: Session
+    tokens: int  # tokens the appended text became
+    logprob: float  # natural-log probability of those tokens given everything before
+
+
+class TokenEvent(_Model):
+    """One generated token, as it arrives on a stream."""
+
+    type: Literal["token"] = "token"
+    id: int
+    text: str  # may be "" while a multi-byte character or a word is incomplete
+    logprob: float
+
+
+class GenerateResult(_Model):
+    """The whole generation: the non-streamed response, or a stream's final `done` event."""
+
+    text: str
+    finish_reason: Literal["length", "stop"]
+    session: Session
+    usage: Usage
+
+
+class ScoreProgress(_Model):
+    type: Literal["progress"] = "progress"
+    tokens_done: int
+    tokens_total: int
+
+
+class ScoreResult(_Model):
+    object: Literal["score"] = "score"
+    tokens: int
+    bytes: int
+    logprob: float  # natural-log probability of the whole document
+    nll: float  # mean negative log-likelihood per token, in nats
+    perplexity: float
+    bits_per_byte: float
+    token_logprobs: list[float] | None = None  # with token_logprobs=True
+    token_texts: list[str] | None = None
+
+    @property
+    def token_surprisals(self) -> list[float] | None:
+        """-log2 p of each token, in bits (what the playground's heatmap shows)."""
+        if self.token_logprobs is None:
+            return None
+        return [-lp / math.log(2) for lp in self.token_logprobs]
+
+
+class ModelCard(_Model):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "txl-serve"
+
+
+class Health(_Model):
+    status: str

@@ -1,0 +1,181 @@
+"""The browser playground: served files, and a real headless Chromium that generates, forks, deletes and scores."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from txl_client import Client, NotFound
+from txl_server.api.app import STATIC_DIR
+
+from .conftest import API_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+DOCUMENT = "Call me Ishmael. Some years ago — never mind how long — I went to sea, café au lait.\n" * 3
+
+
+def test_playground_files_are_served_and_self_contained(server):
+    with httpx.Client(base_url=server.url) as http:
+        page = http.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        for asset in ("app.js", "style.css"):
+            assert http.get(f"/{asset}").status_code == 200
+            assert f'"{asset}"' in page.text
+    for path in STATIC_DIR.iterdir():
+        text = path.read_text(encoding="utf-8")
+        # No CDN, no external fonts: nothing but the server itself is contacted.
+        assert not re.search(r"(src|href)=\"(https?:)?//", text), path.name
+        assert "@import" not in text and "url(http" not in text, path.name
+    script = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "document.write" not in script
+
+
+@pytest.fixture
+def browser():
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        pytest.skip("needs Debian's chromium and chromium-driver")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--window-size=1280,900",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_script_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def screenshot(driver, name: str) -> Path:
+    folder = ROOT / "artifacts"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+@pytest.mark.browser
+def test_playground_generates_forks_deletes_and_scores(server, browser):
+    from selenium.webdriver.common.by import By
+
+    sdk = Client(server.url, API_KEY)
+    driver = browser
+    text_of = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
+    driver.get(server.url + "/")
+    wait_for(lambda: text_of("model") == "API key needed", what="the page to ask for a key")
+
+    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    wait_for(lambda: text_of("model") == "tiny-byte", what="the model name")
+    assert driver.execute_script("return localStorage.getItem('txl.apiKey')") == API_KEY
+
+    # ---- a generation streams in, token by token
+    for element_id, value in (("max-tokens", "40"), ("temperature", "0")):
+        field = driver.find_element(By.ID, element_id)
+        field.clear()
+        field.send_keys(value)
+    driver.find_element(By.ID, "prompt").send_keys("The whale")
+    driver.execute_script(
+        """window.__lengths = [];
+        new MutationObserver(() => {
+          const out = document.querySelector('#transcript .generated');
+          if (out) window.__lengths.push(out.textContent.length);
+        }).observe(document.getElementById('transcript'), {childList: true, subtree: true, characterData: true});"""
+    )
+    driver.find_element(By.ID, "generate").click()
+    wait_for(lambda: text_of("session-version") == "2", what="the generation to finish")
+    generated = driver.find_element(By.CSS_SELECTOR, "#transcript .generated").get_attribute("textContent")
+    lengths = driver.execute_script("return window.__lengths")
+    assert len(set(lengths)) >= 3, lengths  # the text grew in steps as tokens arrived, not all at once
+    assert driver.find_element(By.CSS_SELECTOR, "#transcript .prompt").text == "The whale"
+    assert driver.find_element(By.ID, "prompt").get_attribute("value") == ""
+    expected = sdk.generate(sdk.create_session().id, "The whale", max_tokens=40, temperature=0)
+    assert generated == expected.text
+    session_id = text_of("session-id")
+    assert (
+        text_of("session-tokens") == str(expected.session.tokens) == str(sdk.get_session(session_id).tokens)
+    )
+    assert re.fullmatch(r"\d+ / 32", text_of("session-mem"))
+    screenshot(driver, "playground-generate.png")
+
+    # ---- fork, keep extending the fork, delete it
+    driver.find_element(By.ID, "fork").click()
+    wait_for(lambda: text_of("session-id") not in (session_id, ""), what="the fork")
+    fork_id = text_of("session-id")
+    assert sdk.get_session(fork_id).tokens == sdk.get_session(session_id).tokens
+    driver.find_element(By.ID, "prompt").send_keys(" And then")
+    driver.find_element(By.ID, "generate").click()
+    fork_version = sdk.get_session(fork_id).version
+    wait_for(lambda: text_of("session-version") == str(fork_version + 1), what="the second generation")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#transcript .generated")) == 2
+    assert sdk.get_session(session_id).version == 2  # the parent did not move
+    driver.find_element(By.ID, "delete").click()
+    wait_for(lambda: text_of("session-id") == "none yet", what="the deletion")
+    with pytest.raises(NotFound):
+        sdk.get_session(fork_id)
+
+    # ---- a dropped document is scored and drawn as a heatmap
+    driver.find_element(By.ID, "tab-score").click()
+    driver.execute_script(
+        """const data = new DataTransfer();
+        data.items.add(new File([arguments[0]], 'moby.txt', {type: 'text/plain'}));
+        document.getElementById('drop-zone').dispatchEvent(
+          new DragEvent('drop', {dataTransfer: data, bubbles: true, cancelable: true}));""",
+        DOCUMENT,
+    )
+    wait_for(lambda: driver.find_element(By.ID, "doc").get_attribute("value") == DOCUMENT, what="the drop")
+    driver.find_element(By.ID, "score").click()
+    wait_for(lambda: driver.find_element(By.ID, "score-results").is_displayed(), what="the score")
+    expected_score = sdk.score(DOCUMENT)
+    assert text_of("stat-tokens") == f"{expected_score.tokens:,}"
+    assert float(text_of("stat-perplexity").replace(",", "")) == pytest.approx(
+        expected_score.perplexity, rel=1e-3
+    )
+    assert float(text_of("stat-bpb")) == pytest.approx(expected_score.bits_per_byte, abs=1e-4)
+    spans = driver.find_elements(By.CSS_SELECTOR, "#heatmap span.tok")
+    assert len(spans) == len(DOCUMENT)  # one per character: the bytes of "—" and "é" are drawn together
+    heatmap_text = driver.find_element(By.ID, "heatmap").get_attribute("textContent")
+    assert heatmap_text.replace("↵", "") == DOCUMENT
+    titles = [s.get_attribute("title") for s in spans[:40]]
+    assert all(re.search(r"\d+\.\d\d bits", t) and "p = " in t for t in titles), titles[:3]
+    colours = {s.value_of_css_property("background-color") for s in spans}
+    assert len(colours) > 5  # coloured by surprisal, not one flat colour
+    dash = next(s for s in spans if s.get_attribute("textContent") == "—")
+    assert "3 bytes" in dash.get_attribute("title")
+    assert text_of("legend-max").isdigit()
+    shot = screenshot(driver, "playground-score.png")
+    assert shot.stat().st_size > 10_000
+
+    # ---- readable at a phone's width: nothing wider than the screen
+    driver.set_window_size(400, 850)
+    assert driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+    screenshot(driver, "playground-narrow.png")
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+    assert not errors, errors
