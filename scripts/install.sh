@@ -12,7 +12,7 @@ fi
 stamp=".venv/.txl-installed-$extras"
 # pip warns about every missing local index directory; keep the log readable.
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ clients/python/pyproject.toml -nt "$stamp" ]; then
     quiet .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
     quiet .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
     quiet .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extras]"

@@ -10,9 +10,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = "python -m txl_server") -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m txl_server",
+        prog=prog,
         description="Stateful Transformer-XL inference server. Every setting can also come from a TXL_* "
         "environment variable (e.g. TXL_PORT, TXL_REDIS_URL, TXL_API_KEYS); flags win.",
     )
@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> int:
+    args = parse_args(argv, prog)
     from .settings import Settings
 
     overrides = {k: v for k, v in vars(args).items() if v is not None}

@@ -26,7 +26,7 @@ def serve(argv: list[str]) -> int:
         )
         return EXIT_FAILED
     try:
-        status: int = server_main(argv)
+        status: int = server_main(argv, prog="txl serve")
         return status
     except ModuleNotFoundError as exc:  # the server is there but one of its extras is not
         print(f"txl serve: missing module {exc.name!r}; {INSTALL_HINT}", file=sys.stderr)
