@@ -6,5 +6,8 @@ import os
 
 import torch
 
-# Two threads, as on the CI machine; keeps timings comparable and avoids oversubscription.
+# Two threads for the test process, as on the CI machine.
 torch.set_num_threads(int(os.environ.get("TXL_TEST_THREADS", "2")))
+# Servers under test (in process or subprocesses, which inherit this) use one torch thread: on a busy 2-core
+# machine, two OpenMP threads wait at every barrier for a descheduled peer and requests stall for seconds.
+os.environ.setdefault("TXL_THREADS", "1")
