@@ -69,11 +69,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_pretrained(args.model)
+    if args.same_length != "config":
+        model.config.same_length = args.same_length == "true"
     segment = model.config.segment_len
     serving = model.config.mem_len
-    report: dict = {"model": str(args.model), "segment_len": segment, "serving_mem_len": serving, "books": {}}
+    report: dict = {
+        "model": str(args.model),
+        "segment_len": segment,
+        "serving_mem_len": serving,
+        "same_length": model.config.same_length,
+        "books": {},
+    }
     for split, names in (("valid", VALID_BOOKS), ("test", TEST_BOOKS)):
         for name in names:
+            if args.books is not None and name not in args.books:
+                continue
             data = (args.data_dir / "gutenberg" / name).read_bytes()
             started = time.perf_counter()
             row: dict = {"split": split, "bytes": len(data), "xz_9e": xz_bits_per_byte(data), "bpb": {}}
