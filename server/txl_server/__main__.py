@@ -46,12 +46,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     if not settings.model_dir.is_dir():
         print(f"model directory not found: {settings.model_dir}", file=sys.stderr)
         return 2
+    from .runtime import load_model
+
+    try:  # fail fast, in one line, on an unreadable model (the lifespan would print a traceback)
+        loaded = load_model(settings)
+    except Exception as exc:
+        print(f"cannot load the model in {settings.model_dir}: {exc}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from .api.app import create_app
 
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, loaded=loaded),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),

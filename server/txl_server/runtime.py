@@ -27,7 +27,10 @@ log = logging.getLogger(__name__)
 REAP_INTERVAL_SECONDS = 5.0
 
 
-def load_model(settings: Settings) -> tuple[TransfoXLLMHeadModel, Tokenizer, str]:
+LoadedModel = tuple[TransfoXLLMHeadModel, Tokenizer, str]  # model, tokenizer, model id
+
+
+def load_model(settings: Settings) -> LoadedModel:
     model_dir = Path(settings.model_dir)
     model = load_pretrained(model_dir, dtype=settings.dtype, device=settings.device)
     tokenizer = load_tokenizer(model_dir)
@@ -48,8 +51,10 @@ class Runtime:
         *,
         worker_observer: WorkerObserver | None = None,
         session_observer: SessionObserver | None = None,
+        loaded: LoadedModel | None = None,
     ) -> None:
         self.settings = settings
+        self._loaded = loaded
         self.worker_observer = worker_observer
         self.session_observer = session_observer
         self.embedded_redis: EmbeddedRedis | None = None
@@ -64,7 +69,10 @@ class Runtime:
         settings = self.settings
         if settings.threads:
             torch.set_num_threads(settings.threads)
-        model, tokenizer, self.model_id = await asyncio.to_thread(load_model, settings)
+        loaded, self._loaded = self._loaded, None  # used once: a restarted runtime loads afresh
+        model, tokenizer, self.model_id = (
+            loaded if loaded is not None else await asyncio.to_thread(load_model, settings)
+        )
         segment_len = settings.segment_len or model.config.segment_len
         self.worker = Worker(
             model,

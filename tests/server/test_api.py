@@ -443,15 +443,33 @@ def test_too_many_concurrent_requests_get_429_with_retry_after(tiny_model_dir, r
         model=tiny_model_dir, redis_url=redis_server.url, redis_prefix="c429:", max_concurrent_requests=1
     )
     with LiveServer(settings) as live, live.client() as client:
-        session = create(client, text="busy")
-        with client.stream(
-            "POST", f"/v1/sessions/{session['id']}/generate", json={"max_tokens": 200, "stream": True}
-        ) as stream:
-            next(stream.iter_lines())
-            refused = client.get("/v1/sessions")
+        # Hold the only slot with an upload that has not finished (a generation may end before we look).
+        release = threading.Event()
+
+        def slow_body():
+            yield b"It was a dark and stormy night"
+            release.wait(10)
+
+        holder = threading.Thread(
+            target=lambda: live.client().post(
+                "/v1/score", content=slow_body(), headers={"Content-Type": "text/plain"}
+            )
+        )
+        holder.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                refused = client.get("/v1/sessions")
+                if refused.status_code == 429:
+                    break
+                time.sleep(0.05)
             assert refused.status_code == 429 and error_of(refused)["type"] == "overloaded"
             assert int(refused.headers["Retry-After"]) >= 1
+        finally:
+            release.set()
+            holder.join()
         assert client.get("/health").status_code == 200
+        assert client.get("/v1/sessions").status_code == 200  # the slot is free again
 
 
 def test_dropped_memory_is_410_gone(tiny_model_dir, redis_server):

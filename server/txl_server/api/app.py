@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..errors import Overloaded, PayloadTooLarge, ServiceError
 from ..metrics import Metrics
-from ..runtime import Runtime
+from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
 from . import completions, score, sessions, system
 from .auth import ApiKeys
@@ -32,12 +32,13 @@ log = logging.getLogger("txl_server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> FastAPI:
+    """The application; `loaded` is a model already loaded from `settings` (else the lifespan loads it)."""
     metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime(settings, worker_observer=metrics, session_observer=metrics)
+        runtime = Runtime(settings, worker_observer=metrics, session_observer=metrics, loaded=loaded)
         app.state.runtime = runtime
         try:
             await runtime.start()

@@ -56,11 +56,20 @@ def log_text(settings: Settings, what: str, text: str) -> None:
 # ---------------------------------------------------------------------------------------------- limits
 
 
+def check_unicode(text: str, param: str) -> None:
+    """JSON can carry lone surrogates (`"\\ud800"`), which are not text: refuse them before they go anywhere."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"{param} is not valid Unicode (a lone surrogate)", param=param) from None
+
+
 def check_text(settings: Settings, text: str, param: str, *, allow_empty: bool = True) -> None:
     if not allow_empty and not text:
         raise InvalidRequest(f"{param} must not be empty", param=param)
     if len(text) > settings.max_text_chars:
         raise PayloadTooLarge(f"{param} is longer than {settings.max_text_chars} characters", param=param)
+    check_unicode(text, param)
 
 
 def check_stop(settings: Settings, stop: str | list[str] | None) -> list[str]:
@@ -80,7 +89,11 @@ def check_metadata(settings: Settings, metadata: dict[str, Any] | None, *, max_d
         return
 
     def depth(value: Any) -> int:
+        if isinstance(value, str):
+            check_unicode(value, "metadata")
         if isinstance(value, dict):
+            for key in value:
+                check_unicode(key, "metadata")
             return 1 + max((depth(v) for v in value.values()), default=0)
         if isinstance(value, list):
             return 1 + max((depth(v) for v in value), default=0)

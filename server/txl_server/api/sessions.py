@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
+import anyio
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -342,11 +343,14 @@ async def _stream(
         )
         yield sse.DONE
     finally:
-        if not finished:
-            await call.failed()
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        # Shielded: when the client leaves, this runs inside a cancelled scope and must still release the
+        # Idempotency-Key and close the generation (which cancels its job and commits nothing).
+        with anyio.CancelScope(shield=True):
+            if not finished:
+                await call.failed()
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 async def _replay(stored: dict[str, Any]) -> AsyncIterator[str]:

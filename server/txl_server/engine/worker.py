@@ -169,6 +169,7 @@ class Worker:
                     self._prefill_step(self._prefill[0])
                 if self._decoding:
                     self._decode_step()
+                self.observer.on_queue(len(self._inbox), self.active_jobs)
         shutdown = Unavailable("the server is shutting down")
         for task in [*self._prefill, *self._decoding]:
             task.job.emit(ErrorEvent(shutdown))

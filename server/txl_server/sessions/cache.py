@@ -94,6 +94,13 @@ class MemoryCache:
             self._tiers[entry.tier].remove(entry.state)
         return entry
 
+    def added_bytes(self, tier: str, state: ModelState) -> int:
+        """Bytes `state` would add to `tier` (its buffers may already be counted there, shared with another)."""
+        extra = state.nbytes - state.memory.allocated_nbytes
+        key = state.memory.storage_key
+        shared = key is not None and key in self._tiers[tier].storages
+        return extra + (0 if shared else state.memory.allocated_nbytes)
+
     def used(self, tier: str) -> int:
         return self._tiers[tier].used
 
@@ -106,10 +113,10 @@ class MemoryCache:
     def over_budget(self, tier: str) -> bool:
         return self._tiers[tier].used > self._tiers[tier].budget
 
-    def victim(self, tier: str, *, keep: str | None = None) -> str | None:
-        """The least recently used session in `tier` that is neither pinned nor `keep`."""
+    def victim(self, tier: str) -> str | None:
+        """The least recently used session in `tier` without a step in flight."""
         for session_id, entry in self._entries.items():
-            if entry.tier == tier and session_id != keep and session_id not in self.pinned:
+            if entry.tier == tier and session_id not in self.pinned:
                 return session_id
         return None
 

@@ -37,7 +37,7 @@ from ..engine.state import ModelState, snapshot_metadata
 from ..engine.worker import Worker
 from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
 from ..settings import Persistence, Settings
-from .cache import DEVICE, HOST, MemoryCache
+from .cache import DEVICE, HOST, Entry, MemoryCache
 from .store import Lease, SessionMeta, SessionStore, now
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,7 @@ class SessionService:
         )
         snapshot = await self._snapshot_bytes(result.state) if self._persist_always else None
         await self.store.create(meta, snapshot)
-        self._remember(meta, result.state)
-        await self._enforce_budgets(keep=meta.id)
+        await self._place(meta, result.state)
         self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
@@ -206,8 +205,7 @@ class SessionService:
         )
         snapshot = await self._snapshot_bytes(state) if self._persist_always else None
         await self.store.create(child, snapshot)
-        self._remember(child, state)
-        await self._enforce_budgets(keep=child.id)
+        await self._place(child, state)
         return child
 
     # ------------------------------------------------------------------ moving sessions between deployments
@@ -262,8 +260,7 @@ class SessionService:
         )
         snapshot = await self._snapshot_bytes(state) if self._persist_always else None
         await self.store.create(meta, snapshot)
-        self._remember(meta, state)
-        await self._enforce_budgets(keep=meta.id)
+        await self._place(meta, state)
         return meta
 
     # ------------------------------------------------------------------ steps
@@ -351,8 +348,7 @@ class SessionService:
             new, expected_version=meta.version, snapshot=snapshot, drop_snapshot=snapshot is None
         ):
             raise NotFound(f"no session {meta.id!r}", param="session_id")
-        self._remember(new, state)
-        await self._enforce_budgets(keep=new.id)
+        await self._place(new, state)
         return new
 
     async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:
@@ -391,20 +387,13 @@ class SessionService:
     async def _snapshot_bytes(self, state: ModelState) -> bytes:
         return await asyncio.to_thread(state.to_bytes)
 
-    def _remember(self, meta: SessionMeta, state: ModelState) -> None:
-        self.cache.put(meta.id, state, meta.version, DEVICE)
-        self._expiry[meta.id] = meta.expires_at
-
     async def _state(self, meta: SessionMeta) -> ModelState:
         """The session's memory at its committed version, brought to the device tier."""
         entry = self.cache.get(meta.id)
         if entry is not None and entry.version == meta.version:
             if entry.tier == HOST:
                 moved = await asyncio.to_thread(entry.state.moved, device=self.model.device)
-                self.cache.put(meta.id, moved, entry.version, DEVICE)
-                self.observer.on_tier_move(HOST, DEVICE)
-                await self.store.touch_tier(meta.id, DEVICE)
-                await self._enforce_budgets(keep=meta.id)
+                await self._place(meta, moved, source=HOST)
                 return moved
             return entry.state
         if entry is not None:  # a stale copy (another replica committed since): never served
@@ -421,11 +410,7 @@ class SessionService:
             raise Gone(
                 "this session's stored memory does not fit the loaded model", param="session_id"
             ) from exc
-        self.cache.put(meta.id, state, meta.version, DEVICE)
-        self._expiry[meta.id] = meta.expires_at
-        self.observer.on_tier_move("redis", DEVICE)
-        await self.store.touch_tier(meta.id, DEVICE)
-        await self._enforce_budgets(keep=meta.id)
+        await self._place(meta, state, source="redis")
         return state
 
     def _admit(self, mem_len: int) -> None:
@@ -445,38 +430,53 @@ class SessionService:
     def segment_len(self) -> int:
         return self.worker.segment_len
 
-    async def _enforce_budgets(self, *, keep: str | None = None) -> None:
-        """Moves least recently used sessions down a tier until each tier fits its budget."""
+    async def _place(self, meta: SessionMeta, state: ModelState, *, source: str | None = None) -> None:
+        """Puts a session's state on the device tier, first moving least recently used sessions down (device ->
+        host -> Redis or gone) so that no tier goes over its budget, even for a moment."""
         async with self._tier_lock:
-            while self.cache.over_budget(DEVICE):
-                victim = self.cache.victim(DEVICE, keep=keep)
-                if victim is None:
-                    break
-                entry = self.cache.peek(victim)
-                assert entry is not None
+            self.cache.drop(meta.id)  # its previous state's bytes are free now
+            await self._make_room(DEVICE, self.cache.added_bytes(DEVICE, state))
+            self.cache.put(meta.id, state, meta.version, DEVICE)
+            self._expiry[meta.id] = meta.expires_at
+        if source is not None:
+            self.observer.on_tier_move(source, DEVICE)
+            await self._set_tier(meta.id, DEVICE)
+
+    async def _make_room(self, tier: str, needed: int) -> None:
+        """Moves victims out of `tier` until `needed` more bytes fit (or nothing else can move). Holds the lock."""
+        while self.cache.used(tier) + needed > self.cache.budget(tier):
+            victim = self.cache.victim(tier)
+            if victim is None:
+                return
+            entry = self.cache.peek(victim)
+            assert entry is not None
+            if tier == DEVICE:
                 moved = await asyncio.to_thread(entry.state.moved, device="cpu")
-                if self.cache.peek(victim) is entry:  # unchanged while we copied
+                host_needs = self.cache.added_bytes(HOST, moved)
+                await self._make_room(HOST, host_needs)
+                if self.cache.peek(victim) is not entry:  # changed while we copied: look again
+                    continue
+                if self.cache.used(HOST) + host_needs <= self.cache.budget(HOST):
                     self.cache.replace(victim, moved, HOST)
                     self.observer.on_tier_move(DEVICE, HOST)
                     await self._set_tier(victim, HOST)
-            while self.cache.over_budget(HOST):
-                victim = self.cache.victim(HOST, keep=keep)
-                if victim is None:
-                    break
-                entry = self.cache.peek(victim)
-                assert entry is not None
-                target = "gone"
-                if self.settings.persistence is not Persistence.NONE:
-                    if not self._persist_always:  # "always" already wrote this version at commit
-                        data = await asyncio.to_thread(entry.state.to_bytes)
-                        meta = await self.store.get(victim)
-                        if meta is not None and meta.version == entry.version:
-                            await self.store.save_snapshot(victim, entry.version, data, meta.ttl_seconds)
-                    target = "redis"
-                if self.cache.peek(victim) is entry:
-                    self.cache.drop(victim)
-                    self.observer.on_tier_move(HOST, target)
-                    await self._set_tier(victim, target)
+                    continue
+            await self._spill(victim, entry)
+
+    async def _spill(self, victim: str, entry: Entry) -> None:
+        """Out of this process: to Redis (persistence on), else dropped (the session answers 410 gone)."""
+        target = "gone"
+        if self.settings.persistence is not Persistence.NONE:
+            if not self._persist_always:  # "always" already wrote this version at commit
+                data = await asyncio.to_thread(entry.state.to_bytes)
+                meta = await self.store.get(victim)
+                if meta is not None and meta.version == entry.version:
+                    await self.store.save_snapshot(victim, entry.version, data, meta.ttl_seconds)
+            target = "redis"
+        if self.cache.peek(victim) is entry:
+            self.cache.drop(victim)
+            self.observer.on_tier_move(entry.tier, target)
+            await self._set_tier(victim, target)
 
     async def _set_tier(self, session_id: str, tier: str) -> None:
         with contextlib.suppress(Exception):  # bookkeeping only: a session's truth is its version

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+import anyio
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -268,8 +269,11 @@ class SessionStore:
         try:
             yield lease
         finally:
-            with contextlib.suppress(RedisError, OSError):  # else the lease expires by itself
-                await self._release(keys=[self._l(session_id)], args=[lease.token])
+            # Shielded: a cancelled request (a client that left mid-stream) must still hand the lease back.
+            with anyio.CancelScope(shield=True), contextlib.suppress(RedisError, OSError):
+                await self._release(
+                    keys=[self._l(session_id)], args=[lease.token]
+                )  # else it expires by itself
 
     # ------------------------------------------------------------------ idempotency
 
