@@ -22,6 +22,12 @@ class InvalidRequest(ServiceError):
     type = "invalid_request"
 
 
+class InvalidBody(InvalidRequest):
+    """The body does not match the schema (the same type as 400, the status FastAPI's validation uses)."""
+
+    status = 422
+
+
 class Unauthorized(ServiceError):
     status = 401
     type = "unauthorized"

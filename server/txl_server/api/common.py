@@ -144,6 +144,39 @@ class SessionObject(BaseModel):
         )
 
 
+class ErrorDetail(BaseModel):
+    type: Literal[
+        "invalid_request", "unauthorized", "not_found", "conflict", "gone", "payload_too_large", "overloaded",
+        "unavailable", "internal",
+    ]  # fmt: skip
+    message: str
+    param: str | None
+
+
+class ErrorBody(BaseModel):
+    """Every error, with its HTTP status."""
+
+    error: ErrorDetail
+
+
+_ERRORS = {
+    400: "invalid_request: a value the server refuses",
+    401: "unauthorized: missing or wrong API key",
+    404: "not_found: no such session (or another tenant's)",
+    409: "conflict: another step on the session is in progress",
+    410: "gone: the session's memory was dropped",
+    413: "payload_too_large",
+    422: "invalid_request: the body does not match the schema",
+    429: "overloaded: retry after Retry-After seconds",
+    500: "internal",
+    503: "unavailable: Redis is unreachable; nothing was changed",
+}
+# For `APIRouter(responses=...)`: the error shape on every route, in the OpenAPI document.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in _ERRORS.items()
+}
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int

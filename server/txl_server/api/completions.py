@@ -22,9 +22,18 @@ from ..errors import InvalidRequest, ServiceError
 from ..sessions.service import GenerateOutcome, SessionService
 from ..sessions.stateless import PromptScores, StatelessService, merge
 from . import sse
-from .common import Config, EventStream, Tenant, check_max_tokens, check_stop, check_text, log_text
+from .common import (
+    ERROR_RESPONSES,
+    Config,
+    EventStream,
+    Tenant,
+    check_max_tokens,
+    check_stop,
+    check_text,
+    log_text,
+)
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES)
 
 MAX_N = 8
 MAX_LOGPROBS = 5

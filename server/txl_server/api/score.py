@@ -12,12 +12,12 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import InvalidRequest, ServiceError
+from ..errors import InvalidBody, InvalidRequest, ServiceError
 from ..sessions.stateless import ScoreOutcome, StatelessService
 from . import sse
-from .common import Config, EventStream, Tenant
+from .common import ERROR_RESPONSES, Config, EventStream, Tenant
 
-router = APIRouter(tags=["scoring"])
+router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES)
 
 PROGRESS_INTERVAL_SECONDS = 0.2
 
@@ -92,7 +92,7 @@ async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: b
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or "body"
-        raise InvalidRequest(f"invalid request: {first['msg']}", param=param) from exc
+        raise InvalidBody(f"invalid request: {first['msg']}", param=param) from exc
     except (ValueError, json.JSONDecodeError) as exc:  # pragma: no cover - pydantic reports JSON errors above
         raise InvalidRequest("the body is not valid JSON", param="body") from exc
 

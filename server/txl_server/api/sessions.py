@@ -17,6 +17,7 @@ from ..errors import InvalidRequest, ServiceError
 from ..sessions.service import GenerateOutcome
 from . import sse
 from .common import (
+    ERROR_RESPONSES,
     Config,
     EventStream,
     Service,
@@ -32,7 +33,7 @@ from .common import (
 from .idempotency import IdempotentCall
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES)
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 MAX_SEED = 2**63 - 1
