@@ -18,6 +18,7 @@ SUITES = {
     "http": "bench.http",
     "memory": "bench.memory",
     "quality": "bench.quality",
+    "speedwork": "bench.speedwork",
 }
 
 

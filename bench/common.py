@@ -111,7 +111,7 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-ORDER = ["model", "paper", "floor", "engine", "http", "memory", "quality", "gpu"]
+ORDER = ["model", "paper", "floor", "engine", "http", "memory", "quality", "speedwork", "gpu"]
 
 
 def assemble() -> Path:

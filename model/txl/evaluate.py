@@ -64,6 +64,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--slice-bytes", type=int, default=16384, help="a short slice the test suite re-checks"
     )
+    parser.add_argument(
+        "--same-length",
+        choices=["config", "true", "false"],
+        default="config",
+        help="override the model's same_length",
+    )
+    parser.add_argument("--books", nargs="*", default=None, help="only these held-out books (file names)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
