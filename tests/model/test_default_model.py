@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 import txl
 from txl.evaluate import bits_per_byte, continue_text
 from txl.tokenizers import ByteTokenizer, load_tokenizer
