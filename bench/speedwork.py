@@ -100,6 +100,7 @@ print(json.dumps([(time.perf_counter() - t) / 6 * 1000]))
 
 def export(revision: str, into: Path) -> Path:
     """The repository's files at `revision`, in `into`."""
+    into.mkdir(parents=True, exist_ok=True)
     archive = subprocess.run(["git", "archive", revision], cwd=ROOT, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into

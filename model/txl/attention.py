@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
-from .memory import ProjectKV
+from .memory import LayerInput, ProjectKV
 
 
 class MemoryWriter(Protocol):
@@ -27,7 +28,7 @@ class MemoryWriter(Protocol):
     def mem_length(self) -> int: ...
 
     def extend(
-        self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor, project_kv: ProjectKV
+        self, layer: int, keys: Tensor, values: Tensor, layer_input: LayerInput, project_kv: ProjectKV
     ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -63,14 +64,6 @@ def rel_shift(x: Tensor) -> Tensor:
     strides = list(x.stride())
     strides[-2] = klen - 1
     return x.as_strided((*batch, qlen, klen), strides, x.storage_offset() + qlen - 1)
-
-
-def _bmm(a: Tensor, b: Tensor) -> Tensor:
-    """[b, H, m, k] @ [b, H, k, n] as one batched product on views: memory slices are strided along their
-    length, and torch.matmul's 4-d path would copy them first (a copy of the whole memory per product)."""
-    batch, heads, m, _ = a.shape
-    out = torch.bmm(a.reshape(batch * heads, m, a.size(-1)), b.flatten(0, 1))  # [b*H, m, n]
-    return out.view(batch, heads, m, b.size(-1))
 
 
 def attention_probs(score: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
@@ -144,26 +137,45 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
         # The scale is applied to the queries once: (q + u)s.k = s((q + u).k), and likewise for v.
         q_content = (q + self.r_w_bias[:, None, :]) * self.scale  # [B, H, T, Dh]
         q_position = (q + self.r_r_bias[:, None, :]) * self.scale
+        heads, d_head = self.n_head, self.d_head
+        # Queries with heads first, [H, B*T, Dh]: a one-row group's queries are then a plain slice.
+        q_rows = q_content.transpose(0, 1).reshape(heads, batch * qlen, d_head)
         bd_all = None
         if pos_table is not None:
             # One product for every row: each group's positional keys are a suffix of the same table.
             kmax = max(g.klen for g in groups)
             positions = pos_table[:, pos_table.size(1) - kmax :]  # [H, Kmax, Dh], distances Kmax-1..0
-            rows = q_position.transpose(0, 1).reshape(self.n_head, batch * qlen, self.d_head)  # [H, B*T, Dh]
-            bd_all = torch.bmm(rows, positions.transpose(1, 2))  # [H, B*T, Kmax]
-            bd_all = bd_all.view(self.n_head, batch, qlen, kmax).transpose(0, 1)  # [B, H, T, Kmax]
+            rows = q_position.transpose(0, 1).reshape(heads, batch * qlen, d_head)  # [H, B*T, Dh]
+            bd_all = torch.bmm(rows, positions.transpose(1, 2))  # [H, B*T, Kmax] by distance slot
         parts = []
         for g in groups:
             # [b, H, K, Dh] each: the memory followed by this step's positions
-            keys, values = g.writer.extend(layer, k[g.rows], v[g.rows], x[g.rows], self.project_kv)
-            if bd_all is not None:
-                bd = bd_all[g.rows, :, :, bd_all.size(-1) - g.klen :]  # [b, H, T, K] by distance slot
+            keys, values = g.writer.extend(
+                layer, k[g.rows], v[g.rows], partial(x.__getitem__, g.rows), self.project_kv
+            )
+            b = keys.size(0)
+            if b == 1 and bd_all is not None:  # the serving case: one session per group, no copies
+                cols = slice(g.rows.start * qlen, g.rows.stop * qlen)
+                query, bd = (
+                    q_rows[:, cols],
+                    bd_all[:, cols, bd_all.size(-1) - g.klen :],
+                )  # [H, T, Dh], [H, T, K]
             else:
-                assert g.pos_emb is not None
-                bd = torch.matmul(q_position[g.rows], self.project_positions(g.pos_emb).transpose(-1, -2))
-            ac = _bmm(q_content[g.rows], keys.transpose(-1, -2))  # [b, H, T, K]
-            prob = self.dropatt(attention_probs(ac + rel_shift(bd), g.mask, values.dtype))
-            parts.append(_bmm(prob, values))  # [b, H, T, Dh]
+                query = q_content[g.rows].reshape(b * heads, qlen, d_head)
+                if bd_all is not None:
+                    bd = bd_all.view(heads, batch, qlen, -1)[:, g.rows, :, bd_all.size(-1) - g.klen :]
+                    bd = bd.transpose(0, 1).reshape(b * heads, qlen, g.klen)  # [b*H, T, K]
+                else:
+                    assert g.pos_emb is not None
+                    positional = self.project_positions(g.pos_emb).transpose(-1, -2)  # [H, Dh, K]
+                    bd = torch.matmul(q_position[g.rows], positional).reshape(b * heads, qlen, g.klen)
+            # AC + BD in one product on views, [b*H, T, K]: memory slices are strided along their length, and
+            # torch.matmul's 4-d path would copy them first (the whole memory, every step).
+            score = torch.baddbmm(rel_shift(bd), query, keys.flatten(0, 1).transpose(1, 2))
+            prob = attention_probs(score, g.mask, values.dtype)
+            if self.training:
+                prob = self.dropatt(prob)
+            parts.append(torch.bmm(prob, values.flatten(0, 1)).view(b, heads, qlen, d_head))  # [b, H, T, Dh]
         attn_vec = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [B, H, T, Dh]
         attn_vec = attn_vec.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)
         out = self.drop(self.o_net(attn_vec))

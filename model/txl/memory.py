@@ -27,6 +27,8 @@ from torch import Tensor
 
 # project_kv(hidden [B, L, D]) -> (keys, values), each [B, H, L, Dh]: a layer's projection of memory hidden states.
 ProjectKV = Callable[[Tensor], tuple[Tensor, Tensor]]
+# The layer's input at the new positions, [B, T, D]: asked for only by memories that keep hidden states.
+LayerInput = Callable[[], Tensor]
 
 
 @dataclass(frozen=True)
@@ -283,15 +285,17 @@ class _MemoryWriter:
         return self.memory.length
 
     def extend(
-        self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor, project_kv: ProjectKV
+        self, layer: int, keys: Tensor, values: Tensor, layer_input: LayerInput, project_kv: ProjectKV
     ) -> tuple[Tensor, Tensor]:
         """keys/values [B, H, T, Dh] of the new positions -> [B, H, mlen + T, Dh] of memory and new positions."""
         a, b = self.write_at, self.write_at + self.seg_len
-        self.storage.keys[layer][:, :, a:b].copy_(keys)
-        self.storage.values[layer][:, :, a:b].copy_(values)
+        all_keys = self.storage.keys[layer][:, :, self.base : b]
+        all_values = self.storage.values[layer][:, :, self.base : b]
+        all_keys[:, :, a - self.base :].copy_(keys)
+        all_values[:, :, a - self.base :].copy_(values)
         if self.storage.hidden is not None:
-            self.storage.hidden[layer][:, a:b].copy_(layer_input)
-        return self.storage.keys[layer][:, :, self.base : b], self.storage.values[layer][:, :, self.base : b]
+            self.storage.hidden[layer][:, a:b].copy_(layer_input())
+        return all_keys, all_values
 
     def finish(self) -> Memory:
         m = self.memory
@@ -348,9 +352,9 @@ class _HiddenWriter:
         return self.memory.length
 
     def extend(
-        self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor, project_kv: ProjectKV
+        self, layer: int, keys: Tensor, values: Tensor, layer_input: LayerInput, project_kv: ProjectKV
     ) -> tuple[Tensor, Tensor]:
-        self.inputs.append(layer_input)
+        self.inputs.append(layer_input())
         past = self.memory.hidden[layer]
         if past.size(1) == 0:
             return keys, values
