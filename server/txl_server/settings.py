@@ -35,7 +35,9 @@ class Settings(BaseSettings):
     model_id: str | None = None  # name in the API; default: the model directory's name
     dtype: str = "float32"
     device: str = "cpu"
-    threads: int = Field(0, ge=0)  # torch threads for the worker; 0: torch's default
+    threads: int = Field(
+        0, ge=0
+    )  # torch threads for the worker; 0: all cores but one on CPU (the event loop's)
 
     # ---- engine
     max_batch_size: int = Field(64, ge=1, le=1024)  # decode rows per forward
