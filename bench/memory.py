@@ -2,7 +2,8 @@
 
 A session holds, per layer, the keys and values of its last `mem_len` positions: n_layer x 2 x n_head x d_head
 x bytes per element x mem_len, plus one hidden state (d_model values) that predicts its next token. The
-buffers keep up to max(mem_len // 8, 16, segment) positions of headroom so appends happen in place and the
+buffers keep headroom so appends happen in place (max(mem_len // 8, 16) positions while decoding; 4 segments while
+segments are fed) and the
 window compacts rarely; "allocated" is what a session's buffers take once its memory is full.
 """
 

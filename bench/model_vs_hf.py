@@ -76,11 +76,12 @@ def decode_reference(reference, mem: int, steps: int) -> float:
 
 
 def prefill_ours(model, mem: int, steps: int) -> float:
+    """A segment appended to a full memory, as a session's appends run: each step continues from the last."""
     tokens = torch.randint(0, 20000, (1, SEGMENT))
-    memory = random_memory(model, mem, mem) if mem else model.empty_memory(mem_len=0)
+    state = {"memory": random_memory(model, mem, mem) if mem else model.empty_memory(mem_len=0)}
 
     def step():
-        model.transformer(tokens, [memory])
+        _, (state["memory"],) = model.transformer(tokens, [state["memory"]])
 
     with torch.inference_mode():
         return timeit(step, repeat=steps, warmup=1)

@@ -251,8 +251,11 @@ class Memory:
 
 
 def _capacity(mem_len: int, held: int, seg_len: int) -> int:
-    # Headroom lets ~mem_len/8 further tokens append in place before the next compaction.
-    headroom = max(seg_len, mem_len // 8, 16)
+    # A compaction copies the whole window, so headroom sets how often that happens: after mem_len/8 decoded
+    # tokens (8 positions copied per token appended), or after 4 segments when whole segments are being fed
+    # (scoring and long appends, where copying every other segment cost a third of the time). The next
+    # compaction sizes the buffer to the steps taken then, so a decoding session does not keep the larger one.
+    headroom = max(4 * seg_len if seg_len > 1 else 0, mem_len // 8, 16)
     return max(mem_len, held) + seg_len + headroom
 
 

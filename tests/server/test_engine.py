@@ -240,7 +240,8 @@ async def test_scoring_a_document_ten_times_mem_len_runs_in_constant_memory(runt
     assert progress[-1] == (len(text), len(text)) and len(progress) > 10
     # 10x or 20x mem_len: the memory is bounded by mem_len (plus a segment and the append headroom).
     per_position = service.model.memory_layout().bytes_per_position()
-    bound = (mem_len + 2 * service.segment_len + max(16, mem_len // 8)) * per_position + 4 * 32
+    segment = service.segment_len
+    bound = (mem_len + segment + max(4 * segment, mem_len // 8, 16)) * per_position + 4 * 32
     assert short.memory_bytes <= bound and outcome.memory_bytes <= bound
     assert len(outcome.token_logprobs) == len(text) and all(math.isfinite(x) for x in outcome.token_logprobs)
     direct = score_tokens(service.model, [service.start_id, *text.encode()], mem_len=mem_len, segment_len=8)
