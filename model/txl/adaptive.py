@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import TxlConfig
+from .linear import packed_linear
 
 
 class AdaptiveEmbedding(nn.Module):
@@ -102,26 +103,27 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         layer = cast(nn.Linear, self.out_layers[i])
         return layer.weight, layer.bias, proj
 
-    @staticmethod
-    def _logits(hidden: Tensor, weight: Tensor, bias: Tensor, proj: Tensor | None) -> Tensor:
+    def _logits(self, hidden: Tensor, weight: Tensor, bias: Tensor, proj: Tensor | None, slot: str) -> Tensor:
         if proj is not None:
-            hidden = nn.functional.linear(hidden, proj.t())  # [N, d_i]
-        return nn.functional.linear(hidden, weight, bias)
+            hidden = packed_linear(hidden, proj.t(), None, self, f"_packed_{slot}_proj")  # [N, d_i]
+        return packed_linear(hidden, weight, bias, self, f"_packed_{slot}")
 
     def _head_log_probs(self, hidden: Tensor) -> Tensor:
         """[N, shortlist + n_clusters] float32: head words, then one entry per tail cluster."""
         weight, bias, proj = self._cluster_params(0)
         if self.n_clusters == 0:
-            return torch.log_softmax(self._logits(hidden, weight, bias, proj).float(), dim=-1)
-        projected = nn.functional.linear(hidden, proj.t()) if proj is not None else hidden
-        words = nn.functional.linear(projected, weight, bias)  # [N, shortlist]
-        clusters = nn.functional.linear(projected, self.cluster_weight, self.cluster_bias)  # [N, n_clusters]
+            return torch.log_softmax(self._logits(hidden, weight, bias, proj, "head").float(), dim=-1)
+        projected = (
+            packed_linear(hidden, proj.t(), None, self, "_packed_head_proj") if proj is not None else hidden
+        )
+        words = packed_linear(projected, weight, bias, self, "_packed_head")  # [N, shortlist]
+        clusters = packed_linear(projected, self.cluster_weight, self.cluster_bias, self, "_packed_clusters")
         return torch.log_softmax(torch.cat([words, clusters], dim=-1).float(), dim=-1)
 
     def _tail_log_probs(self, hidden: Tensor, i: int) -> Tensor:
         """[N, n_i] float32: log p(word | cluster i)."""
         weight, bias, proj = self._cluster_params(i)
-        return torch.log_softmax(self._logits(hidden, weight, bias, proj).float(), dim=-1)
+        return torch.log_softmax(self._logits(hidden, weight, bias, proj, f"tail{i}").float(), dim=-1)
 
     # ------------------------------------------------------------------ public
 

@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from .linear import linear
 from .memory import LayerInput, ProjectKV
 
 
@@ -132,7 +133,7 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
         """
         batch, qlen, _ = x.shape
         h = self.layer_norm(x) if self.pre_lnorm else x
-        qkv = self.qkv_net(h).view(batch, qlen, 3, self.n_head, self.d_head)
+        qkv = linear(h, self.qkv_net).view(batch, qlen, 3, self.n_head, self.d_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, Dh]
         # The scale is applied to the queries once: (q + u)s.k = s((q + u).k), and likewise for v.
         q_content = (q + self.r_w_bias[:, None, :]) * self.scale  # [B, H, T, Dh]
@@ -178,7 +179,7 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
             parts.append(torch.bmm(prob, values.flatten(0, 1)).view(b, heads, qlen, d_head))  # [b, H, T, Dh]
         attn_vec = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [B, H, T, Dh]
         attn_vec = attn_vec.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)
-        out = self.drop(self.o_net(attn_vec))
+        out = self.drop(linear(attn_vec, self.o_net))
         if self.pre_lnorm:
             return x + out
         return self.layer_norm(x + out)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
+
+from .linear import linear
 
 
 class PositionwiseFF(nn.Module):
@@ -21,8 +24,15 @@ class PositionwiseFF(nn.Module):
         self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_epsilon)
         self.pre_lnorm = pre_lnorm
 
+    def core(self, x: Tensor) -> Tensor:
+        if self.training:
+            return self.CoreNet(x)
+        inner, outer = self.CoreNet[0], self.CoreNet[3]
+        assert isinstance(inner, nn.Linear) and isinstance(outer, nn.Linear)
+        return linear(torch.relu(linear(x, inner)), outer)  # dropout is the identity at inference
+
     def forward(self, x: Tensor) -> Tensor:
         """x [B, T, D] -> [B, T, D]."""
         if self.pre_lnorm:
-            return x + self.CoreNet(self.layer_norm(x))
-        return self.layer_norm(x + self.CoreNet(x))
+            return x + self.core(self.layer_norm(x))
+        return self.layer_norm(x + self.core(x))
