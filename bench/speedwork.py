@@ -30,6 +30,12 @@ CHANGES = [
         "ms per step with 1 / 16 / 64 sessions",
     ),
     (
+        "Decode attention: one-session groups read queries and positional scores as slices, AC+BD in one baddbmm",
+        "679ef9f^",
+        "decode",
+        "ms per step with 1 / 16 / 64 sessions",
+    ),
+    (
         "Sampling 64 rows of a 267,735-word distribution (temperature 0.8, top-p 0.9)",
         "e1fd393^",
         "sample",
