@@ -19,7 +19,7 @@ from .checkpoint import (
     save_pretrained,
 )
 from .config import TxlConfig, UnsupportedConfigError
-from .memory import HiddenMemory, Memory, MemoryLayout
+from .memory import HiddenMemory, Memory, MemoryLayout, peak_positions
 from .model import TransfoXLLMHeadModel, TransfoXLModel
 
 __version__ = "0.1.0"
@@ -40,6 +40,7 @@ __all__ = [
     "__version__",
     "build_model",
     "load_pretrained",
+    "peak_positions",
     "read_config",
     "save_pretrained",
 ]

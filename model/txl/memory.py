@@ -184,7 +184,8 @@ class Memory:
     def compact(
         self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
     ) -> Memory:
-        """A copy in a storage of its own, sized to what is held (for tier moves and snapshots)."""
+        """A copy in a storage of its own, sized to what is held plus room to decode a while (for tier moves,
+        snapshots, and trimming the headroom a long ingestion left)."""
         layout = MemoryLayout(
             self.layout.n_layer,
             self.layout.n_head,
@@ -233,7 +234,8 @@ class Memory:
         keep = min(length, mem_len)
         if keep == 0:
             return cls(layout, batch_size=batch, mem_len=mem_len, keep_hidden=keep_hidden)
-        storage = _Storage(layout, batch, _capacity(mem_len, keep, 0), keep_hidden)
+        # Sized to what is held (plus decoding headroom), not to mem_len: a short session at rest costs little.
+        storage = _Storage(layout, batch, keep + _decode_headroom(mem_len), keep_hidden)
         for i in range(layout.n_layer):
             storage.keys[i][:, :, :keep].copy_(tensors[f"keys.{i}"][:, :, length - keep :])
             storage.values[i][:, :, :keep].copy_(tensors[f"values.{i}"][:, :, length - keep :])
@@ -250,13 +252,24 @@ class Memory:
         return _MemoryWriter(self, seg_len)
 
 
+def peak_positions(mem_len: int, seg_len: int) -> int:
+    """The most positions a memory's buffers hold while it is fed segments of `seg_len` tokens: what a
+    session's memory can cost at worst between compactions (budgets and capacity planning need this, not
+    `mem_len + seg_len`)."""
+    return _capacity(mem_len, mem_len, seg_len) if mem_len else seg_len
+
+
 def _capacity(mem_len: int, held: int, seg_len: int) -> int:
     # A compaction copies the whole window, so headroom sets how often that happens: after mem_len/8 decoded
     # tokens (8 positions copied per token appended), or after 4 segments when whole segments are being fed
     # (scoring and long appends, where copying every other segment cost a third of the time). The next
     # compaction sizes the buffer to the steps taken then, so a decoding session does not keep the larger one.
-    headroom = max(4 * seg_len if seg_len > 1 else 0, mem_len // 8, 16)
+    headroom = max(4 * seg_len if seg_len > 1 else 0, _decode_headroom(mem_len))
     return max(mem_len, held) + seg_len + headroom
+
+
+def _decode_headroom(mem_len: int) -> int:
+    return max(mem_len // 8, 16)
 
 
 class _MemoryWriter:

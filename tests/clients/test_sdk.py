@@ -225,8 +225,9 @@ def fragile(tiny_model_dir, redis_server):
 
 def test_dropped_memory_is_gone(fragile):
     with Client(fragile.url) as client:
-        first = client.create_session(text="one")
-        client.create_session(text="two")  # takes the only room: the first session's memory is dropped
+        # Texts longer than mem_len: each session at rest holds a full memory, and two do not fit.
+        first = client.create_session(text="one " * 10)
+        client.create_session(text="two " * 10)  # takes the only room: the first session's memory is dropped
         with pytest.raises(Gone) as caught:
             client.append(first.id, "x")
         assert (caught.value.status, caught.value.type) == (410, "gone")

@@ -109,6 +109,27 @@ def test_memory_keeps_the_last_mem_len_positions_and_compacts(model, tokens):
     assert short.allocated_nbytes >= short.nbytes
 
 
+@pytest.mark.parametrize("seg_len", [1, 4, 16])
+def test_buffers_never_exceed_peak_positions(model, seg_len):
+    """`peak_positions` is what capacity planning relies on: stepping by segments, then decoding, the buffers
+    never hold more positions than it says, and they do reach it (it is not a loose bound)."""
+    mem_len = 24
+    layout = model.memory_layout()
+    per_position = 2 * layout.bytes_per_position()  # batch of 2
+    bound = txl.peak_positions(mem_len, seg_len) * per_position
+    memory, largest = model.empty_memory(2, mem_len=mem_len), 0
+    steps = torch.randint(0, 64, (2, 12 * 16), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        for start in range(0, steps.size(1), seg_len):
+            _, memory = model(steps[:, start : start + seg_len], memory)
+            largest = max(largest, memory.allocated_nbytes)
+            assert memory.allocated_nbytes <= bound, (start, memory.allocated_nbytes, bound)
+        for t in range(40):  # decoding after the segments: its compactions stay within the bound too
+            _, memory = model(steps[:, t : t + 1], memory)
+            assert memory.allocated_nbytes <= bound
+    assert largest == bound
+
+
 def test_mem_len_zero_remembers_nothing(model, tokens):
     with torch.inference_mode():
         _, memory = model(tokens[:, :5], model.empty_memory(2, mem_len=0))

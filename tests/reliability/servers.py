@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from txl import peak_positions
 from txl_server.sessions.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,12 +116,14 @@ class ServerProcess:
 
 
 def session_bytes(model_dir: Path) -> tuple[int, int]:
-    """(bytes of a working session on the device, bytes of a full compacted one) for a model directory."""
+    """(bytes of a working session on the device at its largest, bytes of a full compacted one) for a model
+    directory. A session fed whole segments keeps headroom for a few more, so a working session costs more than
+    its `mem_len + tgt_len` positions: budgets sized from the latter fill up with fewer sessions than expected."""
     config = json.loads((model_dir / "config.json").read_text())
     d_head = config.get("d_head") or config["d_model"] // config["n_head"]
     per_position = config["n_layer"] * 2 * config["n_head"] * d_head * 4  # float32 keys and values
     hidden = config["d_model"] * 4
-    working = (config["mem_len"] + config["tgt_len"]) * per_position + hidden
+    working = peak_positions(config["mem_len"], config["tgt_len"]) * per_position + hidden
     return working, config["mem_len"] * per_position + hidden
 
 

@@ -1,6 +1,6 @@
 """Load: 64 concurrent streaming clients against one server process with a concurrency limit of 48.
 
-Each client keeps up to three sessions of its own and loops: create a session, generate with stream=true,
+Each client keeps up to six sessions of its own and loops: create a session, generate with stream=true,
 append, generate again; then revisits its older sessions. The only errors allowed are the 429s of the
 configured limit. Time to first token and inter-token latency are measured by the clients; /metrics is sampled
 every second to check each memory tier against its budget; at the end every session a client made must still
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 CLIENTS = 64
 LIMIT = 48
-SESSIONS_PER_CLIENT = 3
+SESSIONS_PER_CLIENT = 6
 MAX_TOKENS = 24
 # Every tier must fit its budget at every sample, in flight too: the server makes room (moving least recently used
 # sessions down, under one lock) before it places a new state.
@@ -226,9 +226,10 @@ def test_sixty_four_streaming_clients_against_a_limit_of_forty_eight(
     bundled = (BUNDLED_MODEL / "config.json").exists()
     model_dir = BUNDLED_MODEL if bundled else tiny_model_dir
     working, compact = session_bytes(model_dir)
-    # Room on the device for every request in flight and a few more; the rest of the sessions move to the host
-    # and on to Redis, so the tiers are exercised under load.
-    budgets = {"device": (LIMIT + 8) * working, "host": 48 * compact}
+    # Room on the device for every request in flight at its peak and a few more (sessions at rest cost about
+    # half that, so twice as many fit); a small host tier, so sessions that move down go on to Redis and come
+    # back: every tier is exercised under load.
+    budgets = {"device": (LIMIT + 8) * working, "host": 2 * compact}
     server = ServerProcess(
         logs_dir / "load.log",
         TXL_MODEL=str(model_dir),
@@ -294,3 +295,4 @@ def test_sixty_four_streaming_clients_against_a_limit_of_forty_eight(
     assert tally.budget_samples >= seconds / 2
     assert not tally.budget_violations, tally.budget_violations[:20]
     assert all(at_rest[tier] <= budgets[tier] for tier in budgets), (at_rest, budgets)
+    assert all(tier_moves[move] > 0 for move in ("device->host", "host->redis", "redis->device")), tier_moves

@@ -477,8 +477,9 @@ def test_dropped_memory_is_410_gone(tiny_model_dir, redis_server):
         device_memory_bytes=40_000, host_memory_bytes=1,
     )  # fmt: skip
     with LiveServer(settings) as live, live.client() as client:
-        first = create(client, text="one")
-        create(client, text="two")
+        # Texts longer than mem_len (32): each session at rest holds a full memory, and two do not fit.
+        first = create(client, text="one " * 10)
+        create(client, text="two " * 10)
         response = client.post(f"/v1/sessions/{first['id']}/append", json={"text": "x"})
         assert response.status_code == 410 and error_of(response)["type"] == "gone"
 

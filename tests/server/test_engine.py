@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import txl
 from txl.sampling import SamplingParams
 from txl.scoring import score_tokens
 from txl_server.engine.worker import WorkerObserver
@@ -55,6 +56,47 @@ async def test_append_logprob_is_the_models_log_probability(runtime):
     direct = score_tokens(model, ids, mem_len=meta.mem_len, segment_len=8, token_logprobs=True)
     assert outcome.logprob == pytest.approx(sum(direct.token_logprobs[-6:]), abs=1e-4)
     await check_cache_matches_redis(service, meta.id)
+
+
+async def test_a_session_at_rest_keeps_no_ingestion_headroom_and_trimming_changes_nothing(runtime):
+    """A long append steps segment by segment with room for several more in the buffers; the commit drops that
+    room, so the cache holds what decoding needs, and the next steps give what an untrimmed memory gives."""
+    service = runtime.service
+    text = (
+        "The quick brown fox jumps over the lazy dog. " * 6
+    )  # 270 bytes: many 8-token segments, past mem_len 32
+    meta = await service.create(OWNER, text=text)
+    state = service.cache.peek(meta.id).state
+    layout = state.memory.layout
+    decoding = txl.peak_positions(meta.mem_len, 1) * layout.bytes_per_position()
+    ingesting = txl.peak_positions(meta.mem_len, service.segment_len) * layout.bytes_per_position()
+    assert state.memory.allocated_nbytes <= decoding < ingesting
+    # The same text fed to the model directly, untrimmed: the next tokens' log-probabilities agree exactly.
+    model = service.model
+    ids = [service.start_id, *text.encode()]
+    with torch.inference_mode():
+        memory = model.empty_memory(1, mem_len=meta.mem_len)
+        for start in range(0, len(ids), service.segment_len):
+            hidden, memory = model(torch.tensor([ids[start : start + service.segment_len]]), memory)
+    assert memory.allocated_nbytes > decoding
+    torch.testing.assert_close(state.memory.keys(0), memory.keys(0), rtol=0, atol=0)
+    torch.testing.assert_close(state.last_hidden, hidden[0, -1], rtol=0, atol=0)
+    # An append continues from the trimmed memory as from the untrimmed one, segment by segment.
+    appended = list(b"More text.")
+    expected = 0.0
+    with torch.inference_mode():
+        predictor = hidden[:, -1:]
+        for start in range(0, len(appended), service.segment_len):
+            chunk = appended[start : start + service.segment_len]
+            log_probs = model.log_probs(predictor)
+            expected += float(log_probs[0, 0, chunk[0]])
+            hidden, memory = model(torch.tensor([chunk]), memory)
+            if len(chunk) > 1:
+                inner = model.log_probs(hidden[:, :-1])[0]
+                expected += float(inner.gather(1, torch.tensor(chunk[1:])[:, None]).sum())
+            predictor = hidden[:, -1:]
+    outcome = await service.append(OWNER, meta.id, "More text.")
+    assert outcome.logprob == pytest.approx(expected, abs=1e-4)
 
 
 async def test_streamed_text_joins_to_the_result_and_generated_tokens_join_the_session(runtime):
@@ -302,8 +344,9 @@ async def test_without_persistence_a_dropped_memory_is_gone_not_empty(make_setti
     await rt.start()
     try:
         service = rt.service
-        first = await service.create(OWNER, text="first")
-        await service.create(OWNER, text="second")
+        # Texts longer than mem_len (32): each session at rest holds a full memory, and two do not fit.
+        first = await service.create(OWNER, text="first " * 7)
+        await service.create(OWNER, text="second " * 6)
         meta = await service.store.get(first.id)
         assert meta.tier == "gone"
         with pytest.raises(Gone):

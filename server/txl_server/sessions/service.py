@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from txl import TransfoXLLMHeadModel
+from txl import TransfoXLLMHeadModel, peak_positions
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
@@ -153,6 +153,7 @@ class SessionService:
         empty = ModelState.empty(self.model.empty_memory(mem_len=mem_len))
         result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
         assert isinstance(result, AdvanceResult)
+        state = await self._trimmed(result.state)
         stamp = now()
         meta = SessionMeta(
             id=secrets.token_urlsafe(24),  # 192 random bits
@@ -163,13 +164,13 @@ class SessionService:
             mem_len=mem_len,
             model=self.model_id,
             tokens=len(tokens),
-            mem_tokens=result.state.memory.length,
+            mem_tokens=state.memory.length,
             version=1,
             metadata=dict(metadata or {}),
         )
-        snapshot = await self._snapshot_bytes(result.state) if self._persist_always else None
+        snapshot = await self._snapshot_bytes(state) if self._persist_always else None
         await self.store.create(meta, snapshot)
-        await self._place(meta, result.state)
+        await self._place(meta, state)
         self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
@@ -334,6 +335,7 @@ class SessionService:
                 self.cache.pinned.discard(session_id)
 
     async def _commit(self, meta: SessionMeta, state: ModelState, tokens_added: int) -> SessionMeta:
+        state = await self._trimmed(state)
         new = dataclasses.replace(
             meta,
             tokens=meta.tokens + tokens_added,
@@ -350,6 +352,17 @@ class SessionService:
             raise NotFound(f"no session {meta.id!r}", param="session_id")
         await self._place(new, state)
         return new
+
+    async def _trimmed(self, state: ModelState) -> ModelState:
+        """Drops the headroom a segment-by-segment ingestion leaves in the buffers (up to 4 segments' worth,
+        1.8x the bundled model's window) so that a session at rest costs what a decoding one needs. One copy of
+        the window per ingesting request, small next to the forward passes that filled it."""
+        decoding = peak_positions(state.mem_len, 1) * state.memory.batch_size
+        if state.memory.allocated_nbytes <= decoding * state.memory.layout.bytes_per_position(
+            state.memory.keep_hidden
+        ):
+            return state
+        return await asyncio.to_thread(state.moved, device=self.model.device)
 
     async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:
         result: AdvanceResult | GenerateResult | None = None
@@ -414,9 +427,10 @@ class SessionService:
         return state
 
     def _admit(self, mem_len: int) -> None:
-        """Refuses a session that could never run: its full memory does not fit the device budget."""
+        """Refuses a session that could never run: its memory at its largest (full, with the room segment by
+        segment ingestion keeps) does not fit the device budget."""
         per_position = self.model.memory_layout().bytes_per_position()
-        needed = (mem_len + self.segment_len) * per_position
+        needed = peak_positions(mem_len, self.segment_len) * per_position
         if needed > self.cache.budget(DEVICE):
             raise Overloaded(
                 f"a session with mem_len {mem_len} needs {needed} bytes, more than the device budget allows",
