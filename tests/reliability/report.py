@@ -133,7 +133,7 @@ def render(data: dict[str, Any]) -> str:
             "",
             f"## Load: {load['clients']} streaming clients, limit {load['concurrency_limit']}",
             "",
-            f"Model: {load['model']} (`{load['model_dir']}`). Each client keeps up to three sessions and loops",
+            f"Model: {load['model']} (`{load['model_dir']}`). Each client keeps up to {load.get('sessions_per_client', 6)} sessions and loops",
             "create / generate (stream) / append; a 429 backs off 0.2-0.6 s. Latencies are measured by the clients.",
             "",
             *table(
