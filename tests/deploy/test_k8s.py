@@ -7,14 +7,13 @@ import copy
 import inspect
 import json
 import re
-import secrets
 from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
 from txl_server.api.sessions import router as sessions_router
-from txl_server.sessions.service import SessionService
+from txl_server.sessions.service import SessionService, new_session_id
 from txl_server.settings import Settings
 
 from .files import DEPLOY, parse_dockerfile
@@ -224,9 +223,9 @@ def test_session_map_extracts_the_id_from_every_session_route():
     _, regex, _ = session_map()
     pattern = re.compile(regex)  # nginx uses PCRE; this expression means the same in Python
     # The map relies on the ids' form: 32 URL-safe characters.
-    assert inspect.getsource(SessionService).count("id=secrets.token_urlsafe(24)") >= 1
+    assert inspect.getsource(SessionService).count("id=new_session_id()") >= 1
     session_id = "kQ2-x_9AbCdEfGhIjKlMnOpQrStUvW-_"
-    assert len(session_id) == len(secrets.token_urlsafe(24))
+    assert len(session_id) == len(new_session_id())
     routes = {r.path for r in sessions_router.routes}
     with_id = [p for p in routes if "{session_id}" in p]
     assert with_id, routes

@@ -185,6 +185,7 @@ def test_session_ids_carry_at_least_128_random_bits(b, figures):
         alphabet = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
         lengths = {len(i) for i in ids}
         assert all(set(i) <= alphabet for i in ids), "ids are not url-safe base64"
+        assert not any(i.startswith("-") for i in ids), "an id a command line would take for an option"
         bits = min(lengths) * math.log2(len(alphabet))
         assert bits >= 128, f"ids of {min(lengths)} characters hold at most {bits:.0f} bits"
         # Random, not counters or clocks: every position takes many values, and ids share no long prefix.

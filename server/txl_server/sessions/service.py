@@ -85,6 +85,15 @@ async def run_job(worker: Worker, job: Job) -> AsyncGenerator[Any, None]:
             job.cancel()
 
 
+def new_session_id() -> str:
+    """32 URL-safe characters holding ~192 random bits. Never starting with '-': command lines (ours included)
+    would read such an id as an option, so those draws are discarded (which costs 0.02 bits)."""
+    while True:
+        candidate = secrets.token_urlsafe(24)
+        if not candidate.startswith("-"):
+            return candidate
+
+
 class SessionService:
     def __init__(
         self,
@@ -156,7 +165,7 @@ class SessionService:
         state = await self._trimmed(result.state)
         stamp = now()
         meta = SessionMeta(
-            id=secrets.token_urlsafe(24),  # 192 random bits
+            id=new_session_id(),
             owner=owner,
             created_at=stamp,
             last_used=stamp,
@@ -197,7 +206,7 @@ class SessionService:
         stamp = now()
         child = dataclasses.replace(
             meta,
-            id=secrets.token_urlsafe(24),
+            id=new_session_id(),
             created_at=stamp,
             last_used=stamp,
             version=1,
@@ -247,7 +256,7 @@ class SessionService:
         self._admit(state.mem_len)
         stamp = now()
         meta = SessionMeta(
-            id=secrets.token_urlsafe(24),
+            id=new_session_id(),
             owner=owner,
             created_at=stamp,
             last_used=stamp,
