@@ -130,6 +130,17 @@ def test_buffers_never_exceed_peak_positions(model, seg_len):
     assert largest == bound
 
 
+def test_bfloat16_decoding_follows_float32(model, tokens):
+    """Half precision takes its own CPU path (strided slices copied before bmm): token by token over a memory
+    longer than one step, single sessions and a batch, it stays with float32 to bfloat16's precision."""
+    half = tiny_model(seed=1, mem_len=SEQ, same_length=False).to(torch.bfloat16)
+    reference, _ = _log_probs_in_steps(model, tokens, [SEQ])
+    for batch in (tokens[:1], tokens):
+        got, _ = _log_probs_in_steps(half, batch, [8] + [1] * (SEQ - 8))
+        error = (got.float() - reference[: batch.size(0)]).abs()
+        assert error.mean() < 0.02 and error.max() < 0.25, (error.mean(), error.max())
+
+
 def test_mem_len_zero_remembers_nothing(model, tokens):
     with torch.inference_mode():
         _, memory = model(tokens[:, :5], model.empty_memory(2, mem_len=0))
