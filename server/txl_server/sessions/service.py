@@ -163,6 +163,14 @@ class SessionService:
         result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
         assert isinstance(result, AdvanceResult)
         state = await self._trimmed(result.state)
+        meta = await self._register(owner, state, len(tokens), ttl, dict(metadata or {}))
+        self.observer.on_tokens("ingested", len(tokens) + 1)
+        return meta
+
+    async def _register(
+        self, owner: str, state: ModelState, tokens: int, ttl: int, metadata: dict[str, Any]
+    ) -> SessionMeta:
+        """A new session at version 1 holding `state`: metadata (and snapshot) to Redis, memory to the device."""
         stamp = now()
         meta = SessionMeta(
             id=new_session_id(),
@@ -170,17 +178,16 @@ class SessionService:
             created_at=stamp,
             last_used=stamp,
             ttl_seconds=ttl,
-            mem_len=mem_len,
+            mem_len=state.mem_len,
             model=self.model_id,
-            tokens=len(tokens),
+            tokens=tokens,
             mem_tokens=state.memory.length,
             version=1,
-            metadata=dict(metadata or {}),
+            metadata=metadata,
         )
         snapshot = await self._snapshot_bytes(state) if self._persist_always else None
         await self.store.create(meta, snapshot)
         await self._place(meta, state)
-        self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
     async def _check_session_limit(self, owner: str) -> None:
@@ -254,24 +261,7 @@ class SessionService:
             raise InvalidRequest("the snapshot's token ids do not fit this model's vocabulary", param="body")
         await self._check_session_limit(owner)
         self._admit(state.mem_len)
-        stamp = now()
-        meta = SessionMeta(
-            id=new_session_id(),
-            owner=owner,
-            created_at=stamp,
-            last_used=stamp,
-            ttl_seconds=self._ttl(ttl_seconds),
-            mem_len=state.mem_len,
-            model=self.model_id,
-            tokens=tokens,
-            mem_tokens=state.memory.length,
-            version=1,
-            metadata=metadata,
-        )
-        snapshot = await self._snapshot_bytes(state) if self._persist_always else None
-        await self.store.create(meta, snapshot)
-        await self._place(meta, state)
-        return meta
+        return await self._register(owner, state, tokens, self._ttl(ttl_seconds), metadata)
 
     # ------------------------------------------------------------------ steps
 
