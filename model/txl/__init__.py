@@ -21,16 +21,19 @@ from .checkpoint import (
 from .config import TxlConfig, UnsupportedConfigError
 from .memory import HiddenMemory, Memory, MemoryLayout, peak_positions
 from .model import TransfoXLLMHeadModel, TransfoXLModel
+from .paged import BlockPool, PoolExhausted
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockPool",
     "CheckpointError",
     "CorruptCheckpointError",
     "HiddenMemory",
     "Memory",
     "MemoryLayout",
     "MissingFileError",
+    "PoolExhausted",
     "StateDictMismatchError",
     "TransfoXLLMHeadModel",
     "TransfoXLModel",

@@ -13,7 +13,7 @@ The positional keys W_r R[d] depend only on the weights, so inference takes them
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -21,11 +21,19 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from .kernels import PagedDecodeKernel, cpu_paged_decode, kernels_enabled
 from .linear import linear
-from .memory import LayerInput, ProjectKV
+from .paged_step import PagedStep, QueryGroup
+
+# project_kv(hidden [B, L, D]) -> (keys, values), each [B, H, L, Dh]: a layer's projection of memory hidden states.
+ProjectKV = Callable[[Tensor], tuple[Tensor, Tensor]]
+# The layer's input at the new positions, [B, T, D]: asked for only by memories that keep hidden states.
+LayerInput = Callable[[], Tensor]
 
 
 class MemoryWriter(Protocol):
+    """How a dense (hidden-state) memory takes a step's keys and values: `HiddenMemory`'s writer."""
+
     @property
     def mem_length(self) -> int: ...
 
@@ -36,7 +44,7 @@ class MemoryWriter(Protocol):
 
 @dataclass
 class AttentionGroup:
-    """Rows of the batch that share one memory (hence one memory length) during a step."""
+    """Rows of a dense batch that share one memory (hence one memory length) during a step."""
 
     rows: slice
     writer: MemoryWriter
@@ -158,31 +166,60 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
         k, v = kv.view(batch, length, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
+    def _queries(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """q [..., H, Dh] -> (q + u) * scale, (q + v) * scale: the scale is applied to the queries once, since
+        (q + u)s . k = s((q + u) . k), and likewise for v."""
+        return (q + self.r_w_bias) * self.scale, (q + self.r_r_bias) * self.scale
+
+    def _output(self, x: Tensor, attn_vec: Tensor) -> Tensor:
+        """attn_vec [..., H*Dh] -> output projection, residual, LayerNorm (post-norm) -> [..., D]."""
+        out = self.drop(linear(attn_vec, self.o_net))
+        if self.pre_lnorm:
+            return x + out
+        return self.layer_norm(x + out)
+
+    # ------------------------------------------------------------------ paged memory (inference)
+
+    def forward_paged(self, x: Tensor, step: PagedStep, layer: int, pos_table: Tensor) -> Tensor:
+        """x [N, D]: this layer's input at every new position of the step's rows -> [N, D].
+
+        pos_table: this layer's positional keys [H, P', Dh] for distances P'-1..0 (P' >= step.n_pos).
+        """
+        n_tokens = x.size(0)
+        h = self.layer_norm(x) if self.pre_lnorm else x
+        qkv = linear(h, self.qkv_net).view(n_tokens, 3, self.n_head, self.d_head)
+        q, k, v = qkv.unbind(1)  # each [N, H, Dh]
+        step.write(layer, k, v, x)
+        q_content, q_position = self._queries(q)
+        positions = pos_table[:, pos_table.size(1) - step.n_pos :]  # [H, P, Dh], distances P-1..0
+        attn_vec = torch.empty_like(q)  # [N, H, Dh]
+        for group in step.groups:
+            out = group_attention(
+                q_content, q_position, group, step.pool.keys[layer], step.pool.values[layer], positions
+            )
+            attn_vec.index_copy_(0, group.token_index, out)
+        return self._output(x, attn_vec.view(n_tokens, self.n_head * self.d_head))
+
+    # ------------------------------------------------------------------ dense memory (training)
+
     def forward(
         self, x: Tensor, groups: Sequence[AttentionGroup], layer: int, pos_table: Tensor | None = None
     ) -> Tensor:
-        """x [B, T, D] (this layer's input) -> [B, T, D].
-
-        pos_table: this layer's positional keys [H, N, Dh] for distances N-1..0 (inference), or None (training:
-        each group carries R to project).
-        """
+        """x [B, T, D] (this layer's input) -> [B, T, D], over dense hidden-state memories (training, and HF's
+        form). pos_table: this layer's positional keys [H, N, Dh] for distances N-1..0 (inference), or None
+        (training: each group carries R to project)."""
         batch, qlen, _ = x.shape
         h = self.layer_norm(x) if self.pre_lnorm else x
         qkv = linear(h, self.qkv_net).view(batch, qlen, 3, self.n_head, self.d_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, Dh]
-        # The scale is applied to the queries once: (q + u)s.k = s((q + u).k), and likewise for v.
         q_content = (q + self.r_w_bias[:, None, :]) * self.scale  # [B, H, T, Dh]
         q_position = (q + self.r_r_bias[:, None, :]) * self.scale
         heads, d_head = self.n_head, self.d_head
-        # Queries with heads first, [H, B*T, Dh]: a one-row group's queries are then a plain slice.
-        q_rows = q_content.transpose(0, 1).reshape(heads, batch * qlen, d_head)
         bd_all = None
         if pos_table is not None:
             # One product for every row: each group's positional keys are a suffix of the same table.
             kmax = max(g.klen for g in groups)
             positions = pos_table[:, pos_table.size(1) - kmax :]  # [H, Kmax, Dh], distances Kmax-1..0
-            if qlen == 1:  # decoding (measured there; segments amortise the kernel's copy over many rows)
-                positions = _dense_if_half_on_cpu(positions)
             rows = q_position.transpose(0, 1).reshape(heads, batch * qlen, d_head)  # [H, B*T, Dh]
             bd_all = torch.bmm(rows, positions.transpose(1, 2))  # [H, B*T, Kmax] by distance slot
         parts = []
@@ -192,34 +229,71 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
                 layer, k[g.rows], v[g.rows], partial(x.__getitem__, g.rows), self.project_kv
             )
             b = keys.size(0)
-            if b == 1 and bd_all is not None:  # the serving case: one session per group, no copies
-                cols = slice(g.rows.start * qlen, g.rows.stop * qlen)
-                query, bd = (
-                    q_rows[:, cols],
-                    bd_all[:, cols, bd_all.size(-1) - g.klen :],
-                )  # [H, T, Dh], [H, T, K]
+            query = q_content[g.rows].reshape(b * heads, qlen, d_head)
+            if bd_all is not None:
+                bd = bd_all.view(heads, batch, qlen, -1)[:, g.rows, :, bd_all.size(-1) - g.klen :]
+                bd = bd.transpose(0, 1).reshape(b * heads, qlen, g.klen)  # [b*H, T, K]
             else:
-                query = q_content[g.rows].reshape(b * heads, qlen, d_head)
-                if bd_all is not None:
-                    bd = bd_all.view(heads, batch, qlen, -1)[:, g.rows, :, bd_all.size(-1) - g.klen :]
-                    bd = bd.transpose(0, 1).reshape(b * heads, qlen, g.klen)  # [b*H, T, K]
-                else:
-                    assert g.pos_emb is not None
-                    positional = self.project_positions(g.pos_emb).transpose(-1, -2)  # [H, Dh, K]
-                    bd = torch.matmul(q_position[g.rows], positional).reshape(b * heads, qlen, g.klen)
-            # AC + BD in one product on views, [b*H, T, K]: memory slices are strided along their length, and
-            # torch.matmul's 4-d path would copy them first (the whole memory, every step).
-            flat_keys = keys.flatten(0, 1)  # [b*H, K, Dh], heads strided by the storage's capacity
-            if qlen == 1:  # decoding (a 128-token segment is faster on the strided view)
-                flat_keys = _dense_if_half_on_cpu(flat_keys)
-            score = torch.baddbmm(rel_shift(bd), query, flat_keys.transpose(1, 2))
+                assert g.pos_emb is not None
+                positional = self.project_positions(g.pos_emb).transpose(-1, -2)  # [H, Dh, K]
+                bd = torch.matmul(q_position[g.rows], positional).reshape(b * heads, qlen, g.klen)
+            score = torch.baddbmm(rel_shift(bd), query, keys.flatten(0, 1).transpose(1, 2))  # [b*H, T, K]
             prob = attention_probs(score, g.mask, values.dtype)
             if self.training:
                 prob = self.dropatt(prob)
             parts.append(torch.bmm(prob, values.flatten(0, 1)).view(b, heads, qlen, d_head))  # [b, H, T, Dh]
         attn_vec = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [B, H, T, Dh]
         attn_vec = attn_vec.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)
-        out = self.drop(linear(attn_vec, self.o_net))
-        if self.pre_lnorm:
-            return x + out
-        return self.layer_norm(x + out)
+        return self._output(x, attn_vec)
+
+
+def _decode_kernel(queries: int, keys: Tensor) -> PagedDecodeKernel | None:
+    """The native decode kernel where it applies: one query per row, on a CPU, in a dtype it reads."""
+    if queries != 1 or keys.device.type != "cpu" or not kernels_enabled():
+        return None
+    kernel = cpu_paged_decode()
+    return kernel if kernel is not None and kernel.supports(keys.dtype) else None
+
+
+def group_attention(
+    q_content: Tensor, q_position: Tensor, group: QueryGroup, keys: Tensor, values: Tensor, positions: Tensor
+) -> Tensor:
+    """Attention of one query group over its rows' blocks (the reference computation, plain torch).
+
+    q_content, q_position [N, H, Dh] (scaled, biased); keys, values: this layer's pool [H, blocks, bs, Dh];
+    positions [H, P, Dh] (distances P-1..0). Returns [B*T, H, Dh] in the group's token order.
+    """
+    heads, _, _, d_head = keys.shape
+    batch, qlen, slots = group.rows, group.queries, group.key_slots
+
+    def rows_first(q: Tensor) -> Tensor:  # [N, H, Dh] -> [H, B*T, Dh] for this group's queries
+        return q.index_select(0, group.token_index).transpose(0, 1)
+
+    # BD for every distance: [H, B*T, P]
+    by_distance = torch.bmm(rows_first(q_position), _dense_if_half_on_cpu(positions).transpose(1, 2))
+    kernel = _decode_kernel(qlen, keys)
+    if kernel is not None:
+        query = q_content.index_select(0, group.token_index).float()  # [B, H, Dh]
+        out = kernel(
+            query,
+            by_distance.float(),
+            keys,
+            values,
+            group.table,
+            group.starts,
+            group.key_lengths,
+            group.windows,
+        )
+        return out.to(keys.dtype)
+    # Each key slot's BD: [H, B, T, L]
+    bd = by_distance.view(heads, batch, qlen, -1).gather(3, group.bd_index.expand(heads, batch, qlen, slots))
+    # The rows' blocks side by side: [H*n_blocks, bs*Dh] rows -> [H*B*S, bs*Dh] = [H*B, L, Dh]
+    rows = keys.size(0) * keys.size(1)
+    row_keys = keys.reshape(rows, -1).index_select(0, group.head_rows).view(heads * batch, slots, d_head)
+    row_values = values.reshape(rows, -1).index_select(0, group.head_rows).view(heads * batch, slots, d_head)
+    query = rows_first(q_content).reshape(heads * batch, qlen, d_head)
+    score = torch.baddbmm(bd.reshape(heads * batch, qlen, slots), query, row_keys.transpose(1, 2))
+    mask = group.mask.expand(heads, batch, qlen, slots).reshape(heads * batch, qlen, slots)
+    prob = attention_probs(score, mask, values.dtype)  # [H*B, T, L]
+    out = torch.bmm(prob, row_values)  # [H*B, T, Dh]
+    return out.view(heads, batch * qlen, d_head).transpose(0, 1)  # [B*T, H, Dh]

@@ -6,12 +6,11 @@ work (about 82% of HF's decode time at mem_len 1,600), so `Memory` stores what a
 projected keys and values of the last `mem_len` positions. Projection is per position, so the two are the same
 function.
 
-A `Memory` is an immutable view. A step never changes the memory it was given: it returns a new one, and the old
-one stays valid until dropped, so a server can roll a step back or fork a session. To avoid copying the whole
-memory on every token, views share an append-only `_Storage`: a step writes its new columns after the storage's
-`frontier` and the new view covers them; columns below the frontier are never written again. A second step from the
-same (now older) memory finds itself behind the frontier and copies instead (copy-on-write). When the storage is
-full, a step compacts the live window into a new one, which happens once every ~mem_len/8 tokens.
+A `Memory` is an immutable view of one or more sequences (rows) whose positions live in a shared pool of
+fixed-size blocks (`txl.paged`). A step never changes the memory it was given: it returns a new one, and the old
+one stays valid until dropped, so a server can roll a step back or fork a session; the two share every block
+they have in common. Rows of one memory may hold different lengths, and memories of different lengths step
+together in one forward.
 
 `HiddenMemory` is the paper's form (detached hidden states, re-projected every step with gradients flowing into the
 projection): training uses it, and it is the form HF exchanges (`mems`), so memories can be imported and exported.
@@ -19,196 +18,199 @@ projection): training uses it, and it is the form HF exchanges (`mems`), so memo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-# project_kv(hidden [B, L, D]) -> (keys, values), each [B, H, L, Dh]: a layer's projection of memory hidden states.
-ProjectKV = Callable[[Tensor], tuple[Tensor, Tensor]]
-# The layer's input at the new positions, [B, T, D]: asked for only by memories that keep hidden states.
-LayerInput = Callable[[], Tensor]
+from .attention import LayerInput, ProjectKV
+from .layout import MemoryLayout
+from .paged import (
+    DEFAULT_BLOCK_SIZE,
+    EMPTY_ROW,
+    BlockPool,
+    BlockTable,
+    PagedRow,
+    default_pool,
+    gather_positions,
+    peak_blocks,
+)
 
-
-@dataclass(frozen=True)
-class MemoryLayout:
-    """Shapes and placement every memory of one model shares."""
-
-    n_layer: int
-    n_head: int
-    d_head: int
-    d_model: int
-    dtype: torch.dtype
-    device: torch.device
-
-    @property
-    def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
-
-    def bytes_per_position(self, keep_hidden: bool = False) -> int:
-        """Bytes one remembered position costs, all layers: keys + values (+ hidden states)."""
-        width = 2 * self.n_head * self.d_head + (self.d_model if keep_hidden else 0)
-        return self.n_layer * width * self.element_size
-
-
-class _Storage:
-    """Append-only key/value buffers shared by successive views of one batch of sequences."""
-
-    def __init__(self, layout: MemoryLayout, batch_size: int, capacity: int, keep_hidden: bool) -> None:
-        kv_shape = (batch_size, layout.n_head, capacity, layout.d_head)
-        dtype, device = layout.dtype, layout.device
-        self.keys = [torch.empty(kv_shape, dtype=dtype, device=device) for _ in range(layout.n_layer)]
-        self.values = [torch.empty(kv_shape, dtype=dtype, device=device) for _ in range(layout.n_layer)]
-        hidden_shape = (batch_size, capacity, layout.d_model)
-        self.hidden = (
-            [torch.empty(hidden_shape, dtype=dtype, device=device) for _ in range(layout.n_layer)]
-            if keep_hidden
-            else None
-        )
-        self.capacity = capacity
-        # Columns [0, frontier) are written and immutable; a step may only write at or after it.
-        self.frontier = 0
-
-    @property
-    def nbytes(self) -> int:
-        tensors = self.keys + self.values + (self.hidden or [])
-        return sum(t.numel() * t.element_size() for t in tensors)
+__all__ = ["HiddenMemory", "Memory", "MemoryLayout", "peak_positions"]
 
 
 class Memory:
-    """Keys and values of the last <= `mem_len` positions of a batch of `batch_size` sequences, per layer.
+    """Keys and values of the last <= `mem_len` positions of `batch_size` sequences, per layer, in a block pool.
 
-    All rows of one memory hold the same number of positions. Sequences of different lengths batch together as a
-    list of memories (one per group of equal length): `model(tokens, [m1, m2, ...])`.
+    Batch several sequences by passing a list of memories (or one memory of several rows) to the model; rows
+    may hold different lengths.
     """
 
-    __slots__ = ("_storage", "batch_size", "end", "keep_hidden", "layout", "mem_len", "start")
+    __slots__ = ("mem_len", "pool", "rows")
 
     def __init__(
         self,
-        layout: MemoryLayout,
+        pool: BlockPool,
         *,
-        batch_size: int = 1,
         mem_len: int,
-        keep_hidden: bool = False,
-        storage: _Storage | None = None,
-        start: int = 0,
-        end: int = 0,
+        rows: Sequence[PagedRow] | None = None,
+        batch_size: int = 1,
     ) -> None:
         if mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {mem_len}")
-        self.layout = layout
-        self.batch_size = batch_size
+        self.pool = pool
         self.mem_len = mem_len
-        self.keep_hidden = keep_hidden
-        self._storage = storage
-        self.start = start
-        self.end = end
+        self.rows: tuple[PagedRow, ...] = tuple(rows) if rows is not None else (EMPTY_ROW,) * batch_size
+
+    @classmethod
+    def empty(
+        cls, layout: MemoryLayout, *, batch_size: int = 1, mem_len: int, keep_hidden: bool = False
+    ) -> Memory:
+        """A memory holding nothing, in the process-wide pool for `layout`."""
+        return cls(default_pool(layout, keep_hidden=keep_hidden), mem_len=mem_len, batch_size=batch_size)
 
     # ------------------------------------------------------------------ reading
 
     @property
+    def layout(self) -> MemoryLayout:
+        return self.pool.layout
+
+    @property
+    def keep_hidden(self) -> bool:
+        return self.pool.keep_hidden
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [row.length for row in self.rows]
+
+    @property
     def length(self) -> int:
-        """Positions held (the same for every row)."""
-        return self.end - self.start
+        """Positions held, the same for every row (ValueError if the rows differ: see `lengths`)."""
+        lengths = set(self.lengths)
+        if len(lengths) > 1:
+            raise ValueError(f"the rows of this memory hold different lengths {self.lengths}")
+        return lengths.pop() if lengths else 0
 
     def __len__(self) -> int:
         return self.length
 
     def keys(self, layer: int) -> Tensor:
-        """[B, H, L, Dh] view; empty when nothing is held."""
-        if self._storage is None:
-            return self._empty_kv()
-        return self._storage.keys[layer][:, :, self.start : self.end]
+        """[B, H, L, Dh], a dense copy (rows of equal length)."""
+        return self._dense(self.pool.keys[layer], block_dim=1, batch_dim=0)
 
     def values(self, layer: int) -> Tensor:
-        if self._storage is None:
-            return self._empty_kv()
-        return self._storage.values[layer][:, :, self.start : self.end]
+        return self._dense(self.pool.values[layer], block_dim=1, batch_dim=0)
 
     def hidden_states(self) -> list[Tensor]:
         """Per layer [B, L, d_model]: the input of each layer at the held positions (HF's `mems`, batch first)."""
-        if not self.keep_hidden:
+        if self.pool.hidden is None:
             raise ValueError("this memory does not keep hidden states; create it with keep_hidden=True")
-        if self._storage is None or self._storage.hidden is None:
-            shape = (self.batch_size, 0, self.layout.d_model)
-            return [
-                torch.empty(shape, dtype=self.layout.dtype, device=self.layout.device)
-            ] * self.layout.n_layer
-        return [h[:, self.start : self.end] for h in self._storage.hidden]
+        return [self._dense(h, block_dim=0, batch_dim=0) for h in self.pool.hidden]
 
-    def _empty_kv(self) -> Tensor:
-        shape = (self.batch_size, self.layout.n_head, 0, self.layout.d_head)
-        return torch.empty(shape, dtype=self.layout.dtype, device=self.layout.device)
+    def _dense(self, pool_tensor: Tensor, *, block_dim: int, batch_dim: int) -> Tensor:
+        self.length  # noqa: B018 - raises for rows of different lengths
+        return torch.stack([gather_positions(pool_tensor, row, block_dim) for row in self.rows], batch_dim)
 
     @property
     def nbytes(self) -> int:
         """Exact bytes of the positions held (keys and values, plus hidden states if kept)."""
-        return self.batch_size * self.length * self.layout.bytes_per_position(self.keep_hidden)
+        return sum(self.lengths) * self.layout.bytes_per_position(self.keep_hidden)
+
+    def block_ids(self) -> np.ndarray:
+        """The distinct pool blocks this memory's rows read."""
+        ids = [row.ids for row in self.rows if row.table is not None]
+        return np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
 
     @property
     def allocated_nbytes(self) -> int:
-        """Bytes of the buffers this view keeps alive (shared with other views of the same storage)."""
-        return 0 if self._storage is None else self._storage.nbytes
+        """Bytes of the blocks this memory keeps alive (shared with other memories that hold them too)."""
+        return int(self.block_ids().size) * self.pool.block_nbytes
 
-    @property
-    def storage_key(self) -> int | None:
-        """Identifies the buffers behind this view: views with equal keys share their bytes (count them once)."""
-        return None if self._storage is None else id(self._storage)
-
-    def shares_storage_with(self, other: Memory) -> bool:
-        return self._storage is not None and self._storage is other._storage
+    def shares_blocks_with(self, other: Memory) -> bool:
+        return self.pool is other.pool and bool(np.intersect1d(self.block_ids(), other.block_ids()).size)
 
     def __repr__(self) -> str:
         return (
-            f"Memory(batch={self.batch_size}, length={self.length}, mem_len={self.mem_len}, "
+            f"Memory(batch={self.batch_size}, lengths={self.lengths}, mem_len={self.mem_len}, "
             f"dtype={self.layout.dtype}, device={self.layout.device}, nbytes={self.nbytes})"
         )
 
     # ------------------------------------------------------------------ new views
 
+    def row(self, index: int) -> Memory:
+        """Row `index` alone (no copy)."""
+        return Memory(self.pool, mem_len=self.mem_len, rows=[self.rows[index]])
+
+    @classmethod
+    def stack(cls, memories: Sequence[Memory]) -> Memory:
+        """The rows of several memories of one pool and mem_len, as one memory (no copy)."""
+        first = memories[0]
+        if any(m.pool is not first.pool or m.mem_len != first.mem_len for m in memories):
+            raise ValueError("only memories of one pool and one mem_len stack")
+        return cls(first.pool, mem_len=first.mem_len, rows=[row for m in memories for row in m.rows])
+
     def with_mem_len(self, mem_len: int) -> Memory:
         """The same memory governed by another `mem_len`; shrinking drops the oldest positions (no copy)."""
-        start = max(self.start, self.end - mem_len)
-        return Memory(
-            self.layout,
-            batch_size=self.batch_size,
-            mem_len=mem_len,
-            keep_hidden=self.keep_hidden,
-            storage=self._storage if start < self.end else None,
-            start=start if start < self.end else 0,
-            end=self.end if start < self.end else 0,
-        )
+        return Memory(self.pool, mem_len=mem_len, rows=[_last(row, mem_len, self.pool) for row in self.rows])
+
+    def to_pool(self, pool: BlockPool) -> Memory:
+        """A copy in another pool (another device or dtype: tier moves), block for block."""
+        if pool.block_size != self.pool.block_size or pool.keep_hidden != self.keep_hidden:
+            raise ValueError("the target pool has another block size or hidden-state setting")
+        rows = []
+        for row in self.rows:
+            if row.table is None:
+                rows.append(EMPTY_ROW)
+                continue
+            source = torch.from_numpy(row.ids).to(self.pool.keys.device)
+            ids = pool.allocate(row.ids.size)
+            table = BlockTable(pool, ids, owned=True)
+            target = torch.from_numpy(ids).to(pool.keys.device)
+            pool.keys[:, :, target] = self.pool.keys[:, :, source].to(pool.keys)
+            pool.values[:, :, target] = self.pool.values[:, :, source].to(pool.values)
+            if pool.hidden is not None and self.pool.hidden is not None:
+                pool.hidden[:, target] = self.pool.hidden[:, source].to(pool.hidden)
+            _zero_outside(pool, ids, row.start, row.end)
+            for block in ids:
+                pool.set_filled(int(block), pool.block_size)  # nothing appends into a copy in place
+            pool.set_filled(int(ids[-1]), row.end - (ids.size - 1) * pool.block_size)
+            rows.append(PagedRow(table, row.start, row.length))
+        return Memory(pool, mem_len=self.mem_len, rows=rows)
 
     def compact(
         self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
     ) -> Memory:
-        """A copy in a storage of its own, sized to what is held plus room to decode a while (for tier moves,
-        snapshots, and trimming the headroom a long ingestion left)."""
-        layout = MemoryLayout(
-            self.layout.n_layer,
-            self.layout.n_head,
-            self.layout.d_head,
-            self.layout.d_model,
-            dtype or self.layout.dtype,
-            torch.device(device) if device is not None else self.layout.device,
+        """A copy on another device or in another dtype (in the process-wide pool for that layout)."""
+        return self.to_pool(
+            default_pool(self.layout.on(dtype=dtype, device=device), keep_hidden=self.keep_hidden)
         )
-        return Memory.from_tensors(layout, self.to_tensors(), mem_len=self.mem_len)
 
     def to_tensors(self) -> dict[str, Tensor]:
         """Contiguous tensors of what is held: `keys.{i}`/`values.{i}` [B, H, L, Dh], `hidden.{i}` [B, L, D]."""
         out: dict[str, Tensor] = {}
         for i in range(self.layout.n_layer):
-            out[f"keys.{i}"] = self.keys(i).contiguous()
-            out[f"values.{i}"] = self.values(i).contiguous()
+            out[f"keys.{i}"] = self.keys(i)
+            out[f"values.{i}"] = self.values(i)
         if self.keep_hidden:
             for i, h in enumerate(self.hidden_states()):
-                out[f"hidden.{i}"] = h.contiguous()
+                out[f"hidden.{i}"] = h
         return out
 
     @classmethod
-    def from_tensors(cls, layout: MemoryLayout, tensors: dict[str, Tensor], *, mem_len: int) -> Memory:
+    def from_tensors(
+        cls,
+        layout: MemoryLayout,
+        tensors: dict[str, Tensor],
+        *,
+        mem_len: int,
+        pool: BlockPool | None = None,
+    ) -> Memory:
         """Inverse of `to_tensors`; checks every shape against the layout. Keeps at most `mem_len` positions."""
         try:
             first = tensors["keys.0"]
@@ -231,103 +233,71 @@ class Memory:
             want = (batch, length, layout.d_model) if name.startswith("hidden.") else kv_shape
             if tuple(t.shape) != want:
                 raise ValueError(f"memory tensor {name} has shape {tuple(t.shape)}, expected {want}")
+        pool = pool if pool is not None else default_pool(layout, keep_hidden=keep_hidden)
+        if pool.keep_hidden != keep_hidden:
+            raise ValueError("the pool's hidden-state setting does not match the tensors")
         keep = min(length, mem_len)
         if keep == 0:
-            return cls(layout, batch_size=batch, mem_len=mem_len, keep_hidden=keep_hidden)
-        # Sized to what is held (plus decoding headroom), not to mem_len: a short session at rest costs little.
-        storage = _Storage(layout, batch, keep + _decode_headroom(mem_len), keep_hidden)
-        for i in range(layout.n_layer):
-            storage.keys[i][:, :, :keep].copy_(tensors[f"keys.{i}"][:, :, length - keep :])
-            storage.values[i][:, :, :keep].copy_(tensors[f"values.{i}"][:, :, length - keep :])
-            if storage.hidden is not None:
-                storage.hidden[i][:, :keep].copy_(tensors[f"hidden.{i}"][:, length - keep :])
-        storage.frontier = keep
-        return cls(
-            layout, batch_size=batch, mem_len=mem_len, keep_hidden=keep_hidden, storage=storage, end=keep
-        )
+            return cls(pool, mem_len=mem_len, batch_size=batch)
+        bs = pool.block_size
+        n_blocks = pool.blocks_for(keep)
+        padded = n_blocks * bs
 
-    # ------------------------------------------------------------------ stepping (used by the model)
+        def blocks(t: Tensor, position_dim: int) -> Tensor:
+            # [..., L, ...] -> the last `keep` positions, zero-padded to whole blocks: [..., nb, bs, ...]
+            t = t.narrow(position_dim, length - keep, keep).to(
+                dtype=pool.layout.dtype, device=pool.keys.device
+            )
+            pad = list(t.shape)
+            pad[position_dim] = padded - keep
+            t = torch.cat([t, t.new_zeros(pad)], dim=position_dim)
+            return t.unflatten(position_dim, (n_blocks, bs))
 
-    def writer(self, seg_len: int) -> _MemoryWriter:
-        return _MemoryWriter(self, seg_len)
-
-
-def peak_positions(mem_len: int, seg_len: int) -> int:
-    """The most positions a memory's buffers hold while it is fed segments of `seg_len` tokens: what a
-    session's memory can cost at worst between compactions (budgets and capacity planning need this, not
-    `mem_len + seg_len`)."""
-    return _capacity(mem_len, mem_len, seg_len) if mem_len else seg_len
-
-
-def _capacity(mem_len: int, held: int, seg_len: int) -> int:
-    # A compaction copies the whole window, so headroom sets how often that happens: after mem_len/8 decoded
-    # tokens (8 positions copied per token appended), or after 4 segments when whole segments are being fed
-    # (scoring and long appends, where copying every other segment cost a third of the time). The next
-    # compaction sizes the buffer to the steps taken then, so a decoding session does not keep the larger one.
-    headroom = max(4 * seg_len if seg_len > 1 else 0, _decode_headroom(mem_len))
-    return max(mem_len, held) + seg_len + headroom
+        rows = []
+        for b in range(batch):
+            ids = pool.allocate(n_blocks)
+            table = BlockTable(pool, ids, owned=True)
+            index = torch.from_numpy(ids).to(pool.keys.device)
+            for i in range(layout.n_layer):
+                pool.keys[i][:, index] = blocks(tensors[f"keys.{i}"][b], 1)
+                pool.values[i][:, index] = blocks(tensors[f"values.{i}"][b], 1)
+                if pool.hidden is not None:
+                    pool.hidden[i][index] = blocks(tensors[f"hidden.{i}"][b], 0)
+            for block in ids:
+                pool.set_filled(int(block), bs)
+            pool.set_filled(int(ids[-1]), keep - (n_blocks - 1) * bs)
+            rows.append(PagedRow(table, 0, keep))
+        return cls(pool, mem_len=mem_len, rows=rows)
 
 
-def _decode_headroom(mem_len: int) -> int:
-    return max(mem_len // 8, 16)
+def _last(row: PagedRow, keep: int, pool: BlockPool) -> PagedRow:
+    """The last `keep` positions of `row` (no copy: a shorter table over the same blocks)."""
+    if keep >= row.length:
+        return row
+    if keep == 0 or row.table is None:
+        return EMPTY_ROW
+    start = row.end - keep
+    drop = start // pool.block_size
+    table = row.table if drop == 0 else BlockTable(pool, row.ids[drop:])
+    return PagedRow(table, start - drop * pool.block_size, keep)
 
 
-class _MemoryWriter:
-    """One step's writes: appends each layer's new keys/values and returns everything attention reads."""
+def _zero_outside(pool: BlockPool, ids: np.ndarray, start: int, end: int) -> None:
+    """Zeroes the positions of the copied blocks that lie outside [start, end): a copy carries nothing else."""
+    bs = pool.block_size
+    tail = end - (ids.size - 1) * bs
+    for block, lo, hi in ((ids[0], 0, start), (ids[-1], tail, bs)):
+        if hi > lo:
+            pool.keys[:, :, int(block), lo:hi] = 0
+            pool.values[:, :, int(block), lo:hi] = 0
+            if pool.hidden is not None:
+                pool.hidden[:, int(block), lo:hi] = 0
 
-    def __init__(self, memory: Memory, seg_len: int) -> None:
-        self.memory = memory
-        self.seg_len = seg_len
-        old = memory._storage
-        if old is not None and old.frontier == memory.end and memory.end + seg_len <= old.capacity:
-            self.storage, self.base = old, memory.start
-        else:
-            capacity = _capacity(memory.mem_len, memory.length, seg_len) if memory.mem_len else seg_len
-            self.storage = _Storage(memory.layout, memory.batch_size, capacity, memory.keep_hidden)
-            self.base = 0
-            if old is not None:
-                n = memory.length
-                for i in range(memory.layout.n_layer):
-                    self.storage.keys[i][:, :, :n].copy_(memory.keys(i))
-                    self.storage.values[i][:, :, :n].copy_(memory.values(i))
-                    if self.storage.hidden is not None and old.hidden is not None:
-                        self.storage.hidden[i][:, :n].copy_(old.hidden[i][:, memory.start : memory.end])
-        self.write_at = self.base + memory.length
-        # Claim the columns now: a failed step leaves them unused, never shared with another view.
-        self.storage.frontier = self.write_at + seg_len
 
-    @property
-    def mem_length(self) -> int:
-        return self.memory.length
-
-    def extend(
-        self, layer: int, keys: Tensor, values: Tensor, layer_input: LayerInput, project_kv: ProjectKV
-    ) -> tuple[Tensor, Tensor]:
-        """keys/values [B, H, T, Dh] of the new positions -> [B, H, mlen + T, Dh] of memory and new positions."""
-        a, b = self.write_at, self.write_at + self.seg_len
-        all_keys = self.storage.keys[layer][:, :, self.base : b]
-        all_values = self.storage.values[layer][:, :, self.base : b]
-        all_keys[:, :, a - self.base :].copy_(keys)
-        all_values[:, :, a - self.base :].copy_(values)
-        if self.storage.hidden is not None:
-            self.storage.hidden[layer][:, a:b].copy_(layer_input())
-        return all_keys, all_values
-
-    def finish(self) -> Memory:
-        m = self.memory
-        end = self.write_at + self.seg_len
-        start = max(self.base, end - m.mem_len)
-        if start == end:  # mem_len == 0: nothing is remembered
-            return Memory(m.layout, batch_size=m.batch_size, mem_len=0, keep_hidden=m.keep_hidden)
-        return Memory(
-            m.layout,
-            batch_size=m.batch_size,
-            mem_len=m.mem_len,
-            keep_hidden=m.keep_hidden,
-            storage=self.storage,
-            start=start,
-            end=end,
-        )
+def peak_positions(mem_len: int, seg_len: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The most positions one session's memory blocks hold while it is fed segments of `seg_len` tokens:
+    what its memory can cost at worst, in whole blocks (budgets and capacity planning need this)."""
+    return peak_blocks(mem_len, seg_len, block_size) * block_size
 
 
 @dataclass(frozen=True)

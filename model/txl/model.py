@@ -22,6 +22,8 @@ from .attention import AttentionGroup, RelPartialLearnableMultiHeadAttn
 from .config import TxlConfig
 from .feedforward import PositionwiseFF
 from .memory import HiddenMemory, Memory, MemoryLayout
+from .paged import BlockPool, PagedRow, Reservation, default_pool
+from .paged_step import PagedStep
 from .positional import PositionalEmbedding, attention_mask
 
 AnyMemory = Memory | HiddenMemory
@@ -55,6 +57,9 @@ class RelPartialLearnableDecoderLayer(nn.Module):
         self, x: Tensor, groups: Sequence[AttentionGroup], layer: int, pos_table: Tensor | None
     ) -> Tensor:
         return self.pos_ff(self.dec_attn(x, groups, layer, pos_table))
+
+    def forward_paged(self, x: Tensor, step: PagedStep, layer: int, pos_table: Tensor) -> Tensor:
+        return self.pos_ff(self.dec_attn.forward_paged(x, step, layer, pos_table))
 
 
 class TransfoXLModel(nn.Module):
@@ -118,6 +123,59 @@ class TransfoXLModel(nn.Module):
             )
         if qlen == 0:
             raise ValueError("a step needs at least one token")
+        if all(isinstance(m, Memory) for m in memories):
+            return self._forward_paged(tokens, cast(Sequence[Memory], memories))
+        if not all(isinstance(m, HiddenMemory) for m in memories):
+            raise TypeError(
+                "one step takes either paged memories (Memory) or hidden-state memories, not both"
+            )
+        return self._forward_dense(tokens, cast(Sequence[HiddenMemory], memories))
+
+    def _forward_paged(self, tokens: Tensor, memories: Sequence[Memory]) -> tuple[Tensor, list[AnyMemory]]:
+        pool = memories[0].pool
+        if any(m.pool is not pool for m in memories):
+            raise ValueError("memories stepped together must live in one pool")
+        rows = [row for m in memories for row in m.rows]
+        mem_lens = [m.mem_len for m in memories for _ in m.rows]
+        batch, qlen = tokens.shape
+        hidden, results = self.forward_rows(tokens.reshape(-1), [qlen] * batch, rows, mem_lens, pool)
+        out: list[AnyMemory] = []
+        for m in memories:
+            out.append(Memory(pool, mem_len=m.mem_len, rows=results[: m.batch_size]))
+            results = results[m.batch_size :]
+        return hidden.view(batch, qlen, -1), out
+
+    @torch.no_grad()
+    def forward_rows(
+        self,
+        tokens: Tensor,
+        queries: Sequence[int],
+        rows: Sequence[PagedRow],
+        mem_lens: Sequence[int],
+        pool: BlockPool,
+        reservation: Reservation | None = None,
+    ) -> tuple[Tensor, list[PagedRow]]:
+        """One forward over rows of a pool: row r feeds queries[r] tokens (packed in `tokens` [N], row by row)
+        after its memory `rows[r]`, keeping the last mem_lens[r] positions.
+
+        Returns the last layer's output [N, D] and each row's memory after the step. Inference only.
+        """
+        if pool.layout != self.memory_layout():
+            raise ValueError(f"the memory pool holds {pool.layout}, the model needs {self.memory_layout()}")
+        step = PagedStep(
+            pool, rows, queries, mem_lens, same_length=self.config.same_length, reservation=reservation
+        )
+        hidden = self.drop(self.word_emb(tokens))  # [N, D]
+        tables = self.positional_tables(step.n_pos)
+        for i, layer in enumerate(self.layers):
+            hidden = cast(RelPartialLearnableDecoderLayer, layer).forward_paged(hidden, step, i, tables[i])
+        return hidden, step.results
+
+    def _forward_dense(
+        self, tokens: Tensor, memories: Sequence[HiddenMemory]
+    ) -> tuple[Tensor, list[AnyMemory]]:
+        """Hidden-state memories: training (gradients through the memory's projections) and HF's form."""
+        qlen = tokens.size(1)
         hidden = self.drop(self.word_emb(tokens))  # [B, T, D]
         # Training re-projects R every step (gradients reach r_net); inference reads the cached table.
         project_positions = self.training and torch.is_grad_enabled()
@@ -217,19 +275,31 @@ class TransfoXLLMHeadModel(nn.Module):
         return self.transformer.memory_layout()
 
     def empty_memory(
-        self, batch_size: int = 1, *, mem_len: int | None = None, keep_hidden: bool = False
+        self,
+        batch_size: int = 1,
+        *,
+        mem_len: int | None = None,
+        keep_hidden: bool = False,
+        pool: BlockPool | None = None,
     ) -> Memory:
-        """A memory holding nothing (unlike HF's `mems=None`, which starts from mem_len zero vectors)."""
+        """A memory holding nothing (unlike HF's `mems=None`, which starts from mem_len zero vectors), in `pool`
+        (default: the process-wide pool for this model's layout)."""
+        if pool is None:
+            pool = default_pool(self.memory_layout(), keep_hidden=keep_hidden)
+        elif pool.keep_hidden != keep_hidden:
+            raise ValueError("the pool's hidden-state setting does not match keep_hidden")
         return Memory(
-            self.memory_layout(),
-            batch_size=batch_size,
-            mem_len=self.config.mem_len if mem_len is None else mem_len,
-            keep_hidden=keep_hidden,
+            pool, batch_size=batch_size, mem_len=self.config.mem_len if mem_len is None else mem_len
         )
 
     @torch.no_grad()
     def memory_from_hidden(
-        self, hidden: Sequence[Tensor], *, mem_len: int | None = None, keep_hidden: bool = False
+        self,
+        hidden: Sequence[Tensor],
+        *,
+        mem_len: int | None = None,
+        keep_hidden: bool = False,
+        pool: BlockPool | None = None,
     ) -> Memory:
         """Import HF-style memory: per layer hidden states [B, L, D] (transpose HF's [L, B, D] `mems` first)."""
         if len(hidden) != self.config.n_layer:
@@ -242,7 +312,7 @@ class TransfoXLLMHeadModel(nn.Module):
             if keep_hidden:
                 tensors[f"hidden.{i}"] = h
         return Memory.from_tensors(
-            layout, tensors, mem_len=self.config.mem_len if mem_len is None else mem_len
+            layout, tensors, mem_len=self.config.mem_len if mem_len is None else mem_len, pool=pool
         )
 
     def empty_hidden_memory(self, batch_size: int, *, mem_len: int | None = None) -> HiddenMemory:

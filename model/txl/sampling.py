@@ -1,7 +1,16 @@
 """Choosing the next token from log-probabilities: greedy, temperature, top-k, top-p; seeded per request.
 
-Pure functions over one row of log-probabilities, kept outside the model (the model only scores). The log-prob
-returned with a token is the model's own (before temperature and truncation), which is what scoring needs.
+Everything here is tensor arithmetic that runs where the log-probabilities are (a GPU never sends the
+distribution to the host): each row carries its own parameters, and its randomness is a counter-based hash of
+(the request's seed, the token's index in the request), not a generator's state. So a row's sample depends only
+on its own distribution, seed and index: not on what else is in the batch, nor on how many steps ran before
+it, and a fork given the same seed samples the same tokens. The arithmetic is exact integer arithmetic, the same
+on every device.
+
+Sampling is by inverse CDF in vocabulary order over the kept tokens: top-k and top-p decide which tokens are
+kept (a threshold on the logits), never the order in which they are searched, so CPU and GPU, which find the
+threshold differently (a partial search here, a full sort there), draw the same token from the same number.
+The log-prob returned with a token is the model's own (before temperature and truncation), which scoring needs.
 """
 
 from __future__ import annotations
@@ -33,86 +42,173 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def truncates(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1
+
+
+# ---------------------------------------------------------------------- counter-based random numbers
+
+_MASK32 = 0xFFFFFFFF
+_MIX = 0x45D9F3B  # < 2**27, so a 32-bit value times it stays below 2**59: no int64 overflow anywhere
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (values in [0, 2**32) held in int64)."""
+    x = x ^ (x >> 16)
+    x = (x * _MIX) & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * _MIX) & _MASK32
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seeds: Tensor, counters: Tensor) -> Tensor:
+    """One number in [0, 1) per row, a pure function of (seed, counter): float64 with 53 random bits.
+
+    seeds: int64 (any value; taken as 64 bits), counters: int64 >= 0 (< 2**32)."""
+    lo = seeds & _MASK32
+    hi = (seeds >> 32) & _MASK32
+    h = _mix32(lo ^ _mix32(hi ^ _mix32((counters & _MASK32) ^ 0x9E3779B9)))
+    a = _mix32(h ^ 0x85EBCA6B) >> 5  # 27 bits
+    b = _mix32(h ^ 0xC2B2AE35) >> 6  # 26 bits
+    return (a * 67108864 + b).double() / 9007199254740992.0  # (a * 2**26 + b) / 2**53
+
+
+def seed_from(generator: torch.Generator) -> int:
+    """A 63-bit seed drawn from a torch generator (for callers that hold one)."""
+    return int(torch.randint(0, 2**62, (), generator=generator).item())
+
 
 def make_generator(seed: int | None) -> torch.Generator:
-    """A private random stream: a request's samples do not depend on what else runs beside it."""
+    """A private random stream, seeded (or from fresh entropy)."""
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
     return generator
 
 
-def truncated_logits(log_probs: Tensor, params: SamplingParams) -> Tensor:
-    """[V] log-probs -> [V] logits of the sampling distribution (temperature, then top-k, then top-p)."""
-    return truncated_logits_batch(log_probs[None, :], [params])[0]
+# ---------------------------------------------------------------------- per-row parameters as tensors
 
 
-def truncated_logits_batch(log_probs: Tensor, params: Sequence[SamplingParams]) -> Tensor:
-    """[N, V] log-probs -> [N, V] logits to sample from, each row with its own parameters (not greedy)."""
-    logits = log_probs.float() / torch.tensor([[p.temperature] for p in params])  # [N, V]
+@dataclass(frozen=True)
+class RowParams:
+    """The sampling parameters of N rows as tensors on the rows' device, and what the host knows of them."""
+
+    temperature: Tensor  # [N] float32; 1 for greedy rows (their temperature is unused)
+    greedy: Tensor  # [N] bool
+    top_k: Tensor  # [N] long; vocab size where unlimited
+    top_p: Tensor  # [N] float32
+    seeds: Tensor  # [N] int64
+    counters: Tensor  # [N] int64: index of the token being sampled within its request
+    max_top_k: int  # the largest limited top_k (0: no row limits k)
+    any_top_p: bool
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int],
+        counters: Sequence[int],
+        vocab: int,
+        device: torch.device | str,
+    ) -> RowParams:
+        limited = [p.top_k for p in params if 0 < p.top_k < vocab]
+        return cls(
+            torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device),
+            torch.tensor([p.greedy for p in params], device=device),
+            torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            torch.tensor([_signed64(s) for s in seeds], dtype=torch.int64, device=device),
+            torch.tensor(list(counters), dtype=torch.int64, device=device),
+            max(limited, default=0),
+            any(p.top_p < 1 for p in params),
+        )
+
+
+def _signed64(seed: int) -> int:
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+# ---------------------------------------------------------------------- sampling
+
+
+# Candidates examined first for top-p where sorting the whole vocabulary costs more than the model step (a CPU
+# with a 267,735-word vocabulary); widened only if they hold less than top_p of the mass.
+NUCLEUS_CANDIDATES = 1024
+
+
+def keep_thresholds(logits: Tensor, rows: RowParams) -> Tensor:
+    """[N, V] logits (tempered) -> [N, 1]: the smallest logit each row keeps (-inf: all)."""
+    n, vocab = logits.shape
+    threshold = torch.full((n, 1), -math.inf, device=logits.device)
+    if rows.max_top_k:
+        kth = torch.topk(logits, rows.max_top_k, dim=-1).values  # [N, kmax] best first
+        k = rows.top_k.clamp(max=rows.max_top_k)[:, None] - 1
+        limited = (rows.top_k < vocab)[:, None]
+        threshold = torch.where(limited, kth.gather(1, k), threshold)
+    if rows.any_top_p:
+        threshold = torch.maximum(threshold, _nucleus_thresholds(logits, rows.top_p))
+    return threshold
+
+
+def _nucleus_thresholds(logits: Tensor, top_p: Tensor) -> Tensor:
+    """Per row, the logit of the last token of the smallest most-likely set whose mass reaches top_p (the best
+    token always stays). A full sort on accelerators; on a CPU, the best candidates first, widened as needed."""
     vocab = logits.size(1)
-    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    if min(top_k) < vocab:
-        kth = torch.topk(logits, max(k for k in top_k if k < vocab), dim=-1).values  # [N, kmax] best first
-        limits = kth.gather(1, torch.tensor([[min(k, kth.size(1)) - 1] for k in top_k]))  # [N, 1]
-        limits[torch.tensor(top_k) >= vocab] = -math.inf
-        logits = logits.masked_fill(logits < limits, -math.inf)
-    for row, p in enumerate(params):
-        if p.top_p < 1.0:
-            logits[row] = _nucleus(logits[row], p.top_p)
-    return logits
-
-
-def _nucleus(logits: Tensor, top_p: float) -> Tensor:
-    """Keeps the smallest set of most likely tokens whose mass reaches top_p (the best token always stays).
-
-    Looks at the best 1,024 tokens first, widening only if they hold less than top_p: sorting a whole
-    267,735-word distribution for every token would cost more than the model step.
-    """
-    vocab = logits.numel()
-    normaliser = torch.logsumexp(logits, dim=0)
-    k = min(vocab, 1024)
+    normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, 1]
+    k = vocab if logits.device.type != "cpu" else min(vocab, NUCLEUS_CANDIDATES)
     while True:
-        values, order = torch.topk(logits, k)  # best first
-        probs = torch.exp(values - normaliser)
-        mass_before = probs.cumsum(0) - probs
-        if float(mass_before[-1] + probs[-1]) >= top_p or k == vocab:
+        values = (
+            torch.sort(logits, dim=-1, descending=True).values if k == vocab else torch.topk(logits, k).values
+        )
+        probs = torch.exp(values - normaliser)  # [N, k]
+        before = probs.cumsum(-1) - probs  # mass of the better tokens
+        if k == vocab or bool(((before[:, -1:] + probs[:, -1:]) >= top_p[:, None]).all()):
             break
-        k = min(vocab, k * 8)
-    drop = mass_before >= top_p
-    drop[0] = False
-    kept = torch.full_like(logits, -math.inf)
-    keep = order[~drop]
-    kept[keep] = logits[keep]
-    return kept
+        k = min(vocab, k * 8)  # CPU only: a host decision there costs nothing
+    kept = (before < top_p[:, None]).sum(-1, keepdim=True).clamp(min=1)  # [N, 1] tokens kept
+    return values.gather(1, kept - 1)
 
 
-def sample(log_probs: Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
-    """log_probs [V] (float32, on CPU) -> (token id, the model's log-prob of it)."""
-    (token,), (logprob,) = sample_batch(log_probs[None, :], [params], [generator])
-    return token, logprob
+def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:
+    """[N, V] float32 log-probs -> (token ids [N] long, the model's log-prob of each [N] float32), on the same
+    device, with no host synchronisation (but for CPU top-p widening)."""
+    logits = log_probs / rows.temperature[:, None]
+    threshold = keep_thresholds(logits, rows)
+    weights = torch.exp(logits - logits.amax(-1, keepdim=True)).masked_fill(logits < threshold, 0)  # [N, V]
+    cdf = weights.cumsum(-1)
+    target = counter_uniform(rows.seeds, rows.counters).to(cdf.dtype) * cdf[:, -1]  # [N]
+    # The first token whose cdf exceeds the target: a token of zero weight never does.
+    drawn = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp(max=log_probs.size(1) - 1)
+    tokens = torch.where(rows.greedy, log_probs.argmax(-1), drawn)
+    return tokens, log_probs.gather(1, tokens[:, None]).squeeze(1)
 
 
 def sample_batch(
-    log_probs: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+    log_probs: Tensor, params: Sequence[SamplingParams], seeds: Sequence[int], counters: Sequence[int]
 ) -> tuple[list[int], list[float]]:
-    """[N, V] log-probs -> per row (token id, the model's log-prob of it), each row with its own parameters and
-    random stream: a row's sample does not depend on the other rows.
-
-    Sampling is by inverse CDF: one uniform number per row from that row's generator, located in the row's
-    cumulative distribution (one vectorised search for every row instead of a multinomial per row).
-    """
-    tokens = torch.empty(len(params), dtype=torch.long)
-    greedy = [i for i, p in enumerate(params) if p.greedy]
-    sampled = [i for i, p in enumerate(params) if not p.greedy]
-    if greedy:
-        tokens[greedy] = torch.argmax(log_probs[greedy], dim=-1)
-    if sampled:
-        probs = torch.softmax(
-            truncated_logits_batch(log_probs[sampled], [params[i] for i in sampled]), dim=-1
-        )
-        cdf = probs.cumsum(dim=-1)  # [n, V]
-        u = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in sampled]).float()
-        # The first token whose cdf exceeds u: a token of zero probability never does.
-        tokens[sampled] = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
-    logprobs = log_probs.gather(1, tokens[:, None]).squeeze(1)
+    """Host-side convenience: [N, V] log-probs -> per row (token id, the model's log-prob of it)."""
+    rows = RowParams.build(params, seeds, counters, log_probs.size(1), log_probs.device)
+    tokens, logprobs = sample_rows(log_probs.float(), rows)
     return tokens.tolist(), logprobs.tolist()
+
+
+def sample(
+    log_probs: Tensor, params: SamplingParams, generator: torch.Generator | None = None, *, counter: int = 0
+) -> tuple[int, float]:
+    """log_probs [V] -> (token id, the model's log-prob of it). The seed is drawn from `generator` when one is
+    given (a fresh draw each call: a stream of samples), else it is `params.seed`, else random."""
+    if generator is not None:
+        seed = seed_from(generator)
+    else:
+        seed = params.seed if params.seed is not None else seed_from(make_generator(None))
+    (token,), (logprob,) = sample_batch(log_probs[None, :], [params], [seed], [counter])
+    return token, logprob
+
+
+def truncated_logits(log_probs: Tensor, params: SamplingParams) -> Tensor:
+    """[V] log-probs -> [V] logits of the sampling distribution (temperature, then top-k and top-p: -inf for
+    the tokens dropped)."""
+    rows = RowParams.build([params], [0], [0], log_probs.numel(), log_probs.device)
+    logits = log_probs.float()[None, :] / rows.temperature[:, None]
+    return logits.masked_fill(logits < keep_thresholds(logits, rows), -math.inf)[0]

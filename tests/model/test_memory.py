@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import txl
+from txl.paged import peak_blocks, resting_blocks
 
 from .helpers import tiny_model
 
@@ -92,7 +93,10 @@ def test_a_step_leaves_the_memory_it_was_given_valid(model, tokens):
         hidden_a2, _ = model(tokens[:, 10:15], base)
     for name, value in base.to_tensors().items():
         assert torch.equal(value, snapshot[name]), name
-    assert after_a.shares_storage_with(base) and not after_b.shares_storage_with(base)
+    # The first step appends in place after base's positions (same blocks); the second finds base's last
+    # block written past its end, so it continues in a copy of that block (base holds one block here).
+    assert set(after_a.block_ids()) == set(base.block_ids())
+    assert not after_b.shares_blocks_with(base)
     torch.testing.assert_close(hidden_a2, hidden_a, rtol=0, atol=0)
     assert not torch.allclose(hidden_a, hidden_b)
     assert after_a.length == after_b.length == 15
@@ -110,24 +114,29 @@ def test_memory_keeps_the_last_mem_len_positions_and_compacts(model, tokens):
 
 
 @pytest.mark.parametrize("seg_len", [1, 4, 16])
-def test_buffers_never_exceed_peak_positions(model, seg_len):
-    """`peak_positions` is what capacity planning relies on: stepping by segments, then decoding, the buffers
-    never hold more positions than it says, and they do reach it (it is not a loose bound)."""
-    mem_len = 24
-    layout = model.memory_layout()
-    per_position = 2 * layout.bytes_per_position()  # batch of 2
-    bound = txl.peak_positions(mem_len, seg_len) * per_position
-    memory, largest = model.empty_memory(2, mem_len=mem_len), 0
+def test_blocks_stay_within_the_bounds_capacity_planning_uses(model, seg_len):
+    """`resting_blocks` and `peak_blocks` are what budgets rely on: fed segments, then decoding, a memory at
+    rest never spans more blocks than the first says, a step (the old memory still alive) never more than the
+    second, and decoding reaches both (they are not loose bounds)."""
+    mem_len, block_size = 23, 4
+    pool = txl.BlockPool(model.memory_layout(), block_size=block_size)  # its usage is this memory's alone
+    rest_bound = 2 * resting_blocks(mem_len, block_size)  # a batch of 2
+    memory = model.empty_memory(2, mem_len=mem_len, pool=pool)
     steps = torch.randint(0, 64, (2, 12 * 16), generator=torch.Generator().manual_seed(3))
+    rest, during = [], []
     with torch.inference_mode():
-        for start in range(0, steps.size(1), seg_len):
-            _, memory = model(steps[:, start : start + seg_len], memory)
-            largest = max(largest, memory.allocated_nbytes)
-            assert memory.allocated_nbytes <= bound, (start, memory.allocated_nbytes, bound)
-        for t in range(40):  # decoding after the segments: its compactions stay within the bound too
-            _, memory = model(steps[:, t : t + 1], memory)
-            assert memory.allocated_nbytes <= bound
-    assert largest == bound
+        phases = [(seg_len, range(0, steps.size(1), seg_len)), (1, range(40))]
+        for size, starts in phases:
+            for start in starts:
+                _, after = model(steps[:, start : start + size], memory)
+                during.append((pool.used_blocks, 2 * peak_blocks(mem_len, size, block_size)))
+                memory = after
+                rest.append(pool.used_blocks)
+    assert all(used <= bound for used, bound in during), during
+    assert max(rest) <= rest_bound and rest[-40:].count(rest_bound) > 0
+    assert any(used == bound for used, bound in during[-40:])
+    del memory, after
+    assert pool.used_blocks == 0  # every block went back
 
 
 def test_bfloat16_decoding_follows_float32(model, tokens):

@@ -6,7 +6,14 @@ import math
 
 import pytest
 import torch
-from txl.sampling import SamplingParams, make_generator, sample, truncated_logits
+from txl.sampling import (
+    SamplingParams,
+    counter_uniform,
+    make_generator,
+    sample,
+    sample_batch,
+    truncated_logits,
+)
 
 
 def _log_probs(*probs: float) -> torch.Tensor:
@@ -60,8 +67,6 @@ def test_invalid_parameters_are_refused(kwargs):
 
 
 def test_a_rows_sample_does_not_depend_on_the_other_rows():
-    from txl.sampling import sample_batch
-
     log_probs = torch.log_softmax(torch.randn(5, 300, generator=torch.Generator().manual_seed(0)), dim=-1)
     params = [
         SamplingParams(temperature=0.7, seed=1),
@@ -70,9 +75,45 @@ def test_a_rows_sample_does_not_depend_on_the_other_rows():
         SamplingParams(top_p=0.5, seed=3),
         SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=4),
     ]
-    batch, _ = sample_batch(log_probs, params, [make_generator(p.seed) for p in params])
-    alone = [sample(log_probs[i], p, make_generator(p.seed))[0] for i, p in enumerate(params)]
+    seeds, counters = [1, 0, 2, 3, 4], [7, 0, 3, 0, 12]
+    batch, _ = sample_batch(log_probs, params, seeds, counters)
+    alone = [
+        sample_batch(log_probs[i : i + 1], [p], [seeds[i]], [counters[i]])[0][0] for i, p in enumerate(params)
+    ]
     assert batch == alone
+    # In another order, beside other rows, the same rows draw the same tokens.
+    order = [3, 0, 4, 1, 2]
+    shuffled, _ = sample_batch(
+        log_probs[order], [params[i] for i in order], [seeds[i] for i in order], [counters[i] for i in order]
+    )
+    assert shuffled == [batch[i] for i in order]
+
+
+def test_the_random_number_is_a_pure_function_of_seed_and_counter():
+    seeds = torch.tensor([0, 1, -5, 2**62 + 3, 1])
+    counters = torch.tensor([0, 0, 9, 4, 1])
+    u = counter_uniform(seeds, counters)
+    assert ((u >= 0) & (u < 1)).all() and len(set(u.tolist())) == 5
+    torch.testing.assert_close(counter_uniform(seeds, counters), u, rtol=0, atol=0)
+    # Uniform enough to sample with: 20,000 counters of one seed fill ten bins evenly.
+    many = counter_uniform(torch.full((20000,), 42), torch.arange(20000))
+    counts = torch.histc(many.float(), bins=10, min=0, max=1)
+    assert (counts - 2000).abs().max() < 200
+
+
+def test_top_k_and_top_p_together_keep_the_intersection():
+    params = SamplingParams(top_k=3, top_p=0.6)
+    logits = truncated_logits(_log_probs(0.05, 0.4, 0.3, 0.15, 0.1), params)
+    assert torch.isfinite(logits).tolist() == [False, True, True, False, False]
+
+
+def test_greedy_rows_in_a_batch_take_the_argmax_whatever_their_seed():
+    log_probs = torch.log_softmax(torch.randn(4, 50, generator=torch.Generator().manual_seed(3)), dim=-1)
+    tokens, logprobs = sample_batch(
+        log_probs, [SamplingParams(temperature=0)] * 4, [1, 2, 3, 4], [0, 5, 9, 2]
+    )
+    assert tokens == log_probs.argmax(-1).tolist()
+    assert logprobs == pytest.approx(log_probs.max(-1).values.tolist())
 
 
 def test_top_p_on_a_large_flat_vocabulary_matches_a_full_sort():

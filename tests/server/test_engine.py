@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import txl
+from txl.paged import resting_blocks
 from txl.sampling import SamplingParams
 from txl.scoring import score_tokens
 from txl_server.engine.worker import WorkerObserver
@@ -59,30 +60,28 @@ async def test_append_logprob_is_the_models_log_probability(runtime):
     await check_cache_matches_redis(service, meta.id)
 
 
-async def test_a_session_at_rest_keeps_no_ingestion_headroom_and_trimming_changes_nothing(runtime):
-    """A long append steps segment by segment with room for several more in the buffers; the commit drops that
-    room, so the cache holds what decoding needs, and the next steps give what an untrimmed memory gives."""
+async def test_a_session_at_rest_holds_only_the_blocks_of_its_window_and_continues_exactly(runtime):
+    """A long text is ingested segment by segment; the session at rest holds just the blocks its last mem_len
+    positions span, and it continues exactly as the same text fed to the model directly."""
     service = runtime.service
     text = (
         "The quick brown fox jumps over the lazy dog. " * 6
     )  # 270 bytes: many 8-token segments, past mem_len 32
     meta = await service.create(OWNER, text=text)
     state = service.cache.peek(meta.id).state
-    layout = state.memory.layout
-    decoding = txl.peak_positions(meta.mem_len, 1) * layout.bytes_per_position()
-    ingesting = txl.peak_positions(meta.mem_len, service.segment_len) * layout.bytes_per_position()
-    assert state.memory.allocated_nbytes <= decoding < ingesting
-    # The same text fed to the model directly, untrimmed: the next tokens' log-probabilities agree exactly.
+    pool = state.memory.pool
+    assert state.memory.length == meta.mem_len
+    assert state.memory.allocated_nbytes <= resting_blocks(meta.mem_len, pool.block_size) * pool.block_nbytes
+    # The same text fed to the model directly: the next tokens' log-probabilities agree exactly.
     model = service.model
     ids = [service.start_id, *text.encode()]
     with torch.inference_mode():
         memory = model.empty_memory(1, mem_len=meta.mem_len)
         for start in range(0, len(ids), service.segment_len):
             hidden, memory = model(torch.tensor([ids[start : start + service.segment_len]]), memory)
-    assert memory.allocated_nbytes > decoding
     torch.testing.assert_close(state.memory.keys(0), memory.keys(0), rtol=0, atol=0)
     torch.testing.assert_close(state.last_hidden, hidden[0, -1], rtol=0, atol=0)
-    # An append continues from the trimmed memory as from the untrimmed one, segment by segment.
+    # An append continues from the session's memory as from the directly fed one, segment by segment.
     appended = list(b"More text.")
     expected = 0.0
     with torch.inference_mode():
@@ -391,7 +390,6 @@ async def test_redis_outage_fails_cleanly_and_the_engine_recovers(make_settings,
 
 
 def test_model_state_snapshot_round_trip(tiny_model_dir):
-    import txl
     from txl_server.engine.state import ModelState
 
     model = txl.load_pretrained(tiny_model_dir)

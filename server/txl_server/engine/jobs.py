@@ -7,15 +7,18 @@ the worker fills with `loop.call_soon_threadsafe`. Cancelling sets a flag the wo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from txl.sampling import SamplingParams
 
+from .runner import TopLogprobs
 from .state import ModelState
 
-# (token id, log-prob) of the most likely tokens at one position, best first.
-TopLogprobs = tuple[tuple[int, float], ...]
+if TYPE_CHECKING:
+    from .worker import Worker
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class GenerateResult:
 
 @dataclass(frozen=True)
 class DoneEvent:
-    result: AdvanceResult | GenerateResult
+    result: Any  # AdvanceResult | GenerateResult, or a CallJob's return value
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class Job:
             if isinstance(event, DoneEvent | ErrorEvent):
                 return
 
-    async def result(self) -> AdvanceResult | GenerateResult:
+    async def result(self) -> Any:
         async for event in self.events():
             if isinstance(event, ErrorEvent):
                 raise event.error
@@ -130,3 +133,41 @@ class GenerateJob(Job):
 
     def __post_init__(self) -> None:
         super().__init__()
+
+
+class CallJob(Job):
+    """A function to run on the worker thread between iterations (writes to the device's memory pool)."""
+
+    def __init__(self, function: Callable[[], Any]) -> None:
+        super().__init__()
+        self.function = function
+
+
+async def run_job(worker: Worker, job: Job) -> AsyncGenerator[Any, None]:
+    """Submits `job`; yields its token/progress events, then its result. Cancels it if abandoned early."""
+    worker.submit(job)
+    finished = False
+    try:
+        async for event in job.events():
+            if isinstance(event, ErrorEvent):
+                finished = True
+                raise event.error
+            if isinstance(event, DoneEvent):
+                finished = True
+                yield event.result
+                return
+            yield event
+    finally:
+        if not finished:
+            job.cancel()
+
+
+async def job_result(worker: Worker, job: Job, on_event: Callable[[Event], None] | None = None) -> Any:
+    """Runs `job` to its result, passing its intermediate events to `on_event`; cancelled if abandoned."""
+    async with contextlib.aclosing(run_job(worker, job)) as events:
+        async for item in events:
+            if not isinstance(item, TokenEvent | ProgressEvent):
+                return item
+            if on_event is not None:
+                on_event(item)
+    raise RuntimeError("job ended without a result")  # pragma: no cover

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import Tensor
-from txl import Memory, MemoryLayout
+from txl import BlockPool, Memory, MemoryLayout
 
 # Detokenization may depend on the last few tokens of the context (word-level spacing).
 TAIL_TOKENS = 8
@@ -25,7 +24,7 @@ class ModelState:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this state keeps alive: its memory's buffers and the last hidden state."""
+        """Bytes this state keeps alive: its memory's blocks and the last hidden state."""
         hidden = 0 if self.last_hidden is None else self.last_hidden.numel() * self.last_hidden.element_size()
         return self.memory.allocated_nbytes + hidden
 
@@ -40,9 +39,10 @@ class ModelState:
     def advanced(self, memory: Memory, last_hidden: Tensor, tokens: list[int]) -> ModelState:
         return ModelState(memory, last_hidden, (*self.tail, *tokens)[-TAIL_TOKENS:])
 
-    def moved(self, *, device: torch.device | str) -> ModelState:
-        """A compact copy on another device (tier moves): same values, buffers sized to what is held."""
-        memory = self.memory.compact(device=device)
+    def moved(self, pool: BlockPool) -> ModelState:
+        """A copy in another pool (tier moves between the device and the host): same values."""
+        memory = self.memory.to_pool(pool)
+        device = pool.layout.device
         hidden = None if self.last_hidden is None else self.last_hidden.to(device, copy=True)
         return ModelState(memory, hidden, self.tail)
 
@@ -63,8 +63,9 @@ class ModelState:
         return save_safetensors({k: v.cpu() for k, v in tensors.items()}, metadata=meta)
 
     @classmethod
-    def from_bytes(cls, data: bytes, layout: MemoryLayout) -> ModelState:
-        """Inverse of `to_bytes`; raises ValueError if the snapshot does not fit the model's layout."""
+    def from_bytes(cls, data: bytes, layout: MemoryLayout, pool: BlockPool | None = None) -> ModelState:
+        """Inverse of `to_bytes` (into `pool`, default the layout's process-wide pool); raises ValueError if the
+        snapshot does not fit the model's layout."""
         try:
             tensors = load_safetensors(data)
             meta = _metadata(data)
@@ -81,7 +82,7 @@ class ModelState:
         if last_hidden is not None:
             last_hidden = last_hidden.to(dtype=layout.dtype, device=layout.device)
         tensors = {k: v.to(dtype=layout.dtype, device=layout.device) for k, v in tensors.items()}
-        memory = Memory.from_tensors(layout, tensors, mem_len=mem_len)
+        memory = Memory.from_tensors(layout, tensors, mem_len=mem_len, pool=pool)
         return cls(memory, last_hidden, tail)
 
 

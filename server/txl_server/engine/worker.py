@@ -1,29 +1,35 @@
-"""The device worker: one thread that owns the model and runs every forward pass.
+"""The device worker: one thread that owns the model and the memory pool and runs every forward pass.
 
-Each iteration it (1) admits new jobs and drops cancelled ones, (2) ingests one segment of one job (prompts,
-appends, scoring; round robin), and (3) runs one decode step for every generating job together: one forward
-with a row per job, memories of different lengths side by side (`model(tokens, [memory, ...])`). A long
-ingestion therefore delays other sessions' next tokens by at most one segment. Handlers never touch the model:
-they submit jobs and await events.
+Each iteration it (1) admits new jobs and drops cancelled ones, (2) lets the scheduler pick the work: every
+decoding row and segments of ingesting jobs (prompts, appends, scoring) under a token budget, and (3) runs it as
+one forward (`ModelRunner`): decoding rows sample their token on the device and feed it beside the segments.
+Then it hands out what happened: tokens and text to generating jobs, progress and results to ingesting ones.
+Handlers never touch the model: they submit jobs and await their events. Work that writes the device's memory
+pool from outside a step (restoring a session to the device) runs here too, between iterations (`call`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from txl import TransfoXLLMHeadModel
-from txl.sampling import make_generator, sample_batch
+from torch import Tensor
+from txl import BlockPool, TransfoXLLMHeadModel
 from txl.tokenizers import Tokenizer
 
 from ..errors import Overloaded, Unavailable
 from .jobs import (
     AdvanceJob,
     AdvanceResult,
+    CallJob,
     DoneEvent,
     ErrorEvent,
     GenerateJob,
@@ -33,6 +39,8 @@ from .jobs import (
     TokenEvent,
     TopLogprobs,
 )
+from .runner import ChunkOut, ChunkRow, DecodeOut, DecodeRow, ModelRunner
+from .scheduler import Iteration, Scheduler
 from .state import ModelState
 from .text import GenerationText
 
@@ -52,52 +60,35 @@ class WorkerObserver:
 
 
 @dataclass(eq=False)
-class _Task:
+class _Ingest:
+    """A job feeding its input segment by segment: an AdvanceJob, or a GenerateJob's prompt."""
+
+    job: AdvanceJob | GenerateJob
     state: ModelState
-    cursor: int = 0  # tokens of the input already fed
-    # Log-probabilities of the fed tokens (AdvanceJob always sums them; GenerateJob only on request).
-    logprob: float = 0.0
-    token_logprobs: list[float] = field(default_factory=list)
-    token_top: list[TopLogprobs | None] = field(default_factory=list)
+    tokens: list[int]
+    score: bool  # log p of every input token
+    top_k: int  # with score: the k most likely tokens at each position
+    cursor: int = 0
+    # Scoring, kept on the device until the job ends: one tensor of log-probs per segment.
+    logprobs: list[Tensor] = field(default_factory=list)
+    top: list[TopLogprobs | None] = field(default_factory=list)
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.cursor
 
 
 @dataclass(eq=False)
-class _AdvanceTask(_Task):
-    job: AdvanceJob = field(kw_only=True)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.job.tokens
-
-    @property
-    def scores(self) -> bool:
-        return True
-
-    @property
-    def top_k(self) -> int:
-        return self.job.top_logprobs if self.job.token_logprobs else 0
-
-
-@dataclass(eq=False)
-class _GenerateTask(_Task):
-    job: GenerateJob = field(kw_only=True)
-    text: GenerationText = field(kw_only=True)
-    generator: torch.Generator = field(kw_only=True)
+class _Decode:
+    job: GenerateJob
+    state: ModelState
+    text: GenerationText
+    seed: int
+    prompt: _Ingest | None = None  # the prompt phase, whose scores go in the result
+    prompt_logprobs: list[float] | None = None
     token_ids: list[int] = field(default_factory=list)
     sampled_logprobs: list[float] = field(default_factory=list)
     held: TokenEvent | None = None  # the last token's event, kept while text may still be released after it
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.job.prompt
-
-    @property
-    def scores(self) -> bool:
-        return self.job.prompt_logprobs
-
-    @property
-    def top_k(self) -> int:
-        return self.job.top_logprobs if self.job.prompt_logprobs else 0
 
 
 class Worker:
@@ -109,6 +100,8 @@ class Worker:
         segment_len: int,
         max_batch_size: int,
         max_queued: int,
+        max_batch_tokens: int | None = None,
+        pool: BlockPool | None = None,
         observer: WorkerObserver | None = None,
     ) -> None:
         self.model = model
@@ -116,11 +109,19 @@ class Worker:
         self.segment_len = segment_len
         self.max_batch_size = max_batch_size
         self.max_queued = max_queued
+        self.pool = pool if pool is not None else model.empty_memory().pool
+        self.scheduler = Scheduler(
+            segment_len=segment_len,
+            max_batch_size=max_batch_size,
+            max_batch_tokens=max_batch_tokens or max(2 * segment_len, max_batch_size + segment_len),
+        )
+        self.runner = ModelRunner(model, self.pool)
         self.observer = observer or WorkerObserver()
         self._cv = threading.Condition()
         self._inbox: list[Job] = []
-        self._prefill: deque[_AdvanceTask | _GenerateTask] = deque()
-        self._decoding: list[_GenerateTask] = []
+        self._ingesting: deque[_Ingest] = deque()
+        self._decoding: list[_Decode] = []
+        self._waiting: dict[_Ingest, _Decode] = {}  # generate jobs still feeding their prompt
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -141,22 +142,33 @@ class Worker:
         with self._cv:
             if self._stopping:
                 raise Unavailable("the server is shutting down")
-            if len(self._inbox) + len(self._prefill) + len(self._decoding) >= self.max_queued:
+            if not isinstance(job, CallJob) and self._load() >= self.max_queued:
                 raise Overloaded("too many requests are in progress; retry shortly", retry_after=1.0)
             self._inbox.append(job)
             self._cv.notify()
 
+    async def call(self, function: Callable[[], Any]) -> Any:
+        """Runs `function` on the worker thread between iterations (work that writes the device's pool)."""
+        job = CallJob(function)
+        self.submit(job)
+        return await job.result()
+
     @property
     def active_jobs(self) -> int:
-        return len(self._prefill) + len(self._decoding)
+        return len(self._ingesting) + len(self._decoding)
+
+    def _load(self) -> int:
+        return len(self._inbox) + self.active_jobs
 
     # ------------------------------------------------------------------ loop (worker thread)
 
     def _run(self) -> None:
-        with torch.no_grad():
+        with torch.inference_mode():
             while True:
                 with self._cv:
-                    while not self._stopping and not self._inbox and not self._prefill and not self._decoding:
+                    while (
+                        not self._stopping and not self._inbox and not self._ingesting and not self._decoding
+                    ):
                         self._cv.wait()
                     if self._stopping:
                         break
@@ -165,108 +177,147 @@ class Worker:
                     self._admit(job)
                 self._drop_cancelled()
                 self.observer.on_queue(len(self._inbox), self.active_jobs)
-                if self._prefill:
-                    self._prefill_step(self._prefill[0])
-                if self._decoding:
-                    self._decode_step()
+                iteration = self.scheduler.next(self._decoding, self._ingesting)
+                if iteration:
+                    self._step(iteration)
                 self.observer.on_queue(len(self._inbox), self.active_jobs)
         shutdown = Unavailable("the server is shutting down")
-        for task in [*self._prefill, *self._decoding]:
-            task.job.emit(ErrorEvent(shutdown))
-        for job in self._inbox:
+        for job in [*(t.job for t in self._ingesting), *(t.job for t in self._decoding), *self._inbox]:
             job.emit(ErrorEvent(shutdown))
 
     def _admit(self, job: Job) -> None:
-        if isinstance(job, AdvanceJob):
-            self._prefill.append(_AdvanceTask(job.state, job=job))
-        elif isinstance(job, GenerateJob):
-            decoder = self.tokenizer.decoder(list(job.state.tail) + job.prompt)
-            task = _GenerateTask(
-                job.state,
-                job=job,
-                text=GenerationText(decoder, job.stop),
-                generator=make_generator(job.sampling.seed),
-            )
-            if job.prompt:
-                self._prefill.append(task)
+        if isinstance(job, CallJob):
+            try:
+                result = job.function()
+            except Exception as exc:  # the caller gets the error
+                job.emit(ErrorEvent(exc))
             else:
-                self._start_decoding(task)
-        else:  # pragma: no cover - programming error
+                job.emit(DoneEvent(result))
+            return
+        if not isinstance(job, AdvanceJob | GenerateJob):  # pragma: no cover - programming error
             job.emit(ErrorEvent(TypeError(f"unknown job {type(job).__name__}")))
-
-    def _drop_cancelled(self) -> None:
-        cancelled = [t for t in [*self._prefill, *self._decoding] if t.job.cancelled]
-        if not cancelled:
             return
-        self._prefill = deque(t for t in self._prefill if not t.job.cancelled)
-        self._decoding = [t for t in self._decoding if not t.job.cancelled]
-        for task in cancelled:
-            self.observer.on_cancel()
-            task.job.emit(ErrorEvent(CancelledByClient()))
-
-    # ------------------------------------------------------------------ ingestion
-
-    def _prefill_step(self, task: _AdvanceTask | _GenerateTask) -> None:
-        started = time.perf_counter()
-        chunk = task.tokens[task.cursor : task.cursor + self.segment_len]
         try:
-            ids = torch.tensor([chunk], dtype=torch.long, device=self.model.device)
-            hidden, memory = self.model(ids, task.state.memory)  # [1, T, D]
-            hidden = hidden[0]
-            if task.scores:
-                self._score_chunk(task, hidden, ids[0])
-            task.state = task.state.advanced(memory, hidden[-1].clone(), chunk)
-            task.cursor += len(chunk)
+            state = self._on_pool(job.state)
         except Exception as exc:
-            log.exception("ingestion failed")
-            self._prefill.popleft()
-            task.job.emit(ErrorEvent(exc))
+            job.emit(ErrorEvent(exc))
             return
-        self.observer.on_prefill(len(chunk), time.perf_counter() - started)
-        self._prefill.rotate(-1)  # round robin: the next job's chunk comes next
-        if isinstance(task, _AdvanceTask) and task.job.report_progress:
-            task.job.emit(ProgressEvent(task.cursor, len(task.tokens)))
-        if task.cursor < len(task.tokens):
-            return
-        self._prefill.remove(task)
-        if isinstance(task, _AdvanceTask):
-            result = AdvanceResult(
-                task.state,
-                len(task.tokens),
-                task.logprob,
-                task.token_logprobs if task.job.token_logprobs else None,
-                task.token_top if task.top_k else None,
+        if isinstance(job, AdvanceJob):
+            self._ingesting.append(
+                _Ingest(job, state, job.tokens, True, job.top_logprobs if job.token_logprobs else 0)
             )
-            task.job.emit(DoneEvent(result))
+            return
+        decoder = self.tokenizer.decoder(list(state.tail) + job.prompt)
+        seed = job.sampling.seed if job.sampling.seed is not None else secrets.randbits(63)
+        task = _Decode(job, state, GenerationText(decoder, job.stop), seed)
+        if job.prompt:
+            prompt = _Ingest(
+                job, state, job.prompt, job.prompt_logprobs, job.top_logprobs if job.prompt_logprobs else 0
+            )
+            task.prompt = prompt
+            self._waiting[prompt] = task
+            self._ingesting.append(prompt)
         else:
             self._start_decoding(task)
 
-    def _score_chunk(self, task: _Task, hidden: torch.Tensor, ids: torch.Tensor) -> None:
-        """log p(each token of the chunk | everything before), the first predicted by the previous state."""
-        last = task.state.last_hidden
-        if last is None:  # nothing precedes the first token: it has no prediction
-            predictors, targets = hidden[:-1], ids[1:]
-        else:
-            predictors, targets = torch.cat([last[None, :], hidden[:-1]]), ids
-        top_k = task.top_k if isinstance(task, _AdvanceTask | _GenerateTask) else 0
-        if top_k:
-            full = self.model.log_probs(predictors)  # [T, V]: needed for the alternatives anyway
-            logprobs = full.gather(1, targets[:, None])[:, 0].tolist() if targets.numel() else []
-            tops = [_top(row, top_k) for row in full]
-        else:
-            logprobs = self.model.target_log_probs(predictors, targets).tolist() if targets.numel() else []
-            tops = []
-        task.logprob += sum(logprobs)
-        first: list[float] = [float("nan")] if last is None else []
-        task.token_logprobs.extend(first + logprobs)
-        if top_k:
-            if last is None:
-                task.token_top.append(None)
-            task.token_top.extend(tops)
+    def _on_pool(self, state: ModelState) -> ModelState:
+        """The state with its memory in this worker's pool (a state made elsewhere is copied in once)."""
+        if state.memory.pool is self.pool:
+            return state
+        return ModelState(state.memory.to_pool(self.pool), state.last_hidden, state.tail)
+
+    def _drop_cancelled(self) -> None:
+        tasks: list[_Ingest | _Decode] = [*self._ingesting, *self._decoding]
+        cancelled = [t for t in tasks if t.job.cancelled]
+        if not cancelled:
+            return
+        self._ingesting = deque(t for t in self._ingesting if not t.job.cancelled)
+        self._decoding = [t for t in self._decoding if not t.job.cancelled]
+        for task in cancelled:
+            if isinstance(task, _Ingest):
+                self._waiting.pop(task, None)
+            self.observer.on_cancel()
+            task.job.emit(ErrorEvent(CancelledByClient()))
+
+    # ------------------------------------------------------------------ one iteration
+
+    def _step(self, iteration: Iteration[_Decode, _Ingest]) -> None:
+        started = time.perf_counter()
+        decode_rows = [
+            DecodeRow(
+                t.state.memory,
+                t.state.last_hidden,  # type: ignore[arg-type]  # decoding states always have one
+                t.job.sampling,
+                t.seed,
+                len(t.token_ids),
+                t.job.top_logprobs,
+            )
+            for t in iteration.decode
+        ]
+        chunk_rows = [
+            ChunkRow(t.state.memory, t.tokens[t.cursor : t.cursor + n], t.state.last_hidden, t.score, t.top_k)
+            for t, n in iteration.chunks
+        ]
+        try:
+            decoded, fed = self.runner.run(decode_rows, chunk_rows)
+        except Exception as exc:
+            log.exception("a step failed")
+            self._fail([t for t in iteration.decode], [t for t, _ in iteration.chunks], exc)
+            return
+        seconds = time.perf_counter() - started
+        if iteration.decode:
+            self.observer.on_decode(len(iteration.decode), seconds)
+        if iteration.chunks:
+            self.observer.on_prefill(sum(n for _, n in iteration.chunks), seconds)
+        for task, out in zip(iteration.decode, decoded, strict=True):
+            self._decoded(task, out)
+        for (ingest, n), chunk in zip(iteration.chunks, fed, strict=True):
+            self._fed(ingest, n, chunk)
+
+    def _fail(self, decoding: list[_Decode], ingesting: list[_Ingest], exc: Exception) -> None:
+        for task in decoding:
+            self._decoding.remove(task)
+            task.job.emit(ErrorEvent(exc))
+        for chunk in ingesting:
+            self._ingesting.remove(chunk)
+            self._waiting.pop(chunk, None)
+            chunk.job.emit(ErrorEvent(exc))
+
+    # ------------------------------------------------------------------ ingestion
+
+    def _fed(self, task: _Ingest, n: int, out: ChunkOut) -> None:
+        fed = task.tokens[task.cursor : task.cursor + n]
+        task.state = task.state.advanced(out.memory, out.last_hidden, fed)
+        task.cursor += n
+        if out.logprobs is not None:
+            task.logprobs.append(out.logprobs)
+        if out.top is not None:
+            task.top.extend(out.top)
+        if isinstance(task.job, AdvanceJob) and task.job.report_progress:
+            task.job.emit(ProgressEvent(task.cursor, len(task.tokens)))
+        if task.pending:
+            return
+        self._ingesting.remove(task)
+        logprobs = torch.cat(task.logprobs).double().tolist() if task.logprobs else []  # one read per job
+        if isinstance(task.job, AdvanceJob):
+            total = math.fsum(x for x in logprobs if not math.isnan(x))
+            result = AdvanceResult(
+                task.state,
+                len(task.tokens),
+                total,
+                logprobs if task.job.token_logprobs else None,
+                task.top if task.top_k else None,
+            )
+            task.job.emit(DoneEvent(result))
+            return
+        decoding = self._waiting.pop(task)
+        decoding.state = task.state
+        decoding.prompt_logprobs = logprobs
+        self._start_decoding(decoding)
 
     # ------------------------------------------------------------------ decoding
 
-    def _start_decoding(self, task: _GenerateTask) -> None:
+    def _start_decoding(self, task: _Decode) -> None:
         if task.job.max_tokens <= 0:
             self._finish(task)
         elif task.state.last_hidden is None:
@@ -274,36 +325,14 @@ class Worker:
         else:
             self._decoding.append(task)
 
-    def _decode_step(self) -> None:
-        started = time.perf_counter()
-        tasks = self._decoding[: self.max_batch_size]
-        # Fairness beyond one batch: the rows that ran go to the back.
-        self._decoding = self._decoding[len(tasks) :] + tasks
-        try:
-            last_hidden = torch.stack([t.state.last_hidden for t in tasks])  # type: ignore[misc]  # [N, D]
-            log_probs = self.model.log_probs(last_hidden).cpu()  # [N, V] float32
-            sampled, logprobs = sample_batch(
-                log_probs, [t.job.sampling for t in tasks], [t.generator for t in tasks]
-            )
-            for row, task in enumerate(tasks):
-                top = _top(log_probs[row], task.job.top_logprobs) if task.job.top_logprobs else None
-                self._emit_token(task, sampled[row], logprobs[row], top)
-            ids = torch.tensor(sampled, dtype=torch.long, device=self.model.device)[:, None]  # [N, 1]
-            hidden, memories = self.model(ids, [t.state.memory for t in tasks])
-        except Exception as exc:
-            log.exception("decode step failed")
-            for task in tasks:
-                self._decoding.remove(task)
-                task.job.emit(ErrorEvent(exc))
-            return
-        for row, task in enumerate(tasks):
-            task.state = task.state.advanced(memories[row], hidden[row, 0].clone(), [sampled[row]])
-            if task.text.stopped or len(task.token_ids) >= task.job.max_tokens:
-                self._decoding.remove(task)
-                self._finish(task)
-        self.observer.on_decode(len(tasks), time.perf_counter() - started)
+    def _decoded(self, task: _Decode, out: DecodeOut) -> None:
+        self._emit_token(task, out.token, out.logprob, out.top)
+        task.state = task.state.advanced(out.memory, out.last_hidden, [out.token])
+        if task.text.stopped or len(task.token_ids) >= task.job.max_tokens:
+            self._decoding.remove(task)
+            self._finish(task)
 
-    def _emit_token(self, task: _GenerateTask, token: int, logprob: float, top: TopLogprobs | None) -> None:
+    def _emit_token(self, task: _Decode, token: int, logprob: float, top: TopLogprobs | None) -> None:
         if task.held is not None:
             task.job.emit(task.held)
             task.held = None
@@ -317,12 +346,13 @@ class Worker:
         else:
             task.job.emit(event)
 
-    def _finish(self, task: _GenerateTask) -> None:
+    def _finish(self, task: _Decode) -> None:
         rest = task.text.finish()
         if task.held is not None:
             held = task.held
             task.job.emit(TokenEvent(held.id, held.text + rest, held.logprob, held.top))
             task.held = None
+        prompt = task.prompt
         result = GenerateResult(
             task.state,
             task.text.text,
@@ -331,15 +361,10 @@ class Worker:
             len(task.token_ids),
             task.token_ids,
             task.sampled_logprobs,
-            task.token_logprobs if task.job.prompt_logprobs else None,
-            task.token_top if task.top_k else None,
+            task.prompt_logprobs if task.job.prompt_logprobs else None,
+            prompt.top if prompt is not None and prompt.top_k else None,
         )
         task.job.emit(DoneEvent(result))
-
-
-def _top(row: torch.Tensor, k: int) -> TopLogprobs:
-    values, ids = torch.topk(row.float(), min(k, row.numel()))
-    return tuple(zip(ids.tolist(), values.tolist(), strict=True))
 
 
 class CancelledByClient(Exception):

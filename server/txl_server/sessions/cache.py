@@ -4,8 +4,8 @@
     host    CPU memory, up to `host_budget` bytes (least recently used sessions move here)
     beyond  the service writes them to Redis (persistence on) or drops them (the session is then "gone")
 
-Bytes are counted exactly: the buffers each state keeps alive, with buffers shared by several sessions (a fork
-shares its parent's memory until one of them writes) counted once per tier. The cache only does bookkeeping
+Bytes are counted exactly: the pool blocks each state keeps alive, with blocks shared by several sessions (a
+fork shares its parent's past) counted once per tier. The cache only does bookkeeping
 and picks victims; the service moves tensors (off the event loop) and talks to Redis.
 """
 
@@ -29,28 +29,36 @@ class Entry:
 @dataclass
 class _Tier:
     budget: int
-    # storage key -> (bytes, number of entries using it); a key of None stands for "no buffers"
-    storages: dict[int, list[int]] = field(default_factory=dict)
-    extra: int = 0  # bytes outside shared storages (last hidden states)
+    # (pool, block id) -> number of entries holding that block: a block shared by several sessions (a fork
+    # shares its parent's past) is counted once.
+    blocks: dict[tuple[int, int], int] = field(default_factory=dict)
+    block_bytes: int = 0  # bytes of the distinct blocks held
+    extra: int = 0  # bytes outside the pool (last hidden states)
 
     @property
     def used(self) -> int:
-        return sum(size for size, _ in self.storages.values()) + self.extra
+        return self.block_bytes + self.extra
 
     def add(self, state: ModelState) -> None:
-        key = state.memory.storage_key
-        if key is not None:
-            slot = self.storages.setdefault(key, [state.memory.allocated_nbytes, 0])
-            slot[1] += 1
+        pool = state.memory.pool
+        for block in state.memory.block_ids().tolist():
+            key = (id(pool), block)
+            count = self.blocks.get(key, 0)
+            if count == 0:
+                self.block_bytes += pool.block_nbytes
+            self.blocks[key] = count + 1
         self.extra += state.nbytes - state.memory.allocated_nbytes
 
     def remove(self, state: ModelState) -> None:
-        key = state.memory.storage_key
-        if key is not None:
-            slot = self.storages[key]
-            slot[1] -= 1
-            if slot[1] == 0:
-                del self.storages[key]
+        pool = state.memory.pool
+        for block in state.memory.block_ids().tolist():
+            key = (id(pool), block)
+            count = self.blocks[key] - 1
+            if count == 0:
+                del self.blocks[key]
+                self.block_bytes -= pool.block_nbytes
+            else:
+                self.blocks[key] = count
         self.extra -= state.nbytes - state.memory.allocated_nbytes
 
 
@@ -95,11 +103,10 @@ class MemoryCache:
         return entry
 
     def added_bytes(self, tier: str, state: ModelState) -> int:
-        """Bytes `state` would add to `tier` (its buffers may already be counted there, shared with another)."""
-        extra = state.nbytes - state.memory.allocated_nbytes
-        key = state.memory.storage_key
-        shared = key is not None and key in self._tiers[tier].storages
-        return extra + (0 if shared else state.memory.allocated_nbytes)
+        """Bytes `state` would add to `tier` (some of its blocks may already be counted there, shared)."""
+        pool, held = state.memory.pool, self._tiers[tier].blocks
+        new_blocks = sum(1 for block in state.memory.block_ids().tolist() if (id(pool), block) not in held)
+        return state.nbytes - state.memory.allocated_nbytes + new_blocks * pool.block_nbytes
 
     def used(self, tier: str) -> int:
         return self._tiers[tier].used

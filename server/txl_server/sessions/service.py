@@ -19,19 +19,18 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from txl import TransfoXLLMHeadModel, peak_positions
+from txl import BlockPool, TransfoXLLMHeadModel, peak_positions
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
 from ..engine.jobs import (
     AdvanceJob,
     AdvanceResult,
-    DoneEvent,
-    ErrorEvent,
     GenerateJob,
     GenerateResult,
     Job,
     TokenEvent,
+    run_job,
 )
 from ..engine.state import ModelState, snapshot_metadata
 from ..engine.worker import Worker
@@ -64,25 +63,6 @@ class AppendOutcome:
 class GenerateOutcome:
     session: SessionMeta
     result: GenerateResult
-
-
-async def run_job(worker: Worker, job: Job) -> AsyncGenerator[Any, None]:
-    """Submits `job`; yields its token/progress events, then its result. Cancels it if abandoned early."""
-    worker.submit(job)
-    finished = False
-    try:
-        async for event in job.events():
-            if isinstance(event, ErrorEvent):
-                finished = True
-                raise event.error
-            if isinstance(event, DoneEvent):
-                finished = True
-                yield event.result
-                return
-            yield event
-    finally:
-        if not finished:
-            job.cancel()
 
 
 def new_session_id() -> str:
@@ -127,6 +107,14 @@ class SessionService:
         # A session starts with the tokenizer's separator (<eos> or "\n"), so its first real token is predicted
         # like any other: from the start of a document.
         self.start_id = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.encode("\n")[0]
+        # The device's pool is the worker's; sessions moved off the device go to a pool of host memory, written
+        # only under the tier lock.
+        self.pool = worker.pool
+        self.host_pool = BlockPool(
+            self.pool.layout.on(device="cpu"),
+            block_size=self.pool.block_size,
+            keep_hidden=self.pool.keep_hidden,
+        )
         self._tier_lock = asyncio.Lock()
         self._expiry: dict[str, float] = {}
 
@@ -159,11 +147,10 @@ class SessionService:
         await self._check_session_limit(owner)
         self._admit(mem_len)
         tokens = self.tokenizer.encode(text)
-        empty = ModelState.empty(self.model.empty_memory(mem_len=mem_len))
+        empty = ModelState.empty(self.model.empty_memory(mem_len=mem_len, pool=self.pool))
         result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
         assert isinstance(result, AdvanceResult)
-        state = await self._trimmed(result.state)
-        meta = await self._register(owner, state, len(tokens), ttl, dict(metadata or {}))
+        meta = await self._register(owner, result.state, len(tokens), ttl, dict(metadata or {}))
         self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
@@ -250,7 +237,7 @@ class SessionService:
             metadata = json.loads(header.get("metadata", "{}"))
             if header.get("txl_snapshot") != "1" or tokens < 0 or not isinstance(metadata, dict):
                 raise ValueError("missing or malformed session fields")
-            state = await asyncio.to_thread(ModelState.from_bytes, data, self.model.memory_layout())
+            state = await self._load(data)
         except (ValueError, KeyError) as exc:
             raise InvalidRequest(f"not a session snapshot of this model: {exc}", param="body") from exc
         if state.mem_len > self.max_mem_len:
@@ -334,7 +321,6 @@ class SessionService:
                 self.cache.pinned.discard(session_id)
 
     async def _commit(self, meta: SessionMeta, state: ModelState, tokens_added: int) -> SessionMeta:
-        state = await self._trimmed(state)
         new = dataclasses.replace(
             meta,
             tokens=meta.tokens + tokens_added,
@@ -351,17 +337,6 @@ class SessionService:
             raise NotFound(f"no session {meta.id!r}", param="session_id")
         await self._place(new, state)
         return new
-
-    async def _trimmed(self, state: ModelState) -> ModelState:
-        """Drops the headroom a segment-by-segment ingestion leaves in the buffers (up to 4 segments' worth,
-        1.8x the bundled model's window) so that a session at rest costs what a decoding one needs. One copy of
-        the window per ingesting request, small next to the forward passes that filled it."""
-        decoding = peak_positions(state.mem_len, 1) * state.memory.batch_size
-        if state.memory.allocated_nbytes <= decoding * state.memory.layout.bytes_per_position(
-            state.memory.keep_hidden
-        ):
-            return state
-        return await asyncio.to_thread(state.moved, device=self.model.device)
 
     async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:
         result: AdvanceResult | GenerateResult | None = None
@@ -404,7 +379,8 @@ class SessionService:
         entry = self.cache.get(meta.id)
         if entry is not None and entry.version == meta.version:
             if entry.tier == HOST:
-                moved = await asyncio.to_thread(entry.state.moved, device=self.model.device)
+                # Writing the device's pool is the worker's: between its iterations.
+                moved = await self.worker.call(lambda: entry.state.moved(self.pool))
                 await self._place(meta, moved, source=HOST)
                 return moved
             return entry.state
@@ -417,13 +393,18 @@ class SessionService:
                 param="session_id",
             )
         try:
-            state = await asyncio.to_thread(ModelState.from_bytes, snapshot[1], self.model.memory_layout())
+            state = await self._load(snapshot[1])
         except ValueError as exc:
             raise Gone(
                 "this session's stored memory does not fit the loaded model", param="session_id"
             ) from exc
         await self._place(meta, state, source="redis")
         return state
+
+    async def _load(self, data: bytes) -> ModelState:
+        """A snapshot's state, in the device's pool (written on the worker thread)."""
+        layout = self.model.memory_layout()
+        return await self.worker.call(lambda: ModelState.from_bytes(data, layout, self.pool))
 
     def _admit(self, mem_len: int) -> None:
         """Refuses a session that could never run: its memory at its largest (full, with the room segment by
@@ -464,7 +445,7 @@ class SessionService:
             entry = self.cache.peek(victim)
             assert entry is not None
             if tier == DEVICE:
-                moved = await asyncio.to_thread(entry.state.moved, device="cpu")
+                moved = await asyncio.to_thread(entry.state.moved, self.host_pool)
                 host_needs = self.cache.added_bytes(HOST, moved)
                 await self._make_room(HOST, host_needs)
                 if self.cache.peek(victim) is not entry:  # changed while we copied: look again

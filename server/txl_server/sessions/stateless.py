@@ -16,11 +16,19 @@ from txl import TransfoXLLMHeadModel
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
-from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateJob, GenerateResult, ProgressEvent, TokenEvent
+from ..engine.jobs import (
+    AdvanceJob,
+    AdvanceResult,
+    GenerateJob,
+    GenerateResult,
+    ProgressEvent,
+    TokenEvent,
+    run_job,
+)
 from ..engine.state import ModelState
 from ..engine.worker import Worker
 from ..errors import InvalidRequest
-from .service import SessionObserver, run_job
+from .service import SessionObserver
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,7 @@ class StatelessService:
         self.observer = observer or SessionObserver()
 
     def _empty(self) -> ModelState:
-        return ModelState.empty(self.model.empty_memory(mem_len=self.mem_len))
+        return ModelState.empty(self.model.empty_memory(mem_len=self.mem_len, pool=self.worker.pool))
 
     async def score(
         self,

@@ -1,0 +1,143 @@
+"""The CPU decode kernel: built once per machine with the system C compiler, called through ctypes.
+
+Why native code: decoding attends one query per row over every row's memory, which lives in pool blocks. In
+plain torch that means gathering each row's blocks into a dense copy first (index_select), then two products:
+the copy alone moves twice the bytes attention needs. The kernel reads each block in place, once. ctypes
+releases the GIL during the call, so a step may split its rows across threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_decode.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=c11", "-shared", "-fPIC"]
+_ARGS = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 9 + [ctypes.c_void_p]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TXL_KERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "txl", "kernels"
+    )
+    return Path(root)
+
+
+def _build(compiler: str) -> Path:
+    # The compiler is the system's own (CC or cc on PATH), run with fixed arguments.
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout  # noqa: S603
+    key = hashlib.sha256(
+        "\n".join(
+            [SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags(), platform.machine()]
+        ).encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"paged_decode-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        subprocess.run(  # noqa: S603
+            [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        os.replace(built, target)  # atomic: concurrent builders race harmlessly
+    return target
+
+
+class PagedDecodeKernel:
+    """Attention of one query per row over paged keys/values (see paged_decode.c for the contract)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._functions = {
+            torch.float32: library.txl_paged_decode_f32,
+            torch.bfloat16: library.txl_paged_decode_bf16,
+        }
+        for function in self._functions.values():
+            function.argtypes = _ARGS
+            function.restype = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return dtype in self._functions
+
+    def __call__(
+        self,
+        q: Tensor,
+        bd: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        table: Tensor,
+        starts: Tensor,
+        key_lengths: Tensor,
+        windows: Tensor,
+    ) -> Tensor:
+        """q [B, H, Dh] float32, bd [H, B, P] float32, keys/values [H, NB, bs, Dh] -> [B, H, Dh] float32."""
+        batch, heads, d_head = q.shape
+        _, n_blocks, block_size, _ = keys.shape
+        width, n_pos = table.size(1), bd.size(2)
+        q, bd, table = q.contiguous(), bd.contiguous(), table.contiguous()
+        out = torch.empty_like(q)
+        function = self._functions[keys.dtype]
+        pointers = [t.data_ptr() for t in (q, bd, keys, values, table, starts, key_lengths, windows, out)]
+        sizes = [batch, heads, width, n_blocks, block_size, d_head, n_pos]
+        items = batch * heads
+        threads = min(torch.get_num_threads(), max(1, items // 4))
+        scratch = torch.empty(threads, width * block_size)
+
+        def run(part: int) -> None:
+            begin, end = items * part // threads, items * (part + 1) // threads
+            function(*pointers, *sizes, begin, end, scratch[part].data_ptr())
+
+        if threads == 1:
+            run(0)
+        else:
+            if self._pool is None or self._pool._max_workers < threads:
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="txl-attn")
+            list(self._pool.map(run, range(threads)))
+        return out
+
+
+@functools.cache
+def cpu_paged_decode() -> PagedDecodeKernel | None:
+    """The kernel for this machine, built on first use; None where it cannot be (attention then uses torch)."""
+    if os.environ.get("TXL_CPU_KERNELS", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.info("no C compiler found: CPU attention uses the torch path")
+        return None
+    try:
+        return PagedDecodeKernel(ctypes.CDLL(str(_build(compiler))))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        log.warning(
+            "could not build the CPU attention kernel (%s): using the torch path", detail.strip()[:500]
+        )
+        return None

@@ -1,0 +1,382 @@
+"""Paged memory: the keys and values of every sequence live in one pool of fixed-size blocks.
+
+A block holds `block_size` consecutive positions of one sequence for every layer: keys and values (and the layer
+inputs, in a pool that keeps hidden states for HF's `mems`). A sequence's memory is a table of block ids, the
+offset of its first position in the first block and its length (vLLM's PagedAttention layout, Kwon et al.,
+2023). Sliding past `mem_len` frees whole blocks; sequences that share a past (a fork; a step and the memory it
+started from) share its blocks, so a fork costs a table, not a copy.
+
+Blocks are reference counted by the `BlockTable`s that list them and returned to the pool when the last one is
+dropped. They are written append-only: the positions of a block below its `filled` mark are never written again,
+so every table that reads them sees the same values. A step appends in place when its memory ends exactly at its
+last block's mark (the newest version of a session: the common case); otherwise that partial block is copied
+first (copy-on-write: a second branch from an older memory, or a fork that writes). A block handed out again
+is zeroed first, and attention reads only the positions of its own rows, so nothing of one sequence is ever read
+by another.
+
+Pools are driven by one thread at a time (the one stepping); reference counts may be dropped from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .layout import MemoryLayout
+
+NULL_BLOCK = 0  # always zero, never handed out: pads block tables to a common width
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class PoolExhausted(RuntimeError):
+    """No free block is left in a pool that may not grow."""
+
+
+class BlockPool:
+    """Keys and values of fixed-size blocks, for every layer, on one device.
+
+    keys, values: [n_layer, n_head, n_blocks, block_size, d_head]; hidden: [n_layer, n_blocks, block_size,
+    d_model] when the pool keeps layer inputs. Block 0 is the null block.
+    """
+
+    def __init__(
+        self,
+        layout: MemoryLayout,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        blocks: int = 64,
+        keep_hidden: bool = False,
+        growable: bool = True,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if blocks < 2:
+            raise ValueError(f"a pool needs at least 2 blocks (one is the null block), got {blocks}")
+        self.layout = layout
+        self.block_size = block_size
+        self.keep_hidden = keep_hidden
+        self.growable = growable
+        # Re-entrant: a table dropped by the garbage collector while this thread holds the lock frees its blocks.
+        self._lock = threading.RLock()
+        # Bumped whenever the tensors are reallocated (CUDA graphs captured on the old ones are then stale).
+        self.generation = 0
+        self._allocate_tensors(blocks)
+        self._refs = np.zeros(blocks, dtype=np.int64)
+        self._refs[NULL_BLOCK] = 1  # pinned
+        self._filled = np.zeros(blocks, dtype=np.int64)
+        self._free = list(range(blocks - 1, 0, -1))  # a stack: low ids are handed out first
+        self._reserved = 0
+
+    def _allocate_tensors(self, blocks: int) -> None:
+        lay = self.layout
+        kv_shape = (lay.n_layer, lay.n_head, blocks, self.block_size, lay.d_head)
+        # Pool tensors are ordinary tensors even when first used inside inference_mode, so that later steps
+        # outside it may still write them.
+        with torch.inference_mode(False):
+            self.keys = torch.zeros(kv_shape, dtype=lay.dtype, device=lay.device)
+            self.values = torch.zeros(kv_shape, dtype=lay.dtype, device=lay.device)
+            self.hidden = (
+                torch.zeros(
+                    (lay.n_layer, blocks, self.block_size, lay.d_model), dtype=lay.dtype, device=lay.device
+                )
+                if self.keep_hidden
+                else None
+            )
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def n_blocks(self) -> int:
+        """Blocks in the pool, the null block included."""
+        return self.keys.size(2)
+
+    @property
+    def capacity(self) -> int:
+        """Blocks that can hold positions (all but the null block)."""
+        return self.n_blocks - 1
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes one block takes: its positions of every layer."""
+        return self.block_size * self.layout.bytes_per_position(self.keep_hidden)
+
+    @property
+    def used_blocks(self) -> int:
+        with self._lock:
+            return self.capacity - len(self._free)
+
+    @property
+    def reserved_blocks(self) -> int:
+        return self._reserved
+
+    @property
+    def available_blocks(self) -> int:
+        """Free blocks not promised to a reservation."""
+        with self._lock:
+            return len(self._free) - self._reserved
+
+    def blocks_for(self, positions: int) -> int:
+        return math.ceil(positions / self.block_size)
+
+    # ------------------------------------------------------------------ blocks
+
+    def allocate(self, n: int, reservation: Reservation | None = None) -> np.ndarray:
+        """`n` zeroed blocks, each with one reference (owned by the caller: wrap them in a BlockTable with
+        `owned=True`). Drawn from `reservation` first, then from what no reservation holds."""
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        with self._lock:
+            from_reservation = min(n, reservation.remaining) if reservation is not None else 0
+            unreserved = n - from_reservation
+            if unreserved > len(self._free) - self._reserved:
+                self._grow(unreserved - (len(self._free) - self._reserved))
+            if reservation is not None:
+                reservation.remaining -= from_reservation
+                self._reserved -= from_reservation
+            ids = np.array([self._free.pop() for _ in range(n)], dtype=np.int64)
+            self._refs[ids] = 1
+            self._filled[ids] = 0
+        index = torch.from_numpy(ids).to(self.keys.device)
+        self.keys.index_fill_(2, index, 0)
+        self.values.index_fill_(2, index, 0)
+        if self.hidden is not None:
+            self.hidden.index_fill_(1, index, 0)
+        return ids
+
+    def _grow(self, at_least: int) -> None:
+        if not self.growable:
+            raise PoolExhausted(
+                f"the memory pool is full ({self.capacity} blocks of {self.block_size} positions in use or "
+                "reserved)"
+            )
+        old = self.n_blocks
+        new = max(2 * old, old + at_least)
+        keys, values, hidden = self.keys, self.values, self.hidden
+        self._allocate_tensors(new)
+        self.keys[:, :, :old].copy_(keys)
+        self.values[:, :, :old].copy_(values)
+        if hidden is not None and self.hidden is not None:
+            self.hidden[:, :old].copy_(hidden)
+        self._refs = np.concatenate([self._refs, np.zeros(new - old, dtype=np.int64)])
+        self._filled = np.concatenate([self._filled, np.zeros(new - old, dtype=np.int64)])
+        self._free = list(range(new - 1, old - 1, -1)) + self._free
+        self.generation += 1
+
+    def incref(self, ids: np.ndarray) -> None:
+        if ids.size:
+            with self._lock:
+                np.add.at(self._refs, ids, 1)
+
+    def decref(self, ids: np.ndarray) -> None:
+        if not ids.size:
+            return
+        with self._lock:
+            np.subtract.at(self._refs, ids, 1)
+            self._free.extend(ids[self._refs[ids] == 0].tolist())
+
+    def refcount(self, block: int) -> int:
+        return int(self._refs[block])
+
+    def claim(self, block: int, offset: int, n: int) -> bool:
+        """Claims positions [offset, offset + n) of `block` for writing, if nothing was written at `offset` or
+        after yet (the caller's sequence ends at the block's mark). A failed step leaves its claim unused."""
+        with self._lock:
+            if self._filled[block] != offset:
+                return False
+            self._filled[block] = offset + n
+            return True
+
+    def set_filled(self, block: int, n: int) -> None:
+        with self._lock:
+            self._filled[block] = n
+
+    def copy_positions(self, source: int, target: int, n: int) -> None:
+        """Copies the first `n` positions of block `source` into block `target` (every layer)."""
+        self.keys[:, :, target, :n] = self.keys[:, :, source, :n]
+        self.values[:, :, target, :n] = self.values[:, :, source, :n]
+        if self.hidden is not None:
+            self.hidden[:, target, :n] = self.hidden[:, source, :n]
+
+    # ------------------------------------------------------------------ reservations
+
+    def reserve(self, n: int) -> Reservation:
+        """Promises `n` blocks to one piece of work, so that its steps cannot run out of room midway."""
+        with self._lock:
+            if n > len(self._free) - self._reserved:
+                self._grow(n - (len(self._free) - self._reserved))
+            self._reserved += n
+        return Reservation(self, n)
+
+    def _release(self, n: int) -> None:
+        with self._lock:
+            self._reserved -= n
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockPool(blocks={self.capacity}, used={self.used_blocks}, reserved={self._reserved}, "
+            f"block_size={self.block_size}, dtype={self.layout.dtype}, device={self.layout.device})"
+        )
+
+
+class Reservation:
+    """Blocks promised to one piece of work; what it did not use goes back when it is released or dropped."""
+
+    def __init__(self, pool: BlockPool, n: int) -> None:
+        self.pool = pool
+        self.remaining = n
+
+    def release(self) -> None:
+        remaining, self.remaining = self.remaining, 0
+        if remaining:
+            self.pool._release(remaining)
+
+    def __del__(self) -> None:
+        self.release()
+
+
+class BlockTable:
+    """An immutable list of block ids holding one reference to each; the references go when it is dropped."""
+
+    __slots__ = ("ids", "pool")
+
+    def __init__(self, pool: BlockPool, ids: np.ndarray, *, owned: bool = False) -> None:
+        self.pool = pool
+        self.ids = ids
+        if not owned:
+            pool.incref(ids)
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def __del__(self) -> None:
+        # At interpreter shutdown numpy may already be gone; the pool goes with it.
+        with contextlib.suppress(Exception):
+            self.pool.decref(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class PagedRow:
+    """One sequence's memory: positions [start, start + length) of the concatenated blocks of `table`."""
+
+    table: BlockTable | None
+    start: int = 0
+    length: int = 0
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.table.ids if self.table is not None else np.zeros(0, dtype=np.int64)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+EMPTY_ROW = PagedRow(None)
+
+
+@dataclass(frozen=True, slots=True)
+class RowStep:
+    """One row of a step: where its new positions are written, what attention reads, what it keeps."""
+
+    table: BlockTable  # blocks attention reads: the memory and the new positions (kept alive by this)
+    start: int  # offset of the memory's first position in ids[0]
+    mem_length: int  # positions before this step's
+    new: int  # positions this step writes
+    result: PagedRow  # the memory after the step: the last <= mem_len positions
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.table.ids
+
+    @property
+    def write_positions(self) -> np.ndarray:
+        """Offsets, from the start of ids[0], of the positions this step writes."""
+        first = self.start + self.mem_length
+        return np.arange(first, first + self.new, dtype=np.int64)
+
+
+def plan_row(
+    pool: BlockPool, row: PagedRow, new: int, mem_len: int, reservation: Reservation | None = None
+) -> RowStep:
+    """Makes room for `new` positions after `row` (claiming, copying on write, allocating) and describes the
+    step. A step that fails leaves what it claimed or allocated unused (freed with its tables)."""
+    bs = pool.block_size
+    ids = row.ids
+    end = row.end
+    tail_used = end % bs
+    # Fresh blocks come with one reference each, held by these guards until the step's table holds its own.
+    guards = []
+    if tail_used and not pool.claim(int(ids[-1]), tail_used, min(bs - tail_used, new)):
+        # Something was appended after this memory's end in its last block: continue in a copy of that block.
+        copy = pool.allocate(1, reservation)
+        guards.append(BlockTable(pool, copy, owned=True))
+        pool.copy_positions(int(ids[-1]), int(copy[0]), tail_used)
+        pool.set_filled(int(copy[0]), tail_used + min(bs - tail_used, new))
+        ids = np.concatenate([ids[:-1], copy])
+    more = pool.blocks_for(end + new) - ids.size
+    if more > 0:
+        added = pool.allocate(more, reservation)
+        guards.append(BlockTable(pool, added, owned=True))
+        for block in added[:-1]:
+            pool.set_filled(int(block), bs)
+        pool.set_filled(int(added[-1]), (end + new) - (ids.size + more - 1) * bs)
+        ids = np.concatenate([ids, added])
+    unchanged = not guards and row.table is not None
+    step_table = row.table if unchanged else BlockTable(pool, ids)
+    assert step_table is not None
+    keep = min(mem_len, row.length + new)
+    new_start = end + new - keep
+    if keep == 0:
+        result = EMPTY_ROW
+    else:
+        drop = new_start // bs
+        table = step_table if drop == 0 else BlockTable(pool, ids[drop:])
+        result = PagedRow(table, new_start - drop * bs, keep)
+    return RowStep(step_table, row.start, row.length, new, result)
+
+
+def peak_blocks(mem_len: int, new: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The most blocks one sequence's memory spans while a step of `new` positions runs on it (its memory full,
+    starting at the worst offset in its first block)."""
+    return math.ceil((block_size - 1 + mem_len + new) / block_size)
+
+
+def resting_blocks(mem_len: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The most blocks a memory of `mem_len` positions spans between steps."""
+    return math.ceil((block_size - 1 + mem_len) / block_size) if mem_len else 0
+
+
+def gather_positions(pool_tensor: Tensor, row: PagedRow, block_dim: int) -> Tensor:
+    """The positions of `row` from one layer's pool tensor (blocks along `block_dim`, positions right after):
+    a dense copy with the positions along `block_dim`."""
+    if row.table is None or row.length == 0:
+        shape = list(pool_tensor.shape)
+        del shape[block_dim + 1]
+        shape[block_dim] = 0
+        return pool_tensor.new_zeros(shape)
+    index = torch.from_numpy(row.ids).to(pool_tensor.device)
+    blocks = pool_tensor.index_select(block_dim, index)  # [..., nb, bs, ...]
+    flat = blocks.flatten(block_dim, block_dim + 1)  # [..., nb * bs, ...]
+    return flat.narrow(block_dim, row.start, row.length)
+
+
+_default_pools: dict[tuple[MemoryLayout, bool], BlockPool] = {}
+_default_pools_lock = threading.Lock()
+
+
+def default_pool(layout: MemoryLayout, *, keep_hidden: bool = False) -> BlockPool:
+    """The process-wide growable pool for memories of `layout` that were not given a pool of their own (a
+    server makes its own pools, sized to its budgets)."""
+    key = (layout, keep_hidden)
+    with _default_pools_lock:
+        pool = _default_pools.get(key)
+        if pool is None:
+            pool = _default_pools[key] = BlockPool(layout, keep_hidden=keep_hidden)
+        return pool

@@ -1,0 +1,185 @@
+"""Runs one iteration on the device: sampling for the decoding rows, one forward over every row, scoring.
+
+Decoding rows sample their next token from the hidden state their last step left (on the device: parameters
+and seeds go in as tensors), and that token is fed in the same forward as the ingesting rows' segments. Scoring
+stays on the device too: a segment's token log-probabilities are kept as a device tensor and summed there. The
+host reads results once per iteration, and only what it needs: the sampled ids and their log-probs (the full
+distribution crosses only for rows that asked for top log-probs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from txl import BlockPool, Memory, TransfoXLLMHeadModel
+from txl.sampling import RowParams, SamplingParams, sample_rows
+
+# (token id, log-prob) of the most likely tokens at one position, best first.
+TopLogprobs = tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    memory: Memory  # one row
+    last_hidden: Tensor  # [D]: predicts the token sampled now
+    params: SamplingParams
+    seed: int
+    counter: int  # index of this token within its request
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    memory: Memory  # one row
+    tokens: Sequence[int]
+    last_hidden: Tensor | None  # [D]: predicts tokens[0] (None: nothing precedes it)
+    score: bool = False  # log p of each token
+    top_logprobs: int = 0  # with score: also the k most likely tokens at each position
+
+
+@dataclass(frozen=True)
+class DecodeOut:
+    token: int
+    logprob: float
+    top: TopLogprobs | None
+    memory: Memory
+    last_hidden: Tensor
+
+
+@dataclass(frozen=True)
+class ChunkOut:
+    memory: Memory
+    last_hidden: Tensor
+    logprobs: Tensor | None  # [T] float32 on the device; NaN for a first token nothing predicts
+    top: list[TopLogprobs | None] | None  # per token, when asked for
+
+
+class ModelRunner:
+    def __init__(self, model: TransfoXLLMHeadModel, pool: BlockPool) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = pool.layout.device
+        self.vocab = model.config.vocab_size
+
+    @torch.inference_mode()
+    def run(
+        self, decode: Sequence[DecodeRow], chunks: Sequence[ChunkRow]
+    ) -> tuple[list[DecodeOut], list[ChunkOut]]:
+        model = self.model
+        sampled = self._sample(decode) if decode else None
+        pieces = [sampled[0]] if sampled is not None else []
+        if chunks:
+            flat = [t for c in chunks for t in c.tokens]
+            pieces.append(torch.tensor(flat, dtype=torch.long, device=self.device))
+        tokens = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [N]
+        rows = [r.memory for r in decode] + [c.memory for c in chunks]
+        queries = [1] * len(decode) + [len(c.tokens) for c in chunks]
+        hidden, results = model.transformer.forward_rows(
+            tokens, queries, [m.rows[0] for m in rows], [m.mem_len for m in rows], self.pool
+        )  # [N, D]
+        offsets = np.cumsum([0, *queries])
+        last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]
+        memories = [
+            Memory(self.pool, mem_len=m.mem_len, rows=[r]) for m, r in zip(rows, results, strict=True)
+        ]
+        chunk_outs = self._chunks(
+            chunks, hidden, offsets[len(decode) :], last[len(decode) :], memories[len(decode) :]
+        )
+        decode_outs = []
+        if sampled is not None:
+            ids, logprobs, top = self._fetch(sampled, [r.top_logprobs for r in decode])
+            for i in range(len(decode)):
+                decode_outs.append(DecodeOut(ids[i], logprobs[i], top[i], memories[i], last[i].clone()))
+        return decode_outs, chunk_outs
+
+    def _sample(self, decode: Sequence[DecodeRow]) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+        hidden = torch.stack([r.last_hidden for r in decode])  # [Nd, D]
+        log_probs = self.model.log_probs(hidden)  # [Nd, V] float32
+        params = RowParams.build(
+            [r.params for r in decode],
+            [r.seed for r in decode],
+            [r.counter for r in decode],
+            self.vocab,
+            self.device,
+        )
+        tokens, logprobs = sample_rows(log_probs, params)
+        want = max(r.top_logprobs for r in decode)
+        top = torch.topk(log_probs, min(want, self.vocab), dim=-1) if want else None
+        return tokens, logprobs, (top.values, top.indices) if top is not None else None
+
+    def _fetch(
+        self, sampled: tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None], wants: list[int]
+    ) -> tuple[list[int], list[float], list[TopLogprobs | None]]:
+        """The one host read of an iteration: ids, their log-probs and any top log-probs, in one copy."""
+        tokens, logprobs, top = sampled
+        parts = [tokens.double(), logprobs.double()]
+        if top is not None:
+            parts += [top[0].double().flatten(), top[1].double().flatten()]
+        host = torch.cat(parts).cpu()
+        n = tokens.numel()
+        ids = host[:n].long().tolist()
+        values = host[n : 2 * n].tolist()
+        tops: list[TopLogprobs | None] = [None] * n
+        if top is not None:
+            k = top[0].size(1)
+            top_values = host[2 * n : 2 * n + n * k].view(n, k).tolist()
+            top_ids = host[2 * n + n * k :].view(n, k).long().tolist()
+            for i, want in enumerate(wants):
+                if want:
+                    tops[i] = tuple(zip(top_ids[i][:want], top_values[i][:want], strict=True))
+        return ids, values, tops
+
+    def _chunks(
+        self,
+        chunks: Sequence[ChunkRow],
+        hidden: Tensor,
+        offsets: np.ndarray,
+        last: Tensor,
+        memories: list[Memory],
+    ) -> list[ChunkOut]:
+        scored = [i for i, c in enumerate(chunks) if c.score]
+        logprobs: dict[int, Tensor] = {}
+        tops: dict[int, list[TopLogprobs | None]] = {}
+        if scored:
+            # Position t predicts token t+1; the previous step's last hidden state predicts token 0.
+            predictors, targets, spans = [], [], []
+            for i in scored:
+                c, start, end = chunks[i], int(offsets[i]), int(offsets[i + 1])
+                inner = hidden[start : end - 1]
+                if c.last_hidden is not None:
+                    inner = torch.cat([c.last_hidden[None, :], inner])
+                known = list(c.tokens) if c.last_hidden is not None else list(c.tokens[1:])
+                predictors.append(inner)
+                targets.extend(known)
+                spans.append(len(known))
+            flat_predictors = torch.cat(predictors)  # [M, D]
+            flat_targets = torch.tensor(targets, dtype=torch.long, device=self.device)
+            want = max(chunks[i].top_logprobs for i in scored)
+            if want:
+                full = self.model.log_probs(flat_predictors)  # [M, V]: needed for the alternatives anyway
+                values = full.gather(1, flat_targets[:, None])[:, 0]
+                top = torch.topk(full, min(want, self.vocab), dim=-1)
+                top_values, top_ids = top.values.tolist(), top.indices.tolist()
+            else:
+                values = self.model.target_log_probs(flat_predictors, flat_targets)  # [M]
+            cursor = 0
+            for i, span in zip(scored, spans, strict=True):
+                part = values[cursor : cursor + span]
+                if chunks[i].last_hidden is None:  # nothing predicts the first token
+                    part = torch.cat([part.new_full((1,), float("nan")), part])
+                logprobs[i] = part
+                if want and chunks[i].top_logprobs:
+                    k = chunks[i].top_logprobs
+                    rows = [
+                        tuple(zip(top_ids[j][:k], top_values[j][:k], strict=True))
+                        for j in range(cursor, cursor + span)
+                    ]
+                    tops[i] = ([None] if chunks[i].last_hidden is None else []) + rows
+                cursor += span
+        return [
+            ChunkOut(memories[i], last[i].clone(), logprobs.get(i), tops.get(i)) for i in range(len(chunks))
+        ]
