@@ -111,7 +111,19 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-ORDER = ["model", "paper", "floor", "engine", "http", "memory", "quality", "speedwork", "gpu"]
+ORDER = [
+    "model",
+    "paper",
+    "floor",
+    "engine",
+    "batching",
+    "http",
+    "memory",
+    "persistence",
+    "quality",
+    "speedwork",
+    "gpu",
+]
 
 
 def assemble() -> Path:

@@ -27,12 +27,13 @@ LONG_TOKENS = 256
 
 
 class Server:
-    def __init__(self, model_dir: Path | None) -> None:
+    def __init__(self, model_dir: Path | None, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         env = {
             **os.environ,
             "TXL_LOG_LEVEL": "warning",
             "TXL_MAX_CONCURRENT_REQUESTS": "1024",
+            **(env or {}),
         }
         if model_dir is not None:
             env["TXL_MODEL"] = str(model_dir)

@@ -10,8 +10,10 @@ Log-probabilities are always computed in float32: in float16, HF's version overf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -45,18 +47,38 @@ class AdaptiveEmbedding(nn.Module):
             embed = self.emb_layers[0](tokens)
             if self.d_proj != self.d_embed:
                 embed = nn.functional.linear(embed, self.emb_projs[0])
+        elif tokens.device.type == "cpu":
+            embed = self._by_cluster(tokens.reshape(-1)).view(*tokens.shape, self.d_proj)
         else:
-            flat = tokens.reshape(-1)
-            weight = self.emb_projs[0]
-            out = torch.zeros(flat.size(0), self.d_proj, dtype=weight.dtype, device=weight.device)
-            for i, (lo, hi) in enumerate(zip(self.cutoff_ends, self.cutoff_ends[1:], strict=False)):
-                idx = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
-                if idx.numel() == 0:
-                    continue
-                emb = self.emb_layers[i](flat.index_select(0, idx) - lo)
-                out = out.index_copy(0, idx, nn.functional.linear(emb, self.emb_projs[i]))
-            embed = out.view(*tokens.shape, self.d_proj)
+            embed = self._masked(tokens.reshape(-1)).view(*tokens.shape, self.d_proj)
         return embed * self.emb_scale
+
+    def _by_cluster(self, flat: Tensor) -> Tensor:
+        """[N] -> [N, d_proj]: each cluster's tokens embedded and projected (their positions found on the host)."""
+        weight = self.emb_projs[0]
+        out = torch.zeros(flat.size(0), self.d_proj, dtype=weight.dtype, device=weight.device)
+        for i, (lo, hi) in enumerate(zip(self.cutoff_ends, self.cutoff_ends[1:], strict=False)):
+            idx = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
+            if idx.numel() == 0:
+                continue
+            emb = self.emb_layers[i](flat.index_select(0, idx) - lo)
+            out = out.index_copy(0, idx, nn.functional.linear(emb, self.emb_projs[i]))
+        return out
+
+    def _masked(self, flat: Tensor) -> Tensor:
+        """[N] -> [N, d_proj] with no data-dependent shape: every cluster embeds every token (clamped into its
+        range) and keeps its own. No host synchronisation, so a CUDA graph can capture it; the extra work is a
+        few small products per token."""
+        out = None
+        for i, (lo, hi) in enumerate(zip(self.cutoff_ends, self.cutoff_ends[1:], strict=False)):
+            inside = (flat >= lo) & (flat < hi)
+            emb = nn.functional.linear(
+                self.emb_layers[i]((flat - lo).clamp(0, hi - lo - 1)), self.emb_projs[i]
+            )
+            part = emb * inside[:, None].to(emb.dtype)
+            out = part if out is None else out + part
+        assert out is not None
+        return out
 
 
 class ProjectedAdaptiveLogSoftmax(nn.Module):
@@ -140,20 +162,31 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             out[:, lo:hi] = cluster + self._tail_log_probs(hidden, i)
         return out
 
-    def target_log_probs(self, hidden: Tensor, targets: Tensor) -> Tensor:
-        """hidden [N, d_model], targets [N] -> [N] float32 log p(target), evaluating only the clusters needed."""
+    def target_log_probs(
+        self, hidden: Tensor, targets: Tensor, host_targets: Sequence[int] | None = None
+    ) -> Tensor:
+        """hidden [N, d_model], targets [N] -> [N] float32 log p(target), evaluating only the clusters needed.
+
+        `host_targets`: the same ids on the host, if the caller has them: which rows fall in which cluster is
+        then found there, with no synchronisation with the device."""
         head = self._head_log_probs(hidden)
         if self.n_clusters == 0:
             return head.gather(1, targets[:, None]).squeeze(1)
-        out = head.new_empty(targets.shape)
-        in_head = targets < self.shortlist_size
-        out[in_head] = head[in_head].gather(1, targets[in_head][:, None]).squeeze(1)
+        # Head words first (a tail target's entry is overwritten below).
+        out = head.gather(1, targets.clamp(max=self.shortlist_size - 1)[:, None]).squeeze(1)
+        ids = np.asarray(host_targets) if host_targets is not None else None
         for i in range(1, self.n_clusters + 1):
             lo, hi = self.cutoff_ends[i], self.cutoff_ends[i + 1]
-            idx = ((targets >= lo) & (targets < hi)).nonzero().squeeze(1)
-            if idx.numel() == 0:
-                continue
+            if ids is not None:
+                rows = np.nonzero((ids >= lo) & (ids < hi))[0]
+                if rows.size == 0:
+                    continue
+                idx = torch.from_numpy(rows).to(targets.device, non_blocking=True)
+            else:
+                idx = ((targets >= lo) & (targets < hi)).nonzero().squeeze(1)
+                if idx.numel() == 0:
+                    continue
             tail = self._tail_log_probs(hidden.index_select(0, idx), i)  # [n, n_i]
             word = tail.gather(1, (targets.index_select(0, idx) - lo)[:, None]).squeeze(1)
-            out[idx] = head[idx, self.shortlist_size + i - 1] + word
+            out = out.index_copy(0, idx, head[idx, self.shortlist_size + i - 1] + word)
         return out

@@ -21,9 +21,9 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from .kernels import PagedDecodeKernel, cpu_paged_decode, kernels_enabled
+from .kernels import DecodeKernel, decode_kernel
 from .linear import linear
-from .paged_step import PagedStep, QueryGroup
+from .paged_step import PagedStep, QueryGroup, StaticDecodeStep
 
 # project_kv(hidden [B, L, D]) -> (keys, values), each [B, H, L, Dh]: a layer's projection of memory hidden states.
 ProjectKV = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -180,7 +180,9 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
 
     # ------------------------------------------------------------------ paged memory (inference)
 
-    def forward_paged(self, x: Tensor, step: PagedStep, layer: int, pos_table: Tensor) -> Tensor:
+    def forward_paged(
+        self, x: Tensor, step: PagedStep | StaticDecodeStep, layer: int, pos_table: Tensor
+    ) -> Tensor:
         """x [N, D]: this layer's input at every new position of the step's rows -> [N, D].
 
         pos_table: this layer's positional keys [H, P', Dh] for distances P'-1..0 (P' >= step.n_pos).
@@ -247,12 +249,9 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
         return self._output(x, attn_vec)
 
 
-def _decode_kernel(queries: int, keys: Tensor) -> PagedDecodeKernel | None:
-    """The native decode kernel where it applies: one query per row, on a CPU, in a dtype it reads."""
-    if queries != 1 or keys.device.type != "cpu" or not kernels_enabled():
-        return None
-    kernel = cpu_paged_decode()
-    return kernel if kernel is not None and kernel.supports(keys.dtype) else None
+def _decode_kernel(queries: int, keys: Tensor) -> DecodeKernel | None:
+    """A native kernel where one applies: one query per row (see txl.kernels)."""
+    return decode_kernel(keys) if queries == 1 else None
 
 
 def group_attention(
@@ -269,10 +268,10 @@ def group_attention(
     def rows_first(q: Tensor) -> Tensor:  # [N, H, Dh] -> [H, B*T, Dh] for this group's queries
         return q.index_select(0, group.token_index).transpose(0, 1)
 
-    # BD for every distance: [H, B*T, P]
-    by_distance = torch.bmm(rows_first(q_position), _dense_if_half_on_cpu(positions).transpose(1, 2))
     kernel = _decode_kernel(qlen, keys)
     if kernel is not None:
+        # BD for every distance: [H, B, P]; the kernel picks each key's.
+        by_distance = torch.bmm(rows_first(q_position), _dense_if_half_on_cpu(positions).transpose(1, 2))
         query = q_content.index_select(0, group.token_index).float()  # [B, H, Dh]
         out = kernel(
             query,
@@ -285,15 +284,53 @@ def group_attention(
             group.windows,
         )
         return out.to(keys.dtype)
-    # Each key slot's BD: [H, B, T, L]
-    bd = by_distance.view(heads, batch, qlen, -1).gather(3, group.bd_index.expand(heads, batch, qlen, slots))
+    bd = _positional_scores(rows_first(q_position), positions, group)  # [H, B, T, L]
     # The rows' blocks side by side: [H*n_blocks, bs*Dh] rows -> [H*B*S, bs*Dh] = [H*B, L, Dh]
     rows = keys.size(0) * keys.size(1)
     row_keys = keys.reshape(rows, -1).index_select(0, group.head_rows).view(heads * batch, slots, d_head)
     row_values = values.reshape(rows, -1).index_select(0, group.head_rows).view(heads * batch, slots, d_head)
     query = rows_first(q_content).reshape(heads * batch, qlen, d_head)
     score = torch.baddbmm(bd.reshape(heads * batch, qlen, slots), query, row_keys.transpose(1, 2))
-    mask = group.mask.expand(heads, batch, qlen, slots).reshape(heads * batch, qlen, slots)
-    prob = attention_probs(score, mask, values.dtype)  # [H*B, T, L]
+    score = score.view(heads, batch, qlen, slots)
+    prob = attention_probs(score, group.mask, values.dtype).view(heads * batch, qlen, slots)  # [H*B, T, L]
     out = torch.bmm(prob, row_values)  # [H*B, T, Dh]
     return out.view(heads, batch * qlen, d_head).transpose(0, 1)  # [B*T, H, Dh]
+
+
+def _positional_scores(q_position: Tensor, positions: Tensor, group: QueryGroup) -> Tensor:
+    """BD for every (query, key slot): q_position [H, B*T, Dh], positions [H, P, Dh] (distances P-1..0) ->
+    [H, B, T, L].
+
+    The product against every distance is one bmm; each query then needs its own window of it, shifted by one
+    column per query (the paper's relative shift). Where the host knows each row's query positions that window
+    is a strided view of the product (no copy for a single row); otherwise (a CUDA graph's buffers) a gather.
+    """
+    heads, rows_t, _ = q_position.shape
+    n_pos = positions.size(1)
+    batch, qlen, slots = group.rows, group.queries, group.key_slots
+    first_queries = group.first_query_positions
+    if first_queries is None:
+        by_distance = torch.bmm(q_position, _dense_if_half_on_cpu(positions).transpose(1, 2))
+        index = group.bd_index.expand(heads, batch, qlen, slots)
+        return by_distance.view(heads, batch, qlen, n_pos).gather(3, index)
+    # Element (h, b, i, j) sits at column P-1-(p_b+i-j) of row (b, i): a view with a row stride of P-1. The
+    # buffer is padded on both sides so that the columns of hidden slots (before the row's first position,
+    # after the query) stay inside it; what they read there is masked.
+    front = max(0, max(first_queries) - (n_pos - 1))
+    body = heads * rows_t * n_pos
+    buffer = q_position.new_empty(front + body + slots + qlen)
+    buffer[:front].zero_()
+    buffer[front + body :].zero_()
+    by_distance = buffer[front : front + body].view(heads, rows_t, n_pos)
+    torch.bmm(q_position, _dense_if_half_on_cpu(positions).transpose(1, 2), out=by_distance)
+
+    def window(b: int) -> Tensor:  # [H, T, L]
+        offset = front + b * qlen * n_pos + (n_pos - 1 - first_queries[b])
+        return buffer.as_strided((heads, qlen, slots), (rows_t * n_pos, n_pos - 1, 1), offset)
+
+    if batch == 1:
+        return window(0).unsqueeze(1)
+    bd = q_position.new_empty(heads, batch, qlen, slots)
+    for b in range(batch):
+        bd[:, b] = window(b)
+    return bd

@@ -23,7 +23,7 @@ from .config import TxlConfig
 from .feedforward import PositionwiseFF
 from .memory import HiddenMemory, Memory, MemoryLayout
 from .paged import BlockPool, PagedRow, Reservation, default_pool
-from .paged_step import PagedStep
+from .paged_step import PagedStep, StaticDecodeStep
 from .positional import PositionalEmbedding, attention_mask
 
 AnyMemory = Memory | HiddenMemory
@@ -58,7 +58,9 @@ class RelPartialLearnableDecoderLayer(nn.Module):
     ) -> Tensor:
         return self.pos_ff(self.dec_attn(x, groups, layer, pos_table))
 
-    def forward_paged(self, x: Tensor, step: PagedStep, layer: int, pos_table: Tensor) -> Tensor:
+    def forward_paged(
+        self, x: Tensor, step: PagedStep | StaticDecodeStep, layer: int, pos_table: Tensor
+    ) -> Tensor:
         return self.pos_ff(self.dec_attn.forward_paged(x, step, layer, pos_table))
 
 
@@ -165,11 +167,16 @@ class TransfoXLModel(nn.Module):
         step = PagedStep(
             pool, rows, queries, mem_lens, same_length=self.config.same_length, reservation=reservation
         )
+        return self.forward_step(tokens, step), step.results
+
+    @torch.no_grad()
+    def forward_step(self, tokens: Tensor, step: PagedStep | StaticDecodeStep) -> Tensor:
+        """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed)."""
         hidden = self.drop(self.word_emb(tokens))  # [N, D]
         tables = self.positional_tables(step.n_pos)
         for i, layer in enumerate(self.layers):
             hidden = cast(RelPartialLearnableDecoderLayer, layer).forward_paged(hidden, step, i, tables[i])
-        return hidden, step.results
+        return hidden
 
     def _forward_dense(
         self, tokens: Tensor, memories: Sequence[HiddenMemory]
@@ -347,7 +354,10 @@ class TransfoXLLMHeadModel(nn.Module):
         flat = hidden.reshape(-1, hidden.size(-1))
         return self.crit.log_probs(flat).view(*hidden.shape[:-1], -1)
 
-    def target_log_probs(self, hidden: Tensor, targets: Tensor) -> Tensor:
-        """hidden [..., D], targets [...] -> [...] float32 log p(target); never builds the full distribution."""
+    def target_log_probs(
+        self, hidden: Tensor, targets: Tensor, host_targets: Sequence[int] | None = None
+    ) -> Tensor:
+        """hidden [..., D], targets [...] -> [...] float32 log p(target); never builds the full distribution.
+        `host_targets` (the flat ids, on the host) spares the device a synchronisation."""
         flat = hidden.reshape(-1, hidden.size(-1))
-        return self.crit.target_log_probs(flat, targets.reshape(-1)).view(targets.shape)
+        return self.crit.target_log_probs(flat, targets.reshape(-1), host_targets).view(targets.shape)

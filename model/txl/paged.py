@@ -78,17 +78,22 @@ class BlockPool:
         lay = self.layout
         kv_shape = (lay.n_layer, lay.n_head, blocks, self.block_size, lay.d_head)
         # Pool tensors are ordinary tensors even when first used inside inference_mode, so that later steps
-        # outside it may still write them.
+        # outside it may still write them. Left uninitialised (a large pool on a CPU then costs memory only as
+        # it is used): every block is zeroed when it is handed out, and the null block here.
         with torch.inference_mode(False):
-            self.keys = torch.zeros(kv_shape, dtype=lay.dtype, device=lay.device)
-            self.values = torch.zeros(kv_shape, dtype=lay.dtype, device=lay.device)
+            self.keys = torch.empty(kv_shape, dtype=lay.dtype, device=lay.device)
+            self.values = torch.empty(kv_shape, dtype=lay.dtype, device=lay.device)
             self.hidden = (
-                torch.zeros(
+                torch.empty(
                     (lay.n_layer, blocks, self.block_size, lay.d_model), dtype=lay.dtype, device=lay.device
                 )
                 if self.keep_hidden
                 else None
             )
+        self.keys[:, :, NULL_BLOCK] = 0
+        self.values[:, :, NULL_BLOCK] = 0
+        if self.hidden is not None:
+            self.hidden[:, NULL_BLOCK] = 0
 
     # ------------------------------------------------------------------ sizes
 

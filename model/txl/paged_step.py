@@ -14,6 +14,7 @@ beyond `mem_len` with same_length) are masked.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,19 +27,23 @@ from .paged import NULL_BLOCK, BlockPool, PagedRow, Reservation, RowStep, plan_r
 
 @dataclass(frozen=True)
 class QueryGroup:
-    """Rows feeding `queries` tokens each, attended in one computation."""
+    """Rows feeding `queries` tokens each, attended in one computation.
+
+    The index tensors attention needs are derived on the device from the per-row ones, when first used (so that
+    a captured CUDA graph recomputes them from its input buffers)."""
 
     queries: int  # T: new tokens per row
     token_index: Tensor  # [B*T] long: each query's index in the step's flat tokens, row-major
     table: Tensor  # [B, S] long: block ids, padded with the null block
-    head_rows: Tensor  # [H*B*S] long: rows of a layer's pool viewed as [H*n_blocks, bs*Dh], head-major
-    bd_index: (
-        Tensor  # [B, T, L] long: column of the positional scores for (query, key slot); L = S*block_size
-    )
-    mask: Tensor  # [B, T, L] bool: True where a key slot is hidden from a query
     starts: Tensor  # [B] long: offset of each row's first position in its first block
     key_lengths: Tensor  # [B] long: positions each row's last query sees (memory + new)
     windows: Tensor  # [B] long: same_length window (mem_len, at least 1), or a bound no distance reaches
+    n_pos: int  # P: distances the positional scores cover
+    block_size: int
+    n_head: int
+    n_blocks: int  # blocks in the pool (rows of a layer's [H*n_blocks, bs*Dh] view per head)
+    # Each row's first query's position in its table, when the host knows it (not for a graph's buffers).
+    first_query_positions: list[int] | None = None
 
     @property
     def rows(self) -> int:
@@ -46,7 +51,38 @@ class QueryGroup:
 
     @property
     def key_slots(self) -> int:
-        return self.mask.size(-1)
+        return self.table.size(1) * self.block_size
+
+    @functools.cached_property
+    def head_rows(self) -> Tensor:
+        """[H*B*S] long: the rows of a layer's pool viewed as [H*n_blocks, bs*Dh], head-major. index_select
+        along the first dimension copies whole contiguous rows (a block of one head) at full bandwidth; along
+        the blocks dimension of [H, n_blocks, bs, Dh] it was 5x slower."""
+        heads = torch.arange(self.n_head, device=self.table.device)[:, None] * self.n_blocks
+        return (heads + self.table.reshape(1, -1)).reshape(-1)
+
+    @functools.cached_property
+    def _distance(self) -> Tensor:
+        """[B, T, L] long: distance from each query to each key slot (negative: after the query)."""
+        device = self.table.device
+        query = torch.arange(self.queries, device=device)[None, :, None]  # [1, T, 1]
+        key = torch.arange(self.key_slots, device=device)[None, None, :]  # [1, 1, L]
+        # The first query sees the memory and itself: it sits at start + key_length - T.
+        position = (self.starts + self.key_lengths - self.queries)[:, None, None] + query  # [B, T, 1]
+        return position - key
+
+    @functools.cached_property
+    def mask(self) -> Tensor:
+        """[B, T, L] bool: True where a key slot is hidden from a query (before the row's first position, after
+        the query, or beyond its same_length window)."""
+        key = torch.arange(self.key_slots, device=self.table.device)[None, None, :]
+        distance = self._distance
+        return (key < self.starts[:, None, None]) | (distance < 0) | (distance >= self.windows[:, None, None])
+
+    @functools.cached_property
+    def bd_index(self) -> Tensor:
+        """[B, T, L] long: the column of the positional scores (distances P-1..0) for each (query, key slot)."""
+        return (self.n_pos - 1 - self._distance).clamp(0, self.n_pos - 1)
 
 
 class PagedStep:
@@ -119,38 +155,116 @@ class PagedStep:
         windows = np.array(
             [max(mem_lens[r], 1) if same_length else self.n_pos + 1 for r in members], dtype=np.int64
         )
-        starts_t, lengths_t, windows_t = (_index(a, device) for a in (starts, key_lengths, windows))
-        slots = width * bs
-        query = torch.arange(queries, device=device)[None, :, None]  # [1, T, 1]
-        key = torch.arange(slots, device=device)[None, None, :]  # [1, 1, L]
-        # The first query sees the memory and itself: it sits at start + key_length - T.
-        position = (starts_t + lengths_t - queries)[:, None, None] + query  # [B, T, 1]
-        distance = position - key  # [B, T, L]
-        hidden = (key < starts_t[:, None, None]) | (distance < 0) | (distance >= windows_t[:, None, None])
-        bd_index = (self.n_pos - 1 - distance).clamp(0, self.n_pos - 1)
-        # index_select along the first dimension copies whole contiguous rows (blocks of one head) at full
-        # bandwidth; along the blocks dimension of [H, n_blocks, bs, Dh] it was 5x slower.
-        heads = self.pool.layout.n_head
-        head_rows = np.arange(heads)[:, None] * self.pool.n_blocks + table.reshape(1, -1)  # [H, B*S]
         return QueryGroup(
             queries,
             _index(token_index, device),
             _index(table, device),
-            _index(head_rows.reshape(-1), device),
-            bd_index,
-            hidden,
-            starts_t,
-            lengths_t,
-            windows_t,
+            _index(starts, device),
+            _index(key_lengths, device),
+            _index(windows, device),
+            self.n_pos,
+            bs,
+            self.pool.layout.n_head,
+            self.pool.n_blocks,
+            (starts + key_lengths - queries).tolist(),
         )
 
     def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
         """Stores this layer's keys/values [N, H, Dh] (and input [N, D]) of the new positions in the pool."""
-        pool = self.pool
-        pool.keys[layer][:, self.write_blocks, self.write_slots] = keys.transpose(0, 1)
-        pool.values[layer][:, self.write_blocks, self.write_slots] = values.transpose(0, 1)
-        if pool.hidden is not None and layer_input is not None:
-            pool.hidden[layer][self.write_blocks, self.write_slots] = layer_input
+        _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
+
+
+class StaticDecodeStep:
+    """A decoding step (one new token per row) whose inputs live in buffers that never move: what a CUDA graph
+    captures. `load` fills them for the rows of one iteration; rows beyond those are padding, which read and
+    write only `scratch_block` (a block no memory holds)."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        *,
+        rows: int,
+        max_blocks: int,
+        n_pos: int,
+        same_length: bool,
+        scratch_block: int,
+    ) -> None:
+        device = pool.layout.device
+        self.pool = pool
+        self.capacity = rows
+        self.n_pos = n_pos
+        self.same_length = same_length
+        self.scratch_block = scratch_block
+        self.row_steps: list[RowStep] = []
+        self.write_blocks = torch.full((rows,), scratch_block, dtype=torch.long, device=device)
+        self.write_slots = torch.zeros(rows, dtype=torch.long, device=device)
+        group = QueryGroup(
+            1,
+            torch.arange(rows, device=device),
+            torch.full((rows, max_blocks), scratch_block, dtype=torch.long, device=device),
+            torch.zeros(rows, dtype=torch.long, device=device),
+            torch.ones(rows, dtype=torch.long, device=device),
+            torch.ones(rows, dtype=torch.long, device=device),
+            n_pos,
+            pool.block_size,
+            pool.layout.n_head,
+            pool.n_blocks,
+        )
+        self.groups = [group]
+        # One host array for every per-row input, copied to the device in one transfer.
+        self._host = torch.zeros((rows, 5 + max_blocks), dtype=torch.long, pin_memory=device.type == "cuda")
+
+    @property
+    def results(self) -> list[PagedRow]:
+        return [rs.result for rs in self.row_steps]
+
+    def load(self, row_steps: Sequence[RowStep], mem_lens: Sequence[int]) -> None:
+        """The rows of this iteration (planned with `plan_row`, one new token each), padded to capacity."""
+        if len(row_steps) > self.capacity:
+            raise ValueError(f"{len(row_steps)} rows do not fit a step of {self.capacity}")
+        group, bs = self.groups[0], self.pool.block_size
+        host = self._host.numpy()
+        host[:] = 0
+        host[:, 0] = self.scratch_block  # padding: write slot 0 of the scratch block, read only it
+        host[:, 2] = 1  # key length
+        host[:, 3] = 1  # window
+        host[:, 5:] = self.scratch_block
+        for i, (rs, mem_len) in enumerate(zip(row_steps, mem_lens, strict=True)):
+            (position,) = rs.write_positions
+            if rs.ids.size > host.shape[1] - 5:
+                raise ValueError("a row's memory spans more blocks than the step was built for")
+            host[i, 0], host[i, 1] = rs.ids[position // bs], position % bs
+            host[i, 2] = rs.mem_length + rs.new
+            host[i, 3] = max(mem_len, 1) if self.same_length else self.n_pos + 1
+            host[i, 4] = rs.start
+            host[i, 5 : 5 + rs.ids.size] = rs.ids
+            host[i, 5 + rs.ids.size :] = NULL_BLOCK
+        device = self._host.to(self.pool.keys.device, non_blocking=True)
+        self.write_blocks.copy_(device[:, 0])
+        self.write_slots.copy_(device[:, 1])
+        group.key_lengths.copy_(device[:, 2])
+        group.windows.copy_(device[:, 3])
+        group.starts.copy_(device[:, 4])
+        group.table.copy_(device[:, 5:])
+        self.row_steps = list(row_steps)
+
+    def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
+        _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
+
+
+def _write(
+    pool: BlockPool,
+    blocks: Tensor,
+    slots: Tensor,
+    layer: int,
+    keys: Tensor,
+    values: Tensor,
+    layer_input: Tensor | None,
+) -> None:
+    pool.keys[layer][:, blocks, slots] = keys.transpose(0, 1)
+    pool.values[layer][:, blocks, slots] = values.transpose(0, 1)
+    if pool.hidden is not None and layer_input is not None:
+        pool.hidden[layer][blocks, slots] = layer_input
 
 
 def _index(array: np.ndarray, device: torch.device) -> Tensor:

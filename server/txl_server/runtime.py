@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from redis import asyncio as aioredis
-from txl import TransfoXLLMHeadModel, load_pretrained
+from txl import BlockPool, TransfoXLLMHeadModel, load_pretrained
 from txl.tokenizers import Tokenizer, load_tokenizer
 
 from .engine.worker import Worker, WorkerObserver
@@ -55,6 +55,24 @@ def worker_threads(settings: Settings) -> int:
     return max(1, cores - 1) if torch.device(settings.device).type == "cpu" else max(1, min(cores, 4))
 
 
+def device_pool(model: TransfoXLLMHeadModel, settings: Settings) -> BlockPool:
+    """The device's memory pool, sized to the device budget up front (a GPU then never reallocates it).
+
+    It may still grow past the budget while steps run (a step's new blocks exist before the memory tiers move
+    other sessions out at its commit); sessions at rest stay within the budget."""
+    layout = model.memory_layout()
+    block_bytes = settings.block_size * layout.bytes_per_position()
+    return BlockPool(
+        layout, block_size=settings.block_size, blocks=settings.device_memory_bytes // block_bytes + 2
+    )
+
+
+def default_batch_tokens(device: torch.device, segment_len: int) -> int:
+    """Tokens per forward: a CPU's forward time grows with its tokens, so it takes two segments at a time
+    (decoding rows wait at most that long); a GPU's barely does until thousands."""
+    return max(2 * segment_len, 256) if device.type == "cpu" else max(8 * segment_len, 2048)
+
+
 class Runtime:
     def __init__(
         self,
@@ -89,7 +107,11 @@ class Runtime:
             tokenizer,
             segment_len=segment_len,
             max_batch_size=settings.max_batch_size,
+            max_batch_tokens=settings.max_batch_tokens or default_batch_tokens(model.device, segment_len),
             max_queued=settings.max_queued_jobs,
+            pool=device_pool(model, settings),
+            graphs=settings.cuda_graphs if settings.cuda_graphs is not None else model.device.type == "cuda",
+            max_mem_len=settings.mem_lens(model.config.mem_len)[1],
             observer=self.worker_observer,
         )
         self.worker.start()

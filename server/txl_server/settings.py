@@ -41,6 +41,13 @@ class Settings(BaseSettings):
 
     # ---- engine
     max_batch_size: int = Field(64, ge=1, le=1024)  # decode rows per forward
+    # Tokens per forward: decoding rows plus prompt/append/scoring segments beside them (chunked prefill).
+    # Default: 256 on a CPU, 2048 on a GPU.
+    max_batch_tokens: int | None = Field(None, ge=1, le=65536)
+    block_size: int = Field(16, ge=1, le=256)  # positions per block of the memory pool
+    # Decoding iterations as CUDA graphs; default: on with a CUDA device. (On a CPU: the graphs' static
+    # buffers, run eagerly; for tests.)
+    cuda_graphs: bool | None = None
     segment_len: int | None = Field(
         None, ge=1, le=4096
     )  # ingestion chunk; default: the model's tgt_len, else 128
@@ -92,6 +99,12 @@ class Settings(BaseSettings):
         if value not in ("float32", "bfloat16", "float16"):
             raise ValueError("dtype must be float32, bfloat16 or float16")
         return value
+
+    def mem_lens(self, model_mem_len: int) -> tuple[int, int]:
+        """(default, largest) mem_len of a session, for a model trained with `model_mem_len`."""
+        default = self.default_mem_len if self.default_mem_len is not None else model_mem_len
+        largest = self.max_mem_len if self.max_mem_len is not None else max(model_mem_len, default)
+        return default, largest
 
     @property
     def model_dir(self) -> Path:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import txl
-from txl.kernels import cpu_paged_decode, reference_path
+from txl.kernels import cpu_paged_decode, prefer, reference_path
 
 from .helpers import tiny_model
 
@@ -22,13 +27,13 @@ def _decode_both_ways(model, lengths, *, mem_len, block_size, steps=3):
         for n in lengths:
             memory = model.empty_memory(1, mem_len=mem_len, pool=pool)
             if n:
-                _, memory = model(torch.randint(0, 64, (1, n), generator=generator), memory)
+                _, memory = model(torch.randint(0, 64, (1, n), generator=generator).to(model.device), memory)
             memories.append(memory)
         outputs = {}
         for name, path in (("kernel", None), ("reference", reference_path)):
             current, out = list(memories), []
             for t in range(steps):
-                tokens = torch.full((len(lengths), 1), 3 + t)
+                tokens = torch.full((len(lengths), 1), 3 + t, device=model.device)
                 if path is None:
                     hidden, current = model(tokens, current)
                 else:
@@ -72,3 +77,38 @@ def test_cpu_decode_kernel_splits_rows_across_threads():
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def _triton_interpreter():
+    from txl.kernels import triton_decode
+
+    return triton_decode.triton is not None
+
+
+@pytest.mark.skipif(not _triton_interpreter(), reason="triton is not installed")
+@pytest.mark.parametrize("same_length", [False, True])
+def test_triton_decode_kernel_equals_the_torch_path_under_the_interpreter(same_length):
+    """The GPU kernel, run by Triton's interpreter on the CPU (in a process of its own: Triton reads the
+    switch when imported), computes what the torch path does."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    argument = "same_length" if same_length else "all"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.model.triton_interpreted", argument],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert float(done.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_triton_decode_kernel_on_cuda_equals_the_torch_path():
+    model = tiny_model(seed=25, mem_len=40, same_length=True).cuda()
+    lengths = [0, 5, 40, 100]
+    with prefer("triton"):
+        got, expected = _decode_both_ways(model, lengths, mem_len=40, block_size=16)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)

@@ -1,34 +1,83 @@
 """Native kernels for the paged attention, each with the plain torch path as the reference it must equal.
 
-`cpu_paged_decode()` compiles `paged_decode.c` for this machine's CPU on first use (with the system C compiler,
-`-O3 -march=native`) and caches the shared library; it returns None where no compiler is found, the build
-fails, or `TXL_CPU_KERNELS=0` is set, and attention then takes the torch path (see docs/model.md).
-`reference_path()` forces the torch path for a block of code (tests compare the two; benchmarks measure both).
+Decoding (one query per row) reads the rows' blocks in place through a kernel where one applies:
+
+- on a CPU, `paged_decode.c`, compiled for this machine on first use with the system C compiler
+  (`-O3 -march=native`) and cached; not used where no compiler is found, the build fails, or
+  `TXL_CPU_KERNELS=0` is set;
+- on CUDA, a Triton kernel (`triton_decode.py`), unless `TXL_TRITON_KERNELS=0`.
+
+Elsewhere attention takes the torch path. `reference_path()` forces the torch path for a block of code and
+`prefer("triton")` a given kernel (tests compare them; benchmarks measure each).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
+import torch
+from torch import Tensor
+
+from . import triton_decode
 from .cpu import PagedDecodeKernel, cpu_paged_decode
 
-_use_kernels: ContextVar[bool] = ContextVar("txl_use_kernels", default=True)
+# q [B, H, Dh], bd [H, B, P], keys, values [H, NB, bs, Dh], table [B, S], starts, key_lengths, windows [B]
+# -> [B, H, Dh] float32
+DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
-
-def kernels_enabled() -> bool:
-    return _use_kernels.get()
+_choice: ContextVar[str] = ContextVar("txl_attention_kernel", default="auto")
 
 
 @contextlib.contextmanager
-def reference_path() -> Iterator[None]:
-    """Attention takes the plain torch path inside this block."""
-    token = _use_kernels.set(False)
+def prefer(name: str) -> Iterator[None]:
+    """Inside this block, decoding attention uses kernel `name`: "torch" (the reference), "cpu", "triton", or
+    "auto" (the default: the best one available for the device)."""
+    if name not in ("auto", "torch", "cpu", "triton"):
+        raise ValueError(f"unknown attention kernel {name!r}")
+    token = _choice.set(name)
     try:
         yield
     finally:
-        _use_kernels.reset(token)
+        _choice.reset(token)
 
 
-__all__ = ["PagedDecodeKernel", "cpu_paged_decode", "kernels_enabled", "reference_path"]
+def reference_path() -> contextlib.AbstractContextManager[None]:
+    """Attention takes the plain torch path inside this block."""
+    return prefer("torch")
+
+
+def decode_kernel(keys: Tensor) -> DecodeKernel | None:
+    """The kernel decoding attention uses for a pool tensor like `keys`, or None for the torch path."""
+    choice = _choice.get()
+    if choice == "torch":
+        return None
+    # Triton by default on CUDA only (on a CPU it runs under its interpreter, for tests).
+    wants_triton = choice == "triton" or (choice == "auto" and keys.device.type == "cuda")
+    if wants_triton and triton_decode.available(keys.device):
+        return triton_decode.triton_paged_decode
+    if choice in ("auto", "cpu") and keys.device.type == "cpu":
+        kernel = cpu_paged_decode()
+        if kernel is not None and kernel.supports(keys.dtype):
+            return kernel
+    return None
+
+
+def kernel_name(device: torch.device | str, dtype: torch.dtype = torch.float32) -> str:
+    """Which kernel decoding uses on `device` by default (for logs and benchmark labels)."""
+    kernel = decode_kernel(torch.empty(0, dtype=dtype, device=device))
+    if kernel is None:
+        return "torch"
+    return "triton" if kernel is triton_decode.triton_paged_decode else "cpu"
+
+
+__all__ = [
+    "DecodeKernel",
+    "PagedDecodeKernel",
+    "cpu_paged_decode",
+    "decode_kernel",
+    "kernel_name",
+    "prefer",
+    "reference_path",
+]

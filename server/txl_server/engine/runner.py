@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
 from txl.sampling import RowParams, SamplingParams, sample_rows
+
+if TYPE_CHECKING:
+    from .graphs import DecodeGraphs
+
+if TYPE_CHECKING:
+    pass
 
 # (token id, log-prob) of the most likely tokens at one position, best first.
 TopLogprobs = tuple[tuple[int, float], ...]
@@ -59,16 +66,21 @@ class ChunkOut:
 
 
 class ModelRunner:
-    def __init__(self, model: TransfoXLLMHeadModel, pool: BlockPool) -> None:
+    def __init__(
+        self, model: TransfoXLLMHeadModel, pool: BlockPool, graphs: DecodeGraphs | None = None
+    ) -> None:
         self.model = model
         self.pool = pool
         self.device = pool.layout.device
         self.vocab = model.config.vocab_size
+        self.graphs = graphs  # decoding-only iterations as CUDA graphs
 
     @torch.inference_mode()
     def run(
         self, decode: Sequence[DecodeRow], chunks: Sequence[ChunkRow]
     ) -> tuple[list[DecodeOut], list[ChunkOut]]:
+        if not chunks and self.graphs is not None and self.graphs.supports(decode):
+            return self.graphs.run(decode), []
         model = self.model
         sampled = self._sample(decode) if decode else None
         pieces = [sampled[0]] if sampled is not None else []
@@ -165,7 +177,7 @@ class ModelRunner:
                 top = torch.topk(full, min(want, self.vocab), dim=-1)
                 top_values, top_ids = top.values.tolist(), top.indices.tolist()
             else:
-                values = self.model.target_log_probs(flat_predictors, flat_targets)  # [M]
+                values = self.model.target_log_probs(flat_predictors, flat_targets, targets)  # [M]
             cursor = 0
             for i, span in zip(scored, spans, strict=True):
                 part = values[cursor : cursor + span]

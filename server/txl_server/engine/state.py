@@ -21,6 +21,7 @@ class ModelState:
     memory: Memory  # keys/values of the last <= mem_len positions
     last_hidden: Tensor | None  # [D]: the last position's output, which predicts the next token (None: empty)
     tail: tuple[int, ...]  # the last few token ids
+    fed: int = 0  # positions fed over the session's life: the memory holds the last `memory.length` of them
 
     @property
     def nbytes(self) -> int:
@@ -37,14 +38,14 @@ class ModelState:
         return cls(memory, None, ())
 
     def advanced(self, memory: Memory, last_hidden: Tensor, tokens: list[int]) -> ModelState:
-        return ModelState(memory, last_hidden, (*self.tail, *tokens)[-TAIL_TOKENS:])
+        return ModelState(memory, last_hidden, (*self.tail, *tokens)[-TAIL_TOKENS:], self.fed + len(tokens))
 
     def moved(self, pool: BlockPool) -> ModelState:
         """A copy in another pool (tier moves between the device and the host): same values."""
         memory = self.memory.to_pool(pool)
         device = pool.layout.device
         hidden = None if self.last_hidden is None else self.last_hidden.to(device, copy=True)
-        return ModelState(memory, hidden, self.tail)
+        return ModelState(memory, hidden, self.tail, self.fed)
 
     # ------------------------------------------------------------------ serialisation (snapshots, Redis tier)
 
@@ -56,6 +57,7 @@ class ModelState:
         layout = self.memory.layout
         meta = {
             "mem_len": str(self.memory.mem_len),
+            "fed": str(self.fed),
             "tail": json.dumps(list(self.tail)),
             "layout": json.dumps([layout.n_layer, layout.n_head, layout.d_head, layout.d_model]),
             **(extra or {}),
@@ -71,6 +73,7 @@ class ModelState:
             meta = _metadata(data)
             mem_len = int(meta["mem_len"])
             tail = tuple(int(t) for t in json.loads(meta["tail"]))
+            fed = int(meta.get("fed", 0))
         except Exception as exc:
             raise ValueError(f"not a session snapshot: {exc}") from exc
         expected = [layout.n_layer, layout.n_head, layout.d_head, layout.d_model]
@@ -83,7 +86,7 @@ class ModelState:
             last_hidden = last_hidden.to(dtype=layout.dtype, device=layout.device)
         tensors = {k: v.to(dtype=layout.dtype, device=layout.device) for k, v in tensors.items()}
         memory = Memory.from_tensors(layout, tensors, mem_len=mem_len, pool=pool)
-        return cls(memory, last_hidden, tail)
+        return cls(memory, last_hidden, tail, max(fed, memory.length))
 
 
 def snapshot_metadata(data: bytes) -> dict[str, str]:

@@ -26,6 +26,7 @@ from txl import BlockPool, TransfoXLLMHeadModel
 from txl.tokenizers import Tokenizer
 
 from ..errors import Overloaded, Unavailable
+from .graphs import DecodeGraphs
 from .jobs import (
     AdvanceJob,
     AdvanceResult,
@@ -102,6 +103,8 @@ class Worker:
         max_queued: int,
         max_batch_tokens: int | None = None,
         pool: BlockPool | None = None,
+        graphs: bool = False,
+        max_mem_len: int | None = None,
         observer: WorkerObserver | None = None,
     ) -> None:
         self.model = model
@@ -115,7 +118,16 @@ class Worker:
             max_batch_size=max_batch_size,
             max_batch_tokens=max_batch_tokens or max(2 * segment_len, max_batch_size + segment_len),
         )
-        self.runner = ModelRunner(model, self.pool)
+        decode_graphs = None
+        if graphs:  # CUDA graphs for decoding iterations (on a CPU: the same static buffers, run eagerly)
+            decode_graphs = DecodeGraphs(
+                model,
+                self.pool,
+                max_batch_size=max_batch_size,
+                max_mem_len=max_mem_len if max_mem_len is not None else model.config.mem_len,
+                capture=self.pool.layout.device.type == "cuda",
+            )
+        self.runner = ModelRunner(model, self.pool, decode_graphs)
         self.observer = observer or WorkerObserver()
         self._cv = threading.Condition()
         self._inbox: list[Job] = []
@@ -164,26 +176,31 @@ class Worker:
 
     def _run(self) -> None:
         with torch.inference_mode():
-            while True:
-                with self._cv:
-                    while (
-                        not self._stopping and not self._inbox and not self._ingesting and not self._decoding
-                    ):
-                        self._cv.wait()
-                    if self._stopping:
-                        break
-                    new, self._inbox = self._inbox, []
-                for job in new:
-                    self._admit(job)
-                self._drop_cancelled()
-                self.observer.on_queue(len(self._inbox), self.active_jobs)
-                iteration = self.scheduler.next(self._decoding, self._ingesting)
-                if iteration:
-                    self._step(iteration)
-                self.observer.on_queue(len(self._inbox), self.active_jobs)
+            while self._wait_for_work():
+                self._iterate()
         shutdown = Unavailable("the server is shutting down")
         for job in [*(t.job for t in self._ingesting), *(t.job for t in self._decoding), *self._inbox]:
             job.emit(ErrorEvent(shutdown))
+
+    def _wait_for_work(self) -> bool:
+        with self._cv:
+            while not self._stopping and not self._inbox and not self._ingesting and not self._decoding:
+                self._cv.wait()
+            return not self._stopping
+
+    def _iterate(self) -> None:
+        """One iteration. Its own frame: nothing of a finished job (whose states hold memory blocks) stays
+        referenced while the worker waits for the next."""
+        with self._cv:
+            new, self._inbox = self._inbox, []
+        for job in new:
+            self._admit(job)
+        self._drop_cancelled()
+        self.observer.on_queue(len(self._inbox), self.active_jobs)
+        iteration = self.scheduler.next(self._decoding, self._ingesting)
+        if iteration:
+            self._step(iteration)
+        self.observer.on_queue(len(self._inbox), self.active_jobs)
 
     def _admit(self, job: Job) -> None:
         if isinstance(job, CallJob):
@@ -203,9 +220,11 @@ class Worker:
             job.emit(ErrorEvent(exc))
             return
         if isinstance(job, AdvanceJob):
-            self._ingesting.append(
-                _Ingest(job, state, job.tokens, True, job.top_logprobs if job.token_logprobs else 0)
-            )
+            if not job.tokens:  # nothing to feed: the state is the result
+                job.emit(DoneEvent(AdvanceResult(state, 0, 0.0, [] if job.token_logprobs else None, None)))
+                return
+            top_k = job.top_logprobs if job.token_logprobs else 0
+            self._ingesting.append(_Ingest(job, state, job.tokens, True, top_k))
             return
         decoder = self.tokenizer.decoder(list(state.tail) + job.prompt)
         seed = job.sampling.seed if job.sampling.seed is not None else secrets.randbits(63)

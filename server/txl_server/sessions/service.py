@@ -23,6 +23,7 @@ from txl import BlockPool, TransfoXLLMHeadModel, peak_positions
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
+from ..engine.blocks import BlockSnapshot, block_keys, snapshot_blocks, state_from_blocks
 from ..engine.jobs import (
     AdvanceJob,
     AdvanceResult,
@@ -37,7 +38,7 @@ from ..engine.worker import Worker
 from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
 from ..settings import Persistence, Settings
 from .cache import DEVICE, HOST, Entry, MemoryCache
-from .store import Lease, SessionMeta, SessionStore, now
+from .store import DeltaBaseMissing, Lease, SessionMeta, SessionStore, StoredMemory, now
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +97,7 @@ class SessionService:
         self.cache = MemoryCache(
             device_budget=settings.device_memory_bytes, host_budget=settings.host_memory_bytes
         )
-        self.default_mem_len = (
-            settings.default_mem_len if settings.default_mem_len is not None else model.config.mem_len
-        )
-        self.max_mem_len = (
-            settings.max_mem_len
-            if settings.max_mem_len is not None
-            else max(model.config.mem_len, self.default_mem_len)
-        )
+        self.default_mem_len, self.max_mem_len = settings.mem_lens(model.config.mem_len)
         # A session starts with the tokenizer's separator (<eos> or "\n"), so its first real token is predicted
         # like any other: from the start of a document.
         self.start_id = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.encode("\n")[0]
@@ -172,7 +166,7 @@ class SessionService:
             version=1,
             metadata=metadata,
         )
-        snapshot = await self._snapshot_bytes(state) if self._persist_always else None
+        snapshot = await self._snapshot(state) if self._persist_always else None
         await self.store.create(meta, snapshot)
         await self._place(meta, state)
         return meta
@@ -207,7 +201,7 @@ class SessionService:
             tier=DEVICE,
             metadata=dict(meta.metadata if metadata is None else metadata),
         )
-        snapshot = await self._snapshot_bytes(state) if self._persist_always else None
+        snapshot = await self._snapshot(state) if self._persist_always else None
         await self.store.create(child, snapshot)
         await self._place(child, state)
         return child
@@ -257,7 +251,7 @@ class SessionService:
         async with self._step(owner, session_id) as (meta, state, lease):
             result = await self._run(AdvanceJob(state, tokens), lease)
             assert isinstance(result, AdvanceResult)
-            committed = await self._commit(meta, result.state, len(tokens))
+            committed = await self._commit(meta, result.state, len(tokens), base=state)
         self.observer.on_tokens("ingested", len(tokens))
         return AppendOutcome(committed, len(tokens), result.logprob)
 
@@ -292,7 +286,9 @@ class SessionService:
                     elif isinstance(event, GenerateResult):
                         result = event
             assert result is not None
-            committed = await self._commit(meta, result.state, len(prompt) + result.completion_tokens)
+            committed = await self._commit(
+                meta, result.state, len(prompt) + result.completion_tokens, base=state
+            )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
         yield GenerateOutcome(committed, result)
@@ -320,7 +316,11 @@ class SessionService:
             finally:
                 self.cache.pinned.discard(session_id)
 
-    async def _commit(self, meta: SessionMeta, state: ModelState, tokens_added: int) -> SessionMeta:
+    async def _commit(
+        self, meta: SessionMeta, state: ModelState, tokens_added: int, *, base: ModelState
+    ) -> SessionMeta:
+        """Commits `state`, computed from `base` (the committed version): with persistence `always`, only the
+        blocks holding positions `base` did not have are written, and those that slid out are deleted."""
         new = dataclasses.replace(
             meta,
             tokens=meta.tokens + tokens_added,
@@ -329,11 +329,20 @@ class SessionService:
             last_used=now(),
             tier=DEVICE,
         )
-        snapshot = await self._snapshot_bytes(state) if self._persist_always else None
-        # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
-        if not await self.store.commit(
-            new, expected_version=meta.version, snapshot=snapshot, drop_snapshot=snapshot is None
-        ):
+        if not self._persist_always:
+            # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
+            committed = await self.store.commit(new, expected_version=meta.version, drop_snapshot=True)
+        else:
+            delta = await self._snapshot(state, since=base.fed)
+            stale = sorted(set(block_keys(base)) - set(block_keys(state)))
+            try:
+                committed = await self.store.commit(
+                    new, expected_version=meta.version, snapshot=delta, stale_blocks=stale
+                )
+            except DeltaBaseMissing:  # e.g. persistence was off when the base was committed
+                full = await self._snapshot(state)
+                committed = await self.store.commit(new, expected_version=meta.version, snapshot=full)
+        if not committed:
             raise NotFound(f"no session {meta.id!r}", param="session_id")
         await self._place(new, state)
         return new
@@ -371,8 +380,9 @@ class SessionService:
     def _persist_always(self) -> bool:
         return self.settings.persistence is Persistence.ALWAYS
 
-    async def _snapshot_bytes(self, state: ModelState) -> bytes:
-        return await asyncio.to_thread(state.to_bytes)
+    async def _snapshot(self, state: ModelState, since: int | None = None) -> BlockSnapshot:
+        """The state's blocks (those holding positions at or after `since`; None: all), read off the loop."""
+        return await asyncio.to_thread(snapshot_blocks, state, since)
 
     async def _state(self, meta: SessionMeta) -> ModelState:
         """The session's memory at its committed version, brought to the device tier."""
@@ -386,14 +396,14 @@ class SessionService:
             return entry.state
         if entry is not None:  # a stale copy (another replica committed since): never served
             self.cache.drop(meta.id)
-        snapshot = await self.store.load_snapshot(meta.id)
-        if snapshot is None or snapshot[0] != meta.version:
+        stored = await self.store.load_snapshot(meta.id)
+        if stored is None or stored.version != meta.version:
             raise Gone(
                 "this session's memory was dropped to make room (persistence is off); create a new session",
                 param="session_id",
             )
         try:
-            state = await self._load(snapshot[1])
+            state = await self._restore(stored)
         except ValueError as exc:
             raise Gone(
                 "this session's stored memory does not fit the loaded model", param="session_id"
@@ -402,9 +412,18 @@ class SessionService:
         return state
 
     async def _load(self, data: bytes) -> ModelState:
-        """A snapshot's state, in the device's pool (written on the worker thread)."""
+        """An exported snapshot's state, in the device's pool (written on the worker thread)."""
         layout = self.model.memory_layout()
         return await self.worker.call(lambda: ModelState.from_bytes(data, layout, self.pool))
+
+    async def _restore(self, stored: StoredMemory) -> ModelState:
+        """A memory read back from Redis, in the device's pool (written on the worker thread)."""
+        if stored.legacy is not None:
+            return await self._load(stored.legacy)
+        assert stored.header is not None
+        header, hidden, blocks = stored.header, stored.hidden, stored.blocks
+        layout = self.model.memory_layout()
+        return await self.worker.call(lambda: state_from_blocks(header, hidden, blocks, layout, self.pool))
 
     def _admit(self, mem_len: int) -> None:
         """Refuses a session that could never run: its memory at its largest (full, with the room segment by
@@ -462,10 +481,10 @@ class SessionService:
         target = "gone"
         if self.settings.persistence is not Persistence.NONE:
             if not self._persist_always:  # "always" already wrote this version at commit
-                data = await asyncio.to_thread(entry.state.to_bytes)
+                snapshot = await self._snapshot(entry.state)
                 meta = await self.store.get(victim)
                 if meta is not None and meta.version == entry.version:
-                    await self.store.save_snapshot(victim, entry.version, data, meta.ttl_seconds)
+                    await self.store.save_snapshot(victim, entry.version, snapshot, meta.ttl_seconds)
             target = "redis"
         if self.cache.peek(victim) is entry:
             self.cache.drop(victim)

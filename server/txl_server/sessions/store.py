@@ -3,12 +3,14 @@
 Keys (all under the configured prefix):
     s:{id}          hash: the session's metadata; expires with the session (Redis TTL)
     t:{owner}       set: the owner's session ids (pruned of expired ones when listed)
-    m:{id}          hash {version, data}: the latest memory snapshot (persistence on), same TTL
+    m:{id}          hash: the session's memory (persistence on), same TTL: `v` its version, `header` (JSON: the
+                    window, layout, tail), `hidden` the last hidden state, `b:{key}` one value per block of
+                    positions (see engine/blocks.py). A commit writes the blocks that changed, not the memory.
     l:{id}          string: the single-writer lease (a random token), expires by itself
     i:{owner}:{key} string: a request's first result under an Idempotency-Key
 
-Every commit checks and bumps the version atomically (a Lua script), together with the snapshot when one is
-written, so a snapshot and the metadata never disagree. Any Redis failure surfaces as `Unavailable`, and
+Every commit checks and bumps the version atomically (a Lua script), together with the memory's changed blocks
+when they are written, so the memory and the metadata never disagree. Any Redis failure surfaces as `Unavailable`, and
 changes nothing.
 """
 
@@ -18,7 +20,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -26,27 +28,47 @@ from typing import Any, TypeVar
 import anyio
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
+from ..engine.blocks import BlockSnapshot
 from ..errors import Conflict, Unavailable
 
 T = TypeVar("T")
 
 _COMMIT = """
+-- KEYS[1] s:{id} (metadata), KEYS[2] m:{id} (memory). ARGV: expected version, ttl, n, n field/value pairs,
+-- then the memory write: mode ('keep' | 'drop' | 'full' | 'delta'), new version, header, hidden state,
+-- b, b block key/data pairs, d, d stale block keys.
 local version = redis.call('HGET', KEYS[1], 'version')
 if not version then return -1 end
 if tonumber(version) ~= tonumber(ARGV[1]) then return -2 end
-local ttl = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
+local at = 4 + 2 * n
+local mode = ARGV[at]
+if mode == 'delta' and redis.call('HGET', KEYS[2], 'v') ~= ARGV[1] then
+    return -3  -- the blocks a delta builds on are not there: the caller writes the whole memory instead
+end
+local ttl = tonumber(ARGV[2])
 local fields = {}
 for i = 1, 2 * n do fields[i] = ARGV[3 + i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('EXPIRE', KEYS[1], ttl)
-local snapshot = ARGV[4 + 2 * n]
-if snapshot ~= '' then
-    redis.call('HSET', KEYS[2], 'version', ARGV[5 + 2 * n], 'data', snapshot)
-    redis.call('EXPIRE', KEYS[2], ttl)
-elseif ARGV[6 + 2 * n] == '1' then
+if mode == 'drop' then
     redis.call('DEL', KEYS[2])
+elseif mode == 'full' or mode == 'delta' then
+    if mode == 'full' then redis.call('DEL', KEYS[2]) end
+    redis.call('HSET', KEYS[2], 'v', ARGV[at + 1], 'header', ARGV[at + 2])
+    if ARGV[at + 3] ~= '' then redis.call('HSET', KEYS[2], 'hidden', ARGV[at + 3]) end
+    local b = tonumber(ARGV[at + 4])
+    for i = 0, b - 1 do
+        redis.call('HSET', KEYS[2], 'b:' .. ARGV[at + 5 + 2 * i], ARGV[at + 6 + 2 * i])
+    end
+    local d_at = at + 5 + 2 * b
+    for i = 1, tonumber(ARGV[d_at]) do
+        redis.call('HDEL', KEYS[2], 'b:' .. ARGV[d_at + i])
+    end
+    redis.call('HDEL', KEYS[2], 'data')
+    redis.call('EXPIRE', KEYS[2], ttl)
 end
 return 1
 """
@@ -142,14 +164,15 @@ class SessionStore:
         except (RedisError, OSError):
             return False
 
-    async def create(self, meta: SessionMeta, snapshot: bytes | None = None) -> None:
+    async def create(self, meta: SessionMeta, snapshot: BlockSnapshot | None = None) -> None:
         async def run() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(self._s(meta.id), mapping=meta.to_redis())
                 pipe.expire(self._s(meta.id), meta.ttl_seconds)
                 pipe.sadd(self._t(meta.owner), meta.id)
                 if snapshot is not None:
-                    pipe.hset(self._m(meta.id), mapping={"version": str(meta.version), "data": snapshot})
+                    pipe.delete(self._m(meta.id))
+                    pipe.hset(self._m(meta.id), mapping=_memory_fields(meta.version, snapshot))
                     pipe.expire(self._m(meta.id), meta.ttl_seconds)
                 await pipe.execute()
 
@@ -164,21 +187,36 @@ class SessionStore:
         meta: SessionMeta,
         *,
         expected_version: int,
-        snapshot: bytes | None = None,
+        snapshot: BlockSnapshot | None = None,
+        stale_blocks: Sequence[int] = (),
         drop_snapshot: bool = False,
     ) -> bool:
-        """Writes `meta` (whose version is the new one) if Redis still holds `expected_version`.
-
-        Returns False if the session is gone; raises Conflict if another writer committed first.
-        """
+        """Writes `meta` (whose version is the new one) if Redis still holds `expected_version`, with the memory's
+        blocks: all of them (a full snapshot), or those that changed since `expected_version` (a delta, deleting
+        `stale_blocks`). Returns False if the session is gone; raises Conflict if another writer committed first,
+        and `DeltaBaseMissing` if a delta's base is not in Redis (write the whole memory instead)."""
         fields = meta.to_redis()
         args: list[Any] = [expected_version, meta.ttl_seconds, len(fields)]
         for key, value in fields.items():
             args += [key, value]
-        args += [snapshot or b"", str(meta.version), "1" if drop_snapshot else "0"]
+        if snapshot is None:
+            args += ["drop" if drop_snapshot else "keep"]
+        else:
+            args += [
+                "full" if snapshot.full else "delta",
+                str(meta.version),
+                snapshot.header_json(),
+                snapshot.hidden or b"",
+                len(snapshot.blocks),
+            ]
+            for key, data in snapshot.blocks.items():
+                args += [str(key), data]
+            args += [len(stale_blocks), *(str(k) for k in stale_blocks)]
         outcome = await self._call(lambda: self._commit(keys=[self._s(meta.id), self._m(meta.id)], args=args))
         if outcome == -2:
             raise Conflict("the session was changed by another request; retry with its latest state")
+        if outcome == -3:
+            raise DeltaBaseMissing(meta.id)
         return outcome == 1
 
     async def touch_tier(self, session_id: str, tier: str) -> None:
@@ -235,24 +273,31 @@ class SessionStore:
 
     # ------------------------------------------------------------------ snapshots
 
-    async def save_snapshot(self, session_id: str, version: int, data: bytes, ttl: int) -> None:
+    async def save_snapshot(self, session_id: str, version: int, snapshot: BlockSnapshot, ttl: int) -> None:
+        """Replaces the stored memory with a whole one (a session leaving the host tier)."""
+
         async def run() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(self._m(session_id), mapping={"version": str(version), "data": data})
+                pipe.delete(self._m(session_id))
+                pipe.hset(self._m(session_id), mapping=_memory_fields(version, snapshot))
                 pipe.expire(self._m(session_id), ttl)
                 await pipe.execute()
 
         await self._call(run)
 
-    async def load_snapshot(self, session_id: str) -> tuple[int, bytes] | None:
-        raw = await self._call(lambda: self.redis.hmget(self._m(session_id), ["version", "data"]))
-        if raw[0] is None or raw[1] is None:
+    async def load_snapshot(self, session_id: str) -> StoredMemory | None:
+        """The stored memory, read in one command (so never half of one commit and half of another)."""
+        raw = await self._call(lambda: self.redis.hgetall(self._m(session_id)))
+        if not raw:
             return None
-        data = raw[1]
-        return int(raw[0]), data if isinstance(data, bytes) else data.encode()
-
-    async def drop_snapshot(self, session_id: str) -> None:
-        await self._call(lambda: self.redis.delete(self._m(session_id)))
+        fields = {_text(k): v for k, v in raw.items()}
+        if "data" in fields:  # written before blocks (format 1): one safetensors value
+            return StoredMemory(int(_text(fields["version"])), None, None, {}, _bytes(fields["data"]))
+        if "v" not in fields or "header" not in fields:
+            return None
+        blocks = {int(k[2:]): _bytes(v) for k, v in fields.items() if k.startswith("b:")}
+        hidden = _bytes(fields["hidden"]) if "hidden" in fields else None
+        return StoredMemory(int(_text(fields["v"])), json.loads(fields["header"]), hidden, blocks, None)
 
     # ------------------------------------------------------------------ single writer
 
@@ -291,6 +336,33 @@ class SessionStore:
 
     async def drop_idempotent(self, owner: str, key: str) -> None:
         await self._call(lambda: self.redis.delete(self._i(owner, key)))
+
+
+@dataclass(frozen=True)
+class StoredMemory:
+    """A session's memory as Redis holds it: blocks and their header, or (older servers) one safetensors value."""
+
+    version: int
+    header: dict[str, Any] | None
+    hidden: bytes | None
+    blocks: dict[int, bytes]
+    legacy: bytes | None
+
+
+class DeltaBaseMissing(Exception):
+    """A commit's delta builds on blocks that Redis does not hold (write the whole memory instead)."""
+
+
+def _memory_fields(version: int, snapshot: BlockSnapshot) -> dict[FieldT, EncodableT]:
+    fields: dict[FieldT, EncodableT] = {"v": str(version), "header": snapshot.header_json()}
+    if snapshot.hidden is not None:
+        fields["hidden"] = snapshot.hidden
+    fields.update({f"b:{key}": data for key, data in snapshot.blocks.items()})
+    return fields
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
 
 
 @dataclass

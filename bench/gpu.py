@@ -1,0 +1,197 @@
+"""The engine on a CUDA device, against that device's memory-bandwidth floor.
+
+Run it on a CUDA host (`python -m bench gpu`); on a machine without CUDA it measures nothing and leaves the
+section it has. The device and its bandwidth (a device-to-device copy of 2 GiB, bytes read + written) are
+measured in the same run; a decode step's floor is the bytes it must read (weights, the rows' memory, the
+positional table: `bench.floor.bytes_per_token`, with the weights read once per step whatever the batch)
+divided by that bandwidth.
+
+- wt103 shape (random weights), decode at batch 1 and mem 1,600: the engine's decoding iteration
+  (`ModelRunner`: sampling on the device, CUDA graph, Triton attention) and the same without the graph.
+- 64 sessions at mem 1,600, float32 and bfloat16: tokens/s through the same iteration.
+- Scoring 4,096 tokens in segments of 128 at mem 1,600 through the worker (sums kept on the device).
+- The bundled model served over HTTP (a real server process, `TXL_DEVICE=cuda`), 64 concurrent streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import torch
+import txl
+from txl.kernels import kernel_name
+from txl.sampling import SamplingParams
+from txl_server.engine.graphs import DecodeGraphs
+from txl_server.engine.jobs import AdvanceJob, job_result
+from txl_server.engine.runner import DecodeRow, ModelRunner
+from txl_server.engine.state import ModelState
+from txl_server.engine.worker import Worker
+
+from .common import Section
+from .engine import _WordIds
+from .floor import bytes_per_token
+from .http import Server, concurrent
+from .paper_table9 import wt103_model
+
+
+@dataclass(frozen=True)
+class Sizes:
+    mem: int = 1600
+    sessions: int = 64
+    steps: int = 64
+    document: int = 4096
+    streams: int = 64
+
+
+def device_bandwidth(device: torch.device, mib: int = 2048) -> float:
+    """Copy bandwidth in bytes/s (bytes read + written), best of 5."""
+    src = torch.ones(mib * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(6):
+        _synchronize(device)
+        started = time.perf_counter()
+        dst.copy_(src)
+        _synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * src.numel() * 4 / best
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rows(model: txl.TransfoXLLMHeadModel, pool: txl.BlockPool, n: int, mem: int) -> list[DecodeRow]:
+    layout = model.memory_layout()
+    shape = (n, layout.n_head, mem, layout.d_head)
+    tensors = {
+        f"{kind}.{i}": torch.randn(shape, dtype=layout.dtype, device=layout.device)
+        for kind in ("keys", "values")
+        for i in range(layout.n_layer)
+    }
+    memory = txl.Memory.from_tensors(layout, tensors, mem_len=mem, pool=pool)
+    hidden = torch.randn(n, model.config.d_model, dtype=layout.dtype, device=layout.device)
+    params = SamplingParams(temperature=1.0)
+    return [DecodeRow(memory.row(i), hidden[i], params, seed=i, counter=0) for i in range(n)]
+
+
+def decode_rate(model: txl.TransfoXLLMHeadModel, rows: int, sizes: Sizes, graphs: bool) -> float:
+    """Seconds per iteration of `rows` rows decoding, chained, through the engine's runner."""
+    layout = model.memory_layout()
+    blocks = rows * (sizes.mem // 16 + 4) + 64
+    pool = txl.BlockPool(layout, blocks=blocks, growable=False)
+    decode_graphs = DecodeGraphs(
+        model, pool, max_batch_size=rows, max_mem_len=sizes.mem, capture=layout.device.type == "cuda"
+    ) if graphs else None  # fmt: skip
+    runner = ModelRunner(model, pool, decode_graphs)
+    current = _rows(model, pool, rows, sizes.mem)
+
+    def step() -> None:
+        nonlocal current
+        out, _ = runner.run(current, [])
+        current = [
+            DecodeRow(o.memory, o.last_hidden, r.params, r.seed, r.counter + 1)
+            for o, r in zip(out, current, strict=True)
+        ]
+
+    for _ in range(3):
+        step()
+    started = time.perf_counter()
+    for _ in range(sizes.steps):
+        step()  # each iteration reads its sampled ids back: synchronised
+    return (time.perf_counter() - started) / sizes.steps
+
+
+def scoring_rate(model: txl.TransfoXLLMHeadModel, sizes: Sizes) -> float:
+    """Tokens/s scoring one document through the worker."""
+    document = torch.randint(0, 20000, (sizes.document,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    async def main() -> float:
+        worker = Worker(model, _WordIds(), segment_len=128, max_batch_size=64, max_queued=64)
+        worker.start()
+        try:
+            empty = ModelState.empty(model.empty_memory(mem_len=sizes.mem, pool=worker.pool))
+            await job_result(worker, AdvanceJob(empty, document[:256]))  # warm-up
+            started = time.perf_counter()
+            await job_result(worker, AdvanceJob(empty, document))
+            return sizes.document / (time.perf_counter() - started)
+        finally:
+            worker.stop()
+
+    return asyncio.run(main())
+
+
+def measure(device: torch.device, sizes: Sizes, *, http: bool = True) -> Section:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    section = Section("gpu", f"GPU: the engine against the bandwidth floor ({name})", "python -m bench gpu")
+    section.note(__doc__.split("\n\n", 1)[1].strip())
+    bandwidth = device_bandwidth(device)
+    section.note(
+        f"Device: {name}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s; attention kernel: {kernel_name(device)}."
+    )
+    fp32 = wt103_model().to(device)
+    rows = []
+    one_graph = decode_rate(fp32, 1, sizes, graphs=True)
+    one_eager = decode_rate(fp32, 1, sizes, graphs=False)
+    floor_one = bytes_per_token(fp32, sizes.mem) / bandwidth
+    rows.append(
+        [
+            "float32, 1 row, CUDA graph",
+            one_graph * 1000,
+            1 / one_graph,
+            floor_one * 1000,
+            one_graph / floor_one,
+        ]
+    )
+    rows.append(
+        ["float32, 1 row, eager", one_eager * 1000, 1 / one_eager, floor_one * 1000, one_eager / floor_one]
+    )
+    for dtype in (torch.float32, torch.bfloat16):
+        model = fp32 if dtype == torch.float32 else wt103_model().to(device=device, dtype=dtype)
+        seconds = decode_rate(model, sizes.sessions, sizes, graphs=True)
+        layout = model.memory_layout()
+        floor = (bytes_per_token(model, 0) + sizes.sessions * bytes_per_token(model, sizes.mem)
+                 - sizes.sessions * bytes_per_token(model, 0)) / bandwidth  # fmt: skip
+        label = f"{str(dtype).removeprefix('torch.')}, {sizes.sessions} rows, CUDA graph"
+        rows.append([label, seconds * 1000, sizes.sessions / seconds, floor * 1000, seconds / floor])
+        del model, layout
+    section.table(
+        f"wt103 shape, decode at mem {sizes.mem:,}: one iteration",
+        ["what", "ms per iteration", "tokens/s", "floor (ms)", "x floor"],
+        rows,
+    )
+    score = scoring_rate(fp32, sizes)
+    section.table(
+        f"wt103 shape, scoring {sizes.document:,} tokens (segments of 128, mem {sizes.mem:,})",
+        ["tokens/s", "seconds"],
+        [[score, sizes.document / score]],
+    )
+    if http:
+        server = Server(None, env={"TXL_DEVICE": device.type})
+        try:
+            stats = asyncio.run(concurrent(server.url, sizes.streams, 32))
+        finally:
+            server.stop()
+        section.table(
+            f"bundled model over HTTP, {sizes.streams} concurrent streams",
+            ["tokens/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "ITL p50 (ms)", "ITL p99 (ms)"],
+            [[stats["tokens_per_s"], stats["ttft_p50"] * 1000, stats["ttft_p99"] * 1000,
+              stats["itl_p50"] * 1000, stats["itl_p99"] * 1000]],
+        )  # fmt: skip
+    section.note(
+        "Targets (issue 12): decode at batch 1 within 1.0 ms per token; 64 sessions at least 5,000 tokens/s in "
+        "float32 and 10,000 in bfloat16; HTTP with 64 streams at least 5,000 tokens/s with TTFT p50 under 50 ms; "
+        "scoring at least 50,000 tokens/s."
+    )
+    return section
+
+
+def run(quick: bool = False) -> Section | None:
+    if not torch.cuda.is_available():
+        print("no CUDA device here: the GPU suite measures nothing (its section is left as it is)")
+        return None
+    sizes = Sizes(steps=16, document=1024, streams=16) if quick else Sizes()
+    return measure(torch.device("cuda"), sizes)

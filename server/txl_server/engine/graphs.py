@@ -1,0 +1,198 @@
+"""Decoding iterations as CUDA graphs: sample, feed the sampled token, keep the new hidden state, in one replay.
+
+A decode step of a few dozen rows is hundreds of small kernels; launched one by one from Python, the GPU waits
+for the host most of the time. Captured once per batch-size bucket (and sampling variant) into a CUDA graph,
+the whole iteration is one launch (vLLM's and gpt-fast's approach). Everything a graph reads lives in buffers
+that never move: the rows' hidden states and sampling parameters, their block tables and write positions
+(`txl.paged_step.StaticDecodeStep`); each iteration copies its rows into them, pads the batch with rows that
+touch only a scratch block, replays, and reads back the sampled ids once.
+
+Randomness is an input, not generator state: each row's number is a hash of (seed, token index) computed inside
+the graph (txl.sampling), so replays draw fresh numbers and a seeded request is reproducible.
+
+Iterations that feed prompt segments, or rows that ask for top log-probs, run eagerly (`ModelRunner`). On a CPU
+the same buffers run eagerly too (`capture=False`): how the tests check this path where no GPU is present.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from txl import BlockPool, Memory, TransfoXLLMHeadModel
+from txl.paged import BlockTable, plan_row, resting_blocks
+from txl.paged_step import StaticDecodeStep
+from txl.sampling import RowParams, sample_rows
+
+from .runner import DecodeOut, DecodeRow
+
+log = logging.getLogger(__name__)
+
+
+def buckets(max_batch_size: int) -> list[int]:
+    """Batch sizes a graph is captured for: powers of two up to the largest batch."""
+    sizes, size = [], 1
+    while size < max_batch_size:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max_batch_size]
+
+
+def _top_k_bucket(rows: Sequence[DecodeRow], vocab: int) -> int:
+    limited = [r.params.top_k for r in rows if 0 < r.params.top_k < vocab]
+    if not limited:
+        return 0
+    size = 8
+    while size < max(limited):
+        size *= 2
+    return min(size, vocab - 1)
+
+
+@dataclass
+class _Graph:
+    """One captured decoding iteration and the buffers it reads and writes."""
+
+    step: StaticDecodeStep
+    hidden_in: Tensor  # [B, D]
+    params: RowParams
+    tokens: Tensor  # [B] out
+    logprobs: Tensor  # [B] out
+    hidden_out: Tensor  # [B, D] out
+    replay: Callable[[], None]
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: TransfoXLLMHeadModel,
+        pool: BlockPool,
+        *,
+        max_batch_size: int,
+        max_mem_len: int,
+        capture: bool,
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.capture = capture
+        self.sizes = buckets(max_batch_size)
+        self.vocab = model.config.vocab_size
+        # A row attends over at most its memory and its new token: blocks and distances to cover.
+        self.max_blocks = resting_blocks(max_mem_len + 1, pool.block_size) + 1
+        self.n_pos = max_mem_len + 1
+        self._scratch = BlockTable(pool, pool.allocate(1), owned=True)
+        self._graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self._generation = pool.generation
+        self._memory_pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def supports(self, rows: Sequence[DecodeRow]) -> bool:
+        """Whether these rows can run as a graph: not too many, none asking for top log-probs."""
+        return len(rows) <= self.sizes[-1] and not any(r.top_logprobs for r in rows)
+
+    @torch.inference_mode()
+    def run(self, rows: Sequence[DecodeRow]) -> list[DecodeOut]:
+        if self.pool.generation != self._generation:  # the pool was reallocated: captured addresses are stale
+            self._graphs.clear()
+            self._generation = self.pool.generation
+        size = next(s for s in self.sizes if s >= len(rows))
+        key = (size, _top_k_bucket(rows, self.vocab), any(r.params.top_p < 1 for r in rows))
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = self._build(*key)
+        steps = [plan_row(self.pool, r.memory.rows[0], 1, r.memory.mem_len) for r in rows]
+        graph.step.load(steps, [r.memory.mem_len for r in rows])
+        n = len(rows)
+        graph.hidden_in[:n].copy_(torch.stack([r.last_hidden for r in rows]))
+        graph.hidden_in[n:].zero_()
+        fresh = RowParams.build(
+            [r.params for r in rows],
+            [r.seed for r in rows],
+            [r.counter for r in rows],
+            self.vocab,
+            self.pool.layout.device,
+        )
+        for name in ("temperature", "greedy", "top_k", "top_p", "seeds", "counters"):
+            target = getattr(graph.params, name)
+            target[:n].copy_(getattr(fresh, name))
+            target[n:].copy_(getattr(_padding(size - n, self.vocab, target.device), name))
+        graph.replay()
+        host = torch.cat([graph.tokens[:n].double(), graph.logprobs[:n].double()]).cpu()  # the one read
+        ids, logprobs = host[:n].long().tolist(), host[n:].tolist()
+        out = []
+        for i, (row, rs) in enumerate(zip(rows, steps, strict=True)):
+            memory = Memory(self.pool, mem_len=row.memory.mem_len, rows=[rs.result])
+            out.append(DecodeOut(ids[i], logprobs[i], None, memory, graph.hidden_out[i].clone()))
+        graph.step.row_steps = []  # the buffers keep no memory alive
+        return out
+
+    def _build(self, size: int, max_top_k: int, any_top_p: bool) -> _Graph:
+        device = self.pool.layout.device
+        step = StaticDecodeStep(
+            self.pool,
+            rows=size,
+            max_blocks=self.max_blocks,
+            n_pos=self.n_pos,
+            same_length=self.model.config.same_length,
+            scratch_block=int(self._scratch.ids[0]),
+        )
+        padding = _padding(size, self.vocab, device)
+        params = RowParams(
+            padding.temperature,
+            padding.greedy,
+            padding.top_k,
+            padding.top_p,
+            padding.seeds,
+            padding.counters,
+            max_top_k,
+            any_top_p,
+        )
+        dtype = self.model.dtype
+        hidden_in = torch.zeros((size, self.model.config.d_model), dtype=dtype, device=device)
+        outputs = (
+            torch.zeros(size, dtype=torch.long, device=device),
+            torch.zeros(size, dtype=torch.float32, device=device),
+            torch.zeros((size, self.model.config.d_model), dtype=dtype, device=device),
+        )
+        self.model.transformer.positional_tables(self.n_pos)  # grown now: a capture must not allocate it
+
+        def body() -> None:
+            log_probs = self.model.log_probs(hidden_in)  # [B, V]
+            tokens, logprobs = sample_rows(log_probs, params)
+            hidden = self.model.transformer.forward_step(tokens, step)  # [B, D]
+            outputs[0].copy_(tokens)
+            outputs[1].copy_(logprobs)
+            outputs[2].copy_(hidden)
+
+        replay: Callable[[], None] = body
+        if self.capture:
+            replay = self._capture(body)
+            log.info("captured a decoding graph: %d rows, top_k %d, top_p %s", size, max_top_k, any_top_p)
+        return _Graph(step, hidden_in, params, *outputs, replay)
+
+    def _capture(self, body: Callable[[], None]) -> Callable[[], None]:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisation, autotuning
+            for _ in range(2):
+                body()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._memory_pool):
+            body()
+        return graph.replay
+
+
+def _padding(n: int, vocab: int, device: torch.device) -> RowParams:
+    """Sampling parameters of padding rows: greedy, no limits."""
+    return RowParams(
+        torch.ones(n, device=device),
+        torch.ones(n, dtype=torch.bool, device=device),
+        torch.full((n,), vocab, dtype=torch.long, device=device),
+        torch.ones(n, dtype=torch.float32, device=device),
+        torch.zeros(n, dtype=torch.int64, device=device),
+        torch.zeros(n, dtype=torch.int64, device=device),
+        0,
+        False,
+    )
