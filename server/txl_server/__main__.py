@@ -46,8 +46,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     if not settings.model_dir.is_dir():
         print(f"model directory not found: {settings.model_dir}", file=sys.stderr)
         return 2
-    from .runtime import load_model
+    from .runtime import UnsupportedDtype, check_dtype, load_model
 
+    try:  # before loading: a dtype this CPU cannot run is the settings' fault, not the model's
+        check_dtype(settings)
+    except UnsupportedDtype as exc:
+        print(f"cannot serve --dtype {settings.dtype}: {exc}", file=sys.stderr)
+        return 2
     try:  # fail fast, in one line, on an unreadable model (the lifespan would print a traceback)
         loaded = load_model(settings)
     except Exception as exc:
