@@ -1,16 +1,19 @@
-"""Start-up checks of `python -m txl_server`: settings the machine cannot serve stop it in one line."""
+"""Start-up of `python -m txl_server`: settings the machine cannot serve stop it in one line; a server that
+starts says what it is doing and, once it answers, where its playground and API docs are."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 import txl.linear
-from txl_server.__main__ import main
+from txl_server.__main__ import main, ready_message
 from txl_server.runtime import Runtime, UnsupportedDtype, check_dtype
 from txl_server.sessions.redis_server import free_port
 from txl_server.settings import Settings
@@ -69,3 +72,44 @@ def test_a_server_limited_to_avx2_refuses_bfloat16(tiny_model_dir, tmp_path):
         pytest.fail(f"the server started instead of refusing: {exc.stderr!r}")
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "--dtype float32" in lines[0], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "shown"),
+    [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1"), ("::", "[::1]"), ("::1", "[::1]"), ("box", "box")],
+)
+def test_the_ready_line_names_reachable_addresses(host, shown):
+    assert ready_message(host, 9000) == (
+        f"ready: the playground is at http://{shown}:9000/ and the API docs at http://{shown}:9000/docs"
+    )
+
+
+@pytest.mark.timeout(120)  # a server that never logs would block the read
+def test_the_log_says_what_start_up_does_and_ends_with_where_to_go(tiny_model_dir, redis_server):
+    env = {**os.environ, "TXL_REDIS_URL": redis_server.url, "TXL_LOG_LEVEL": "info"}
+    argv = ["--model", str(tiny_model_dir), "--port", str(free_port())]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "txl_server", *argv],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # uvicorn's and ours, in the order a person reads them
+            lines.append(line.rstrip("\n"))
+            if "ready:" in line or len(lines) > 50:
+                break
+        ready = re.search(r"playground is at (\S+) and the API docs at (\S+)$", lines[-1])
+        assert ready is not None, "\n".join(lines)
+        playground, docs = ready.groups()
+        assert "<html" in httpx.get(playground, timeout=10).text
+        assert "swagger" in httpx.get(docs, timeout=10).text.lower()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert any(f"loading the model in {tiny_model_dir}" in line for line in lines), lines
+    assert any("Uvicorn running on" in line for line in lines[:-1]), lines  # listening before it says so
