@@ -12,15 +12,27 @@
 # there, and a RUN line that is neither pip nor user/directory setup makes that test fail until it learns it.
 
 ARG VARIANT=cuda
+# The torch the test suite runs (scripts/install.sh pins the same one; tests/deploy checks that they agree).
+ARG TORCH_VERSION=2.13.0
 
-# ---- bases: the CUDA one ships torch (and Python 3.11); the CPU one gets torch's CPU wheel
-FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime AS base-cuda
-ENV TXL_DEVICE=cuda \
+# ---- bases: Python 3.11 and torch ${TORCH_VERSION}, its CUDA build or its CPU build. TORCH_INDEX is where torch
+# comes from: PyPI's Linux x86_64 wheel is the CUDA build (2.13.0: CUDA 13.0, whose libraries come as wheels, so
+# the host needs only an NVIDIA driver >= 580; for an older driver, another CUDA build of the same version, e.g.
+# --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126); PyTorch's CPU index has the CPU build.
+FROM python:3.11.11-slim-bookworm AS base-cuda
+ARG TORCH_VERSION
+ARG TORCH_INDEX=https://pypi.org/simple
+RUN python -m pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}"
+# What the NVIDIA container runtime exposes to the container: the GPUs it is given, for computing.
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    TXL_DEVICE=cuda \
     TXL_DTYPE=bfloat16
 
 FROM python:3.11.11-slim-bookworm AS base-cpu
+ARG TORCH_VERSION
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-RUN python -m pip install --no-cache-dir --index-url "$TORCH_INDEX" torch==2.13.0
+RUN python -m pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}"
 ENV TXL_DEVICE=cpu \
     TXL_DTYPE=float32
 
@@ -43,8 +55,8 @@ LABEL org.opencontainers.image.title="TXL Serve" \
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
-# The server extra without dev tools; deploy/constraints.txt pins the server's dependencies (torch and what
-# the base image already has stay as the base has them).
+# The server extra without dev tools; deploy/constraints.txt pins the server's dependencies (torch and what it
+# brought in the base stage stay as they are).
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m pip install --constraint /wheels/constraints.txt /wheels/*.whl "txl-serve[server]"
 RUN useradd --create-home --uid 10001 --user-group txl \

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
+
+log = logging.getLogger("txl_server")
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m txl_server") -> argparse.Namespace:
@@ -46,8 +50,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     if not settings.model_dir.is_dir():
         print(f"model directory not found: {settings.model_dir}", file=sys.stderr)
         return 2
-    from .runtime import load_model
+    from .runtime import UnsupportedDtype, check_dtype, load_model
 
+    try:  # before loading: a dtype this CPU cannot run is the settings' fault, not the model's
+        check_dtype(settings)
+    except UnsupportedDtype as exc:
+        print(f"cannot serve --dtype {settings.dtype}: {exc}", file=sys.stderr)
+        return 2
+    log.info("loading the model in %s (%s on %s)", settings.model_dir, settings.dtype, settings.device)
     try:  # fail fast, in one line, on an unreadable model (the lifespan would print a traceback)
         loaded = load_model(settings)
     except Exception as exc:
@@ -64,10 +74,39 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=10,
     )
-    server = uvicorn.Server(config)
+    server = _announcing(config, ready_message(settings.host, settings.port))
     server.run()
     # uvicorn returns normally when startup failed (e.g. an unreadable checkpoint): report it as a failure.
     return 0 if server.started else 1
+
+
+def ready_message(host: str, port: int) -> str:
+    """Where to go once the server answers. A wildcard address is shown as loopback, which reaches it from this
+    machine (`--host 0.0.0.0` in a container)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a host name
+        shown = host
+    else:
+        if address.is_unspecified:
+            address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+        shown = f"[{address}]" if address.version == 6 else str(address)
+    base = f"http://{shown}:{port}"
+    return f"ready: the playground is at {base}/ and the API docs at {base}/docs"
+
+
+def _announcing(config: Any, message: str) -> Any:
+    """uvicorn's server, logging `message` once start-up is complete (the model loaded, Redis up, listening),
+    so that a first `scripts/serve.sh` ends with where to go."""
+    import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                log.info("%s", message)
+
+    return AnnouncingServer(config)
 
 
 if __name__ == "__main__":

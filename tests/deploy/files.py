@@ -79,6 +79,18 @@ class Dockerfile:
                 return stage
         raise KeyError(name)
 
+    def stage_args(self, stage: Stage, build_args: dict[str, str] | None = None) -> dict[str, str]:
+        """The values of a stage's ARGs as Docker sets them: a build arg, else the stage's default, else (an ARG
+        without one) the default of the global ARG of that name."""
+        given = build_args or {}
+        out = {}
+        for instruction in stage.all("ARG"):
+            name, has_default, default = instruction.args.partition("=")
+            name = name.strip()
+            fallback = default.strip() if has_default else self.global_args.get(name, "")
+            out[name] = given.get(name, fallback)
+        return out
+
     def resolve_base(self, stage: Stage, build_args: dict[str, str] | None = None) -> str:
         values = {**self.global_args, **(build_args or {})}
         return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values[m.group(1) or m.group(2)], stage.base)

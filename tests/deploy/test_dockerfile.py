@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 from txl_server.settings import Settings
 
 from .files import DEPLOY, DOCKERFILE, REPO, build_context, parse_dockerfile
@@ -61,11 +62,29 @@ def test_stages_have_pinned_bases_and_the_runtime_builds_for_both_variants():
     for variant in ("cuda", "cpu"):
         chain = dockerfile.chain("runtime", {"VARIANT": variant})
         assert [s.name for s in chain] == [f"base-{variant}", "runtime"]
-    assert dockerfile.stage("base-cuda").base.startswith("pytorch/pytorch:")
     assert dockerfile.stage("base-cpu").env()["TXL_DEVICE"] == "cpu"
     assert dockerfile.stage("base-cuda").env()["TXL_DEVICE"] == "cuda"
-    torch_install = " ".join(i.args for i in dockerfile.stage("base-cpu").all("RUN"))
-    assert "torch==2.13.0" in torch_install
+
+
+def test_both_variants_install_the_torch_the_tests_run():
+    """The image runs the torch this suite runs: the same version (CUDA build for the GPU variant, CPU build for
+    the CPU one), on a base that brings no torch of its own (pytorch/pytorch's images carry their own)."""
+    tested = torch.__version__.split("+")[0]
+    pinned = re.findall(r"torch==([\w.]+)", (REPO / "scripts" / "install.sh").read_text())
+    assert pinned and set(pinned) == {tested}, f"scripts/install.sh pins {pinned}, the tests run {tested}"
+    dockerfile = parse_dockerfile()
+    for variant, index in (("cuda", r"https://pypi\.org/simple|.*/whl/cu\d+"), ("cpu", r".*/whl/cpu")):
+        stage = dockerfile.stage(f"base-{variant}")
+        assert stage.base.startswith("python:"), f"{stage.name}: {stage.base} may carry another torch"
+        args = dockerfile.stage_args(stage)
+        installs = [
+            re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), i.args)
+            for i in stage.all("RUN")
+            if "pip install" in i.args
+        ]
+        assert [re.findall(r"torch==([\w.]+)", run) for run in installs] == [[tested]], (stage.name, installs)
+        assert re.fullmatch(index, args["TORCH_INDEX"]), (stage.name, args["TORCH_INDEX"])
+        assert f'--index-url "{args["TORCH_INDEX"]}"' in installs[0]
 
 
 def test_runtime_installs_the_server_extra_without_dev_tools():

@@ -4,7 +4,8 @@ with its ENV, and waits for /health and /ready.
 
 What differs from `docker build --build-arg VARIANT=cpu`, and why:
 - the venv's python stands in for the base image's; image paths (/src, /wheels, /data, ...) are temp dirs;
-- TORCH_INDEX is the package index pip uses here (the torch==2.13.0 CPU wheel comes from the local wheels);
+- TORCH_INDEX is the package index pip uses here (the torch==2.13.0 CPU wheel comes from the local wheels), and
+  the torch it installs must be the one this test suite runs (the CPU build: this is the cpu variant);
 - user and directory setup (useradd, mkdir, chown) is skipped: it needs root, and the temp dirs exist;
 - the server listens on loopback and a free port instead of 0.0.0.0:8000, on a tiny model the test makes
   (TXL_MODEL), since the bundled model may not be in the repo.
@@ -24,11 +25,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from txl_server.sessions.redis_server import free_port
 
 from tests.server.conftest import make_byte_model_dir
 
-from .files import REPO, Stage, build_context, parse_dockerfile
+from .files import REPO, Dockerfile, Stage, build_context, parse_dockerfile
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -37,8 +39,9 @@ SETUP_ONLY = re.compile(r"^(useradd|mkdir|chown)\b")
 
 
 class Emulator:
-    def __init__(self, root: Path, build_args: dict[str, str]) -> None:
+    def __init__(self, root: Path, dockerfile: Dockerfile, build_args: dict[str, str]) -> None:
         self.root = root
+        self.dockerfile = dockerfile
         self.build_args = build_args
         self.venv = root / "venv"
         self.timings: dict[str, float] = {}
@@ -77,10 +80,11 @@ class Emulator:
         args: dict[str, str] = {}
         env: dict[str, str] = {}
         cwd = self.root
+        values = self.dockerfile.stage_args(stage, self.build_args)
         for instruction in stage.instructions:
             if instruction.keyword == "ARG":
-                name, _, default = instruction.args.partition("=")
-                args[name] = self.build_args.get(name, default)
+                name = instruction.args.partition("=")[0].strip()
+                args[name] = values[name]
             elif instruction.keyword == "ENV":
                 env.update(Stage("", None, [instruction]).env())
             elif instruction.keyword == "WORKDIR":
@@ -110,7 +114,7 @@ def model_dir(tmp_path_factory) -> Path:
 def test_image_commands_install_and_serve_in_a_fresh_venv(tmp_path, model_dir):
     dockerfile = parse_dockerfile()
     build_args = {"VARIANT": "cpu", "TORCH_INDEX": os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple")}
-    emulator = Emulator(tmp_path, build_args)
+    emulator = Emulator(tmp_path, dockerfile, build_args)
     for path in IMAGE_PATHS:
         (tmp_path / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
     (tmp_path / "data" / "redis").mkdir()
@@ -121,6 +125,18 @@ def test_image_commands_install_and_serve_in_a_fresh_venv(tmp_path, model_dir):
         emulator.run_stage(stage)
     emulator.run_stage(dockerfile.stage("build"))
     emulator.run_stage(runtime_chain[-1])
+    installed = subprocess.run(
+        [
+            emulator.venv / "bin" / "python",
+            "-c",
+            "import torch; print(torch.__version__, torch.version.cuda)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    version, cuda = installed.stdout.split()
+    assert version.split("+")[0] == torch.__version__.split("+")[0] and cuda == "None", installed.stdout
 
     runtime = runtime_chain[-1]
     entrypoint, cmd, healthcheck = (

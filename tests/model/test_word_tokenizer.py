@@ -17,7 +17,8 @@ import sacremoses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from txl.tokenizers import TokenizerError, load_tokenizer, save_tokenizer
-from txl.tokenizers.word import WordTokenizer
+from txl.tokenizers.added import AddedToken
+from txl.tokenizers.word import WordTokenizer, convert_hf_vocab
 
 ROOT = Path(__file__).resolve().parents[2]
 # Vendored copies (tests/data, see its README) unless TXL_DATA_DIR points at the full shared data folder.
@@ -118,6 +119,78 @@ def test_encode_matches_hf_on_edge_cases(tmp_path, lower_case):
     hf = hf_tokenizer(vocab_file=str(vocab_file), lower_case=lower_case)
     for line in lines:
         assert symbols(tok, tok.encode(line)) == symbols(tok, hf.encode(line)), line
+
+
+# An HF directory whose added-token table disagrees with its vocabulary: built from scratch, so `<eos>`, `<unk>`
+# and `<formula>` got ids 0, 1, 2 while the vocabulary was empty; plus ordinary added tokens with HF's flags.
+ADDED_PROBES = [
+    "the <unk> of the <formula> and <eos> here",
+    "<unk><unk>the <UNK> unk <unk>.",
+    "a <sep> b<sep>c  <sep>  d <SEP>",
+    "Homarus, Homarus's xHomarus HOMARUS homarus (Homarus)",
+    "the season   of the season. season",
+]
+
+
+def hf_directory_with_added_tokens(path: Path, lines: list[str], lower_case: bool, source: str):
+    """Saves an HF tokenizer built from scratch; `source` says where its added-token table is left: as HF saves
+    it (`vocab.pkl` and `tokenizer_config.json`), only in `vocab.pkl`, or only in a legacy `added_tokens.json`."""
+    import json
+    import pickle
+
+    from transformers import AddedToken
+
+    hf = hf_tokenizer(special=["<eos>"], lower_case=lower_case)
+    hf.count_sents([line.split() for line in lines])
+    hf.build_vocab()
+    hf.add_tokens(
+        [
+            AddedToken("<sep>", lstrip=True, rstrip=True),  # past the vocabulary
+            AddedToken("Homarus", single_word=True),
+            AddedToken("season", rstrip=True),  # in the vocabulary
+        ]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf.save_pretrained(str(path))
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    table = {token["content"]: int(i) for i, token in config["added_tokens_decoder"].items()}
+    if source != "as saved":
+        del config["added_tokens_decoder"]
+        config_path.write_text(json.dumps(config))
+    if source == "added_tokens.json":
+        (path / "added_tokens.json").write_text(json.dumps(table))
+        state = pickle.loads((path / "vocab.pkl").read_bytes())  # our own file: a trusted pickle
+        del state["_added_tokens_decoder"], state["_added_tokens_encoder"]
+        (path / "vocab.pkl").write_bytes(pickle.dumps(state))
+    return path, table
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("lower_case", [False, True])
+@pytest.mark.parametrize("source", ["as saved", "vocab.pkl", "added_tokens.json"])
+def test_an_hf_directory_added_token_table_encodes_as_hf(tmp_path, gutenberg_lines, lower_case, source):
+    from transformers import TransfoXLTokenizer
+
+    wiki = data_file(WIKI_VALID).read_text(encoding="utf-8").split("\n")[:1500]
+    hf_dir, table = hf_directory_with_added_tokens(tmp_path / "hf", wiki, lower_case, source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = TransfoXLTokenizer.from_pretrained(str(hf_dir))
+    served = load_tokenizer(hf_dir)  # serving the HF directory as it is
+    convert_hf_vocab(hf_dir / "vocab.pkl", tmp_path)  # what `txl convert` writes
+    converted = load_tokenizer(tmp_path)
+    assert isinstance(served, WordTokenizer) and served.to_json() == converted.to_json()
+    vocab = served.vocab
+    assert table["<unk>"] == 1 and vocab.index("<unk>") != 1  # the case this test is about
+
+    lines = [*ADDED_PROBES, *EDGE_CASES, *gutenberg_lines[::10]]
+    for line in lines:
+        # HF gives `<sep>` an id past the vocabulary that no model of it can take; ours is the unknown-word id.
+        expected = [i if i < len(vocab) else served.unk_id for i in hf.encode(line)]
+        assert served.encode(line) == expected, line
+    assert served.encode("<unk>") == [1] and served.encode("<formula>") == [2]
 
 
 def test_each_newline_is_one_eos(wiki_tok):
@@ -353,6 +426,18 @@ def test_json_round_trip_and_load_tokenizer(tmp_path, wiki_tok):
     assert loaded.decode(loaded.encode(line)) == wiki_tok.decode(wiki_tok.encode(line))
 
 
+def test_an_added_token_table_survives_json_and_wins_over_the_vocabulary(tmp_path):
+    table = [AddedToken("<unk>", 2, special=True, normalized=False), AddedToken("<sep>", 9, rstrip=True)]
+    tok = WordTokenizer(["<eos>", "<unk>", "the", "cat"], added_tokens=table)
+    save_tokenizer(tok, tmp_path)
+    loaded = load_tokenizer(tmp_path)
+    assert isinstance(loaded, WordTokenizer) and loaded.added_tokens == table
+    # `<unk>` text takes the table's id; an unknown word the vocabulary's; `<sep>` (past the vocabulary) is cut
+    # out with the spaces after it, then looked up in the vocabulary.
+    assert loaded.encode("the <unk> dog<sep>  cat") == [2, 2, 1, 1, 3]
+    assert loaded.decode([2]) == "the"  # decoding writes the vocabulary's symbol
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -363,6 +448,11 @@ def test_json_round_trip_and_load_tokenizer(tmp_path, wiki_tok):
         ({"vocab": ["<unk>", ""]}, "empty symbol"),
         ({"lower_case": "no"}, "lower_case"),
         ({"additional_special_tokens": "<formula>"}, "additional_special_tokens"),
+        ({"added_tokens": {"<unk>": 1}}, "'added_tokens' must be a list"),
+        ({"added_tokens": [{"content": "", "id": 1}]}, "'content' must be a non-empty string"),
+        ({"added_tokens": [{"content": "<unk>", "id": -1}]}, "'id' must be an integer"),
+        ({"added_tokens": [{"content": "<unk>", "id": 1, "lstrip": "yes"}]}, "must be true or false"),
+        ({"added_tokens": [{"content": "<a>", "id": 1}, {"content": "<a>", "id": 2}]}, "twice"),
     ],
 )
 def test_malformed_specs_are_refused(tmp_path, change, message):

@@ -6,6 +6,11 @@ configured limit. Time to first token and inter-token latency are measured by th
 every second to check each memory tier against its budget; at the end every session a client made must still
 be there, at the version (and token count) that client last saw.
 
+How many sessions the clients make, and so whether any reaches Redis, depends on the machine's speed (a CPU half
+as fast made too few for one to come back from Redis). So after the timed load the test forces the tier paths it
+asserts, whatever the speed: it creates sessions with a full memory until the server reports one moved down to
+Redis, then revisits sessions, least recently used first, until one has come back from Redis.
+
 The model is the bundled one when server/txl_server/default_model/config.json exists, the tiny test model
 otherwise. TXL_LOAD_SECONDS sets the duration (default 60, the requirement; shorten it only for local runs).
 """
@@ -15,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -57,6 +64,11 @@ class Owned:
     sid: str
     version: int
     tokens: int
+    # When its client last used it: the order in which the server moves sessions down (least recently used).
+    used: float = field(default_factory=time.monotonic)
+
+    def saw(self, session: dict) -> None:
+        self.version, self.tokens, self.used = session["version"], session["tokens"], time.monotonic()
 
 
 class Busy(Exception):
@@ -126,7 +138,7 @@ async def _generate(client: httpx.AsyncClient, tally: Tally, owned: Owned, rng: 
         tally.errors.append("generate: the stream ended without a done event")
         return
     tally.streams += 1
-    owned.version, owned.tokens = done["session"]["version"], done["session"]["tokens"]
+    owned.saw(done["session"])
 
 
 async def _client(
@@ -159,8 +171,7 @@ async def _client(
                 if response.status_code != 200:
                     tally.errors.append(f"append: {response.status_code} {response.text[:200]}")
                 else:
-                    body = response.json()["session"]
-                    owned.version, owned.tokens = body["version"], body["tokens"]
+                    owned.saw(response.json()["session"])
             step += 1
         except Busy:
             await asyncio.sleep(rng.uniform(0.2, 0.6))
@@ -186,9 +197,44 @@ async def _sample_budgets(
             await asyncio.wait_for(stop.wait(), timeout=1.0)
 
 
+async def _moves(client: httpx.AsyncClient, source: str, target: str) -> float:
+    text = (await client.get("/metrics")).text
+    return metric(text, "txl_tier_moves_total", source=source, target=target)
+
+
+async def _push_one_down_to_redis(
+    client: httpx.AsyncClient, tally: Tally, sessions: list[Owned], mem_len: int, most: int
+) -> int:
+    """Creates sessions that each fill their memory until a session has moved from the host tier to Redis (at
+    most `most`: enough to overflow both tiers from empty). Returns how many it created."""
+    text = ("It was a dark and stormy night; the rain fell in torrents. " * (mem_len // 32 + 1))[:mem_len]
+    for made in range(most + 1):
+        if await _moves(client, "host", "redis") > 0:
+            return made
+        response = await _request(client, tally, "fill", "POST", "/v1/sessions", json={"text": text})
+        assert response.status_code == 201, response.text
+        meta = response.json()
+        sessions.append(Owned(meta["id"], meta["version"], meta["tokens"]))
+    raise AssertionError(f"{most} full sessions never moved one to Redis: the budgets are not enforced")
+
+
+async def _bring_one_back_from_redis(client: httpx.AsyncClient, tally: Tally, sessions: list[Owned]) -> int:
+    """Appends to sessions, least recently used first (the ones the server moved down first), until one has come
+    back from Redis; returns how many it visited. One of them is in Redis if any moved there (persistence is
+    `evict` and nothing deletes), so this ends before the list does."""
+    for visited, owned in enumerate(sorted(sessions, key=lambda o: o.used)):
+        if await _moves(client, "redis", "device") > 0:
+            return visited
+        path = f"/v1/sessions/{owned.sid}/append"
+        response = await _request(client, tally, "revisit", "POST", path, json={"text": " and then"})
+        assert response.status_code == 200, response.text
+        owned.saw(response.json()["session"])
+    raise AssertionError("no session came back from Redis after every session was revisited")
+
+
 async def _load(
-    server: ServerProcess, seconds: float, slack: dict[str, int]
-) -> tuple[Tally, list[Owned], float]:
+    server: ServerProcess, seconds: float, slack: dict[str, int], mem_len: int, most_sessions: int
+) -> tuple[Tally, list[Owned], float, dict[str, int]]:
     tally = Tally()
     sessions: list[Owned] = []
     limits = httpx.Limits(max_connections=CLIENTS + 8, max_keepalive_connections=CLIENTS + 8)
@@ -199,9 +245,15 @@ async def _load(
         deadline = started + seconds
         await asyncio.gather(*(_client(client, i, deadline, tally, sessions) for i in range(CLIENTS)))
         elapsed = time.monotonic() - started
+        forced = {  # budgets are still sampled meanwhile
+            "sessions_created_to_reach_redis": await _push_one_down_to_redis(
+                client, tally, sessions, mem_len, most_sessions
+            ),
+            "sessions_revisited_to_come_back": await _bring_one_back_from_redis(client, tally, sessions),
+        }
         stop.set()
         await sampler
-    return tally, sessions, elapsed
+    return tally, sessions, elapsed, forced
 
 
 def _verify_sessions(server: ServerProcess, sessions: list[Owned]) -> list[str]:
@@ -240,9 +292,11 @@ def test_sixty_four_streaming_clients_against_a_limit_of_forty_eight(
         TXL_HOST_MEMORY_BYTES=str(budgets["host"]),
         TXL_PERSISTENCE="evict",
     )
+    mem_len = json.loads((Path(model_dir) / "config.json").read_text())["mem_len"]
+    most_sessions = math.ceil((budgets["device"] + budgets["host"]) / compact) + 2
     with server:
         slack = {"device": 0, "host": 0}
-        tally, sessions, elapsed = asyncio.run(_load(server, seconds, slack))
+        tally, sessions, elapsed, forced = asyncio.run(_load(server, seconds, slack, mem_len, most_sessions))
         lost = _verify_sessions(server, sessions)
         with server.client() as client:
             text = client.get("/metrics").text
@@ -286,6 +340,7 @@ def test_sixty_four_streaming_clients_against_a_limit_of_forty_eight(
             "device_bytes_at_rest": int(at_rest["device"]),
             "host_bytes_at_rest": int(at_rest["host"]),
             "tier_moves": tier_moves,
+            **forced,
         },
     )
     assert not tally.errors, tally.errors[:20]

@@ -26,16 +26,16 @@ HF_VOCAB_NAMES = ("vocab.pkl", "vocab.bin")
 
 def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     """The tokenizer of a model directory: its `tokenizer.json`, or else an HF `vocab.pkl`/`vocab.bin`, read with the
-    restricted unpickler (so a downloaded `transfo-xl-wt103` directory serves as it is; `txl convert` makes the JSON
-    once and for all)."""
+    restricted unpickler, with the added-token table HF keeps beside it (so a downloaded `transfo-xl-wt103` directory
+    serves as it is; `txl convert` makes the JSON once and for all)."""
     path = Path(model_dir) / TOKENIZER_NAME
     if not path.is_file():
         for name in HF_VOCAB_NAMES:
             if (Path(model_dir) / name).is_file():
-                from .vocab_pickle import read_hf_vocab
+                from .hf_directory import read_hf_tokenizer
                 from .word import WordTokenizer
 
-                return WordTokenizer.from_json(read_hf_vocab(Path(model_dir) / name))
+                return WordTokenizer.from_json(read_hf_tokenizer(Path(model_dir) / name))
         raise TokenizerError(f"{path} not found: a model directory needs a tokenizer description")
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))

@@ -5,7 +5,8 @@ JSON (`txl.tokenizers.word.convert_hf_vocab`). A pickle can name any importable 
 (`os.system`, `builtins.eval`), so the unpickler below resolves only an allowlist: plain containers, `OrderedDict`
 and `Counter`. HF's `save_vocabulary` pickles the tokenizer's whole `__dict__`, which also holds sacremoses
 objects, compiled regexes, a `Trie` and `AddedToken`s; those few known names become an inert placeholder (their
-modules are never imported, their code never runs). Every other name is refused before anything is built.
+modules are never imported, their code never runs), which for an `AddedToken` keeps the plain values of its
+state (HF's added-token table, see `added.py`). Every other name is refused before anything is built.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import zipfile
 from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
+
+from .added import AddedToken
 
 # `torch.save` without the zip format writes this number, then the protocol version and system info, each as
 # its own pickle, before the object itself.
@@ -43,6 +46,17 @@ class _Inert:
         pass
 
 
+class _PickledAddedToken(_Inert):
+    """An HF `AddedToken` (tokenizers' or transformers' own): keeps the state it is given, code never runs."""
+
+    state: dict[str, Any]
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple):  # (dict state, slot state), as pickle hands over objects with __slots__
+            state = next((part for part in state if isinstance(part, dict)), None)
+        self.state = state if isinstance(state, dict) else {}
+
+
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): OrderedDict,
     ("collections", "Counter"): Counter,
@@ -56,10 +70,9 @@ _INERT = {
     ("sacremoses.normalize", "MosesPunctNormalizer"),
     ("sacremoses.tokenize", "MosesTokenizer"),
     ("sacremoses.tokenize", "MosesDetokenizer"),
-    ("tokenizers", "AddedToken"),
     ("transformers.tokenization_utils", "Trie"),
-    ("transformers.tokenization_utils_base", "AddedToken"),
 }
+_ADDED_TOKEN = {("tokenizers", "AddedToken"), ("transformers.tokenization_utils_base", "AddedToken")}
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -70,6 +83,8 @@ class RestrictedUnpickler(pickle.Unpickler):
             return _ALLOWED[module, name]
         if (module, name) in _INERT:
             return _Inert
+        if (module, name) in _ADDED_TOKEN:
+            return _PickledAddedToken
         raise UnsafePickleError(
             f"refusing to unpickle {module}.{name}: a vocabulary file has no reason to reference it "
             "(nothing was executed; the file may be malicious)"
@@ -152,6 +167,20 @@ def spec_from_hf_vocab(state: dict) -> dict:
         "lower_case": bool(state.get("lower_case", False)),
         "language": language if isinstance(language, str) else "en",
     }
+
+
+def pickled_added_tokens(state: dict) -> dict[int, AddedToken]:
+    """The added-token table HF pickled with the vocabulary (`_added_tokens_decoder`, transformers >= 4.34): HF
+    keeps it when it loads the file, beneath the one in `tokenizer_config.json`."""
+    decoder = state.get("_added_tokens_decoder")
+    if not isinstance(decoder, dict):
+        return {}
+    table = {}
+    for token_id, token in decoder.items():
+        if not isinstance(token, _PickledAddedToken):
+            raise VocabFileError(f"_added_tokens_decoder[{token_id!r}] is not an AddedToken")
+        table[token_id] = AddedToken.from_json({**token.state, "id": token_id}, " in _added_tokens_decoder")
+    return table
 
 
 def read_hf_vocab(path: Path) -> dict:

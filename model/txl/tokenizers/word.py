@@ -3,7 +3,9 @@
 Encoding reproduces HF transformers 4.35.2 token for token: special tokens written in the text are cut out first,
 then each piece goes through Moses punctuation normalisation, Moses tokenisation (hyphens split as `@-@`) and the
 number split (`23,000` -> `23 @,@ 000`). HF encodes one line; here each `\\n` becomes one `<eos>` (the WikiText
-convention, one per line), so a single line is exactly HF's encoding.
+convention, one per line), so a single line is exactly HF's encoding. A tokenizer converted from an HF directory
+may carry HF's added-token table (`added.py`): its tokens are cut out of the text too, and its ids win over the
+vocabulary's when text is encoded (decoding writes the vocabulary's symbol of an id).
 
 Decoding undoes the tokenisation, and is designed so that `encode(decode(ids)) == ids` for WikiText text: the
 text of a token is a separator (`""` or `" "`) plus its surface form, and the separator depends only on the
@@ -24,7 +26,8 @@ from typing import Any
 import sacremoses
 
 from . import TOKENIZER_NAME, TokenizerError
-from .vocab_pickle import read_hf_vocab
+from .added import AddedToken
+from .hf_directory import read_hf_tokenizer
 
 UNK, EOS, FORMULA = "<unk>", "<eos>", "<formula>"  # HF's defaults
 
@@ -62,6 +65,7 @@ class WordTokenizer:
         additional_special_tokens: Sequence[str] = (FORMULA,),
         lower_case: bool = False,
         language: str = "en",
+        added_tokens: Sequence[AddedToken] = (),
     ) -> None:
         self.vocab = list(vocab)
         self._ids = {sym: i for i, sym in enumerate(self.vocab)}
@@ -75,13 +79,29 @@ class WordTokenizer:
         self.additional_special_tokens = list(additional_special_tokens)
         self.lower_case, self.language = lower_case, language
         self.vocab_size = len(self.vocab)
+        self.added_tokens = list(added_tokens)
+        self._added = {t.content: t for t in self.added_tokens}
+        if len(self._added) != len(self.added_tokens):
+            raise TokenizerError("the added-token table lists a token twice")
+        # An id past the vocabulary cannot reach the model: such a token is only cut out (see hf_directory.py).
+        self._added_ids = {t.content: t.id for t in self.added_tokens if t.id < self.vocab_size}
         self.unk_id = self._ids[unk_token]
-        self.eos_id: int | None = self._ids.get(eos_token)
+        self.eos_id: int | None = self._added_ids.get(eos_token, self._ids.get(eos_token))
         # HF's order (eos, unk, additional) is the order Moses protects them in.
         self.special_tokens = list(dict.fromkeys([eos_token, unk_token, *additional_special_tokens]))
+        self._uncut = frozenset([*self.special_tokens, *self._added])  # pieces that Moses never sees
         # Longest first, as HF's trie matches; escaped where HF passes them to Moses as regexes (same for `<...>`).
-        escaped = [re.escape(s) for s in sorted(self.special_tokens, key=len, reverse=True)]
-        self._special_split = re.compile(f"({'|'.join(escaped)})")
+        self._special_split = re.compile(
+            "(" + "|".join(re.escape(s) for s in sorted(self._uncut, key=lambda s: (-len(s), s))) + ")"
+        )
+        # What HF's lower-casing skips: the special tokens, and added tokens but the non-normalised ordinary ones.
+        kept_case = [
+            *self.special_tokens,
+            *(t.content for t in self.added_tokens if t.special or t.normalized),
+        ]
+        self._case_split = re.compile(
+            "(" + "|".join(re.escape(s) for s in sorted(set(kept_case), key=lambda s: (-len(s), s))) + ")"
+        )
         self._protected = [re.escape(s) for s in self.special_tokens]
         self._normalizer = sacremoses.MosesPunctNormalizer(language)
         self._moses = sacremoses.MosesTokenizer(language)
@@ -120,7 +140,7 @@ class WordTokenizer:
         return cls(symbols, lower_case=lower_case, **options)
 
     def to_json(self) -> dict:
-        return {
+        spec = {
             "type": "word",
             "vocab": self.vocab,
             "unk_token": self.unk_token,
@@ -129,6 +149,9 @@ class WordTokenizer:
             "lower_case": self.lower_case,
             "language": self.language,
         }
+        if self.added_tokens:
+            spec["added_tokens"] = [t.to_json() for t in self.added_tokens]
+        return spec
 
     @classmethod
     def from_json(cls, spec: dict, base_dir: Path | None = None) -> WordTokenizer:
@@ -148,7 +171,11 @@ class WordTokenizer:
             raise TokenizerError(
                 f"word tokenizer{where}: 'additional_special_tokens' must be a list of strings"
             )
-        return cls(vocab, additional_special_tokens=extra, **options)
+        added = spec.get("added_tokens", [])
+        if not isinstance(added, list):
+            raise TokenizerError(f"word tokenizer{where}: 'added_tokens' must be a list")
+        tokens = [AddedToken.from_json(entry, where) for entry in added]
+        return cls(vocab, additional_special_tokens=extra, added_tokens=tokens, **options)
 
     # ---- encoding ----
 
@@ -162,18 +189,45 @@ class WordTokenizer:
         return ids
 
     def id_of(self, sym: str) -> int:
-        return self._ids.get(sym, self.unk_id)
+        """HF's `convert_tokens_to_ids`: the added-token table first, then the vocabulary."""
+        added = self._added_ids.get(sym)
+        return added if added is not None else self._ids.get(sym, self.unk_id)
 
     def tokenize_line(self, line: str) -> list[str]:
         """HF's `tokenize(line)`: symbols, before the lookup in the vocabulary."""
         if self.lower_case:
-            # HF lower-cases character by character around the specials, then looks for specials again.
-            parts = self._special_split.split(line)
+            # HF lower-cases character by character around the tokens it keeps, then cuts the text again.
+            parts = self._case_split.split(line)
             line = "".join(p if i % 2 else "".join(c.lower() for c in p) for i, p in enumerate(parts))
+        pieces = [p for p in self._special_split.split(line) if p]  # as HF's trie cuts: no empty pieces
+        if self.added_tokens:
+            self._strip_around_added(pieces)
         symbols: list[str] = []
-        for i, part in enumerate(self._special_split.split(line)):
-            symbols.extend([part] if i % 2 else self._moses_pipeline(part))
+        for piece in pieces:
+            if piece in self._uncut:
+                symbols.append(piece)
+            elif piece:  # a piece that an added token's stripping emptied is dropped, as HF drops it
+                symbols.extend(self._moses_pipeline(piece))
         return symbols
+
+    def _strip_around_added(self, pieces: list[str]) -> None:
+        """HF's `lstrip`, `rstrip` and `single_word`, applied in place left to right as HF applies them."""
+        for i, piece in enumerate(pieces):
+            token = self._added.get(piece)
+            if token is None:
+                continue
+            left = pieces[i - 1] if i > 0 else None
+            right = pieces[i + 1] if i + 1 < len(pieces) else None
+            if token.rstrip and right:
+                pieces[i + 1] = right.lstrip()
+            if token.lstrip and left:
+                pieces[i - 1] = left.rstrip()
+            if token.single_word and left and left[-1] != " ":
+                pieces[i - 1] += piece
+                pieces[i] = ""
+            elif token.single_word and right and right[0] != " ":
+                pieces[i + 1] = piece + pieces[i + 1]
+                pieces[i] = ""
 
     def _moses_pipeline(self, text: str) -> list[str]:
         text = text.strip()
@@ -329,11 +383,12 @@ class WordDecoder:
 
 
 def convert_hf_vocab(src_path: str | Path, dst: str | Path) -> Path:
-    """Converts HF's `vocab.pkl` (or the legacy `vocab.bin`) to our `tokenizer.json`, never running pickled code.
+    """Converts HF's `vocab.pkl` (or the legacy `vocab.bin`) to our `tokenizer.json`, never running pickled code,
+    with the added-token table of the directory it is in (`tokenizer_config.json`, see hf_directory.py).
 
     `dst` is a model directory (the file is written there as `tokenizer.json`) or a file path. Returns the path.
     """
-    tokenizer = WordTokenizer.from_json(read_hf_vocab(Path(src_path)))
+    tokenizer = WordTokenizer.from_json(read_hf_tokenizer(Path(src_path)))
     path = Path(dst)
     if path.is_dir():
         path = path / TOKENIZER_NAME

@@ -42,9 +42,10 @@ VOCAB_FILES = ("vocab.pkl", "vocab.bin")
 def add_convert(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Convert a downloaded transfo-xl-wt103 directory in HF's format (config.json, pytorch_model.bin or "
-        "model.safetensors, vocab.pkl) to a TXL model directory (config.json, model.safetensors, "
-        "tokenizer.json) that `txl serve --model OUT_DIR` serves. Pickles are never executed: weights are "
-        "read weights-only and the vocabulary with a restricted unpickler."
+        "model.safetensors, vocab.pkl, and tokenizer_config.json or added_tokens.json where HF saved them) to a "
+        "TXL model directory (config.json, model.safetensors, tokenizer.json) that `txl serve --model OUT_DIR` "
+        "serves. The tokenizer encodes as HF transformers 4.35.2 does, added-token table included. Pickles are "
+        "never executed: weights are read weights-only and the vocabulary with a restricted unpickler."
     )
     parser.add_argument("hf_dir", metavar="HF_DIR", type=Path, help="the HF model directory")
     parser.add_argument(
@@ -106,9 +107,11 @@ def convert(args: argparse.Namespace) -> int:
         print(f"txl convert: {exc}", file=sys.stderr)
         return EXIT_FAILED
     parameters = sum(p.numel() for p in model.parameters())
+    added = len(getattr(tokenizer, "added_tokens", ()))  # entries of HF's table that change an encoding
+    table = f", {added} added token{'s' * (added != 1)} from HF's table" if added else ""
     print(
         f"wrote {out_dir}: {', '.join(OUTPUT_FILES)} ({parameters:,} parameters, {args.dtype}, "
-        f"vocabulary of {tokenizer.vocab_size:,})"
+        f"vocabulary of {tokenizer.vocab_size:,}{table})"
     )
     print(f"serve it with: txl serve --model {out_dir}", file=sys.stderr)
     return 0
