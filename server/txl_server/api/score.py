@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -15,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import InvalidBody, InvalidRequest, ServiceError
 from ..sessions.stateless import ScoreOutcome, StatelessService
 from . import sse
-from .common import ERROR_RESPONSES, Config, EventStream, Tenant
+from .common import ERROR_RESPONSES, Config, EventStream, Tenant, validation_message
+from .disconnect import WatchedRoute, watch_connection
 
-router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
 
 PROGRESS_INTERVAL_SECONDS = 0.2
 
@@ -58,6 +58,7 @@ _BODY_DOC = {
     openapi_extra=_BODY_DOC,
     responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events with stream"}},
 )
+@watch_connection
 async def score(
     request: Request,
     tenant: Tenant,
@@ -90,11 +91,8 @@ async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: b
     try:
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or "body"
-        raise InvalidBody(f"invalid request: {first['msg']}", param=param) from exc
-    except (ValueError, json.JSONDecodeError) as exc:  # pragma: no cover - pydantic reports JSON errors above
-        raise InvalidRequest("the body is not valid JSON", param="body") from exc
+        message, param = validation_message(list(exc.errors()), content_type)
+        raise InvalidBody(message, param=param or "body") from exc
 
 
 def _response(outcome: ScoreOutcome, tokenizer: Any, with_tokens: bool) -> dict[str, Any]:

@@ -15,9 +15,9 @@ import dataclasses
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from txl import BlockPool, TransfoXLLMHeadModel, peak_positions
 from txl.sampling import SamplingParams
@@ -40,6 +40,7 @@ from .cache import DEVICE, HOST, Entry, MemoryCache
 from .store import Lease, SessionMeta, SessionStore, now
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class SessionObserver:
@@ -63,6 +64,22 @@ class AppendOutcome:
 class GenerateOutcome:
     session: SessionMeta
     result: GenerateResult
+
+
+async def to_the_end(step: Coroutine[Any, Any, T]) -> T:
+    """Runs `step` to its end even if the request awaiting it is cancelled meanwhile (its client left, the server
+    stops): a commit is one step in Redis and in the cache together, never half of one. Work cancelled before
+    its commit began commits nothing; once it began, the request finishes as if its client were still there."""
+    task = asyncio.ensure_future(step)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
 
 
 def new_session_id() -> str:
@@ -173,8 +190,12 @@ class SessionService:
             metadata=metadata,
         )
         snapshot = await self._snapshot_bytes(state) if self._persist_always else None
-        await self.store.create(meta, snapshot)
-        await self._place(meta, state)
+
+        async def register() -> None:
+            await self.store.create(meta, snapshot)
+            await self._place(meta, state)
+
+        await to_the_end(register())
         return meta
 
     async def _check_session_limit(self, owner: str) -> None:
@@ -237,9 +258,18 @@ class SessionService:
             metadata = json.loads(header.get("metadata", "{}"))
             if header.get("txl_snapshot") != "1" or tokens < 0 or not isinstance(metadata, dict):
                 raise ValueError("missing or malformed session fields")
-            state = await self._load(data)
         except (ValueError, KeyError) as exc:
-            raise InvalidRequest(f"not a session snapshot of this model: {exc}", param="body") from exc
+            raise InvalidRequest(
+                "the body is not a session snapshot (export one with GET /v1/sessions/{id}/snapshot)",
+                param="body",
+            ) from exc
+        try:
+            state = await self._load(data)
+        except ValueError as exc:
+            raise InvalidRequest(
+                "the snapshot does not fit this server's model (it was exported from another model, or damaged)",
+                param="body",
+            ) from exc
         if state.mem_len > self.max_mem_len:
             raise InvalidRequest(
                 f"the snapshot's mem_len exceeds this server's {self.max_mem_len}", param="body"
@@ -270,8 +300,10 @@ class SessionService:
         max_tokens: int,
         sampling: SamplingParams,
         stop: list[str] | None = None,
+        top_logprobs: int = 0,
     ) -> AsyncGenerator[TokenEvent | GenerateOutcome, None]:
-        """Yields a TokenEvent per sampled token, then the GenerateOutcome (after the commit).
+        """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
+        then the GenerateOutcome (after the commit).
 
         Closing the iterator early (a client that went away) cancels the generation: nothing is committed.
         """
@@ -283,7 +315,9 @@ class SessionService:
         async with self._step(owner, session_id) as (meta, state, lease):
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")
-            job = GenerateJob(state, prompt, max_tokens, sampling, list(stop or []))
+            job = GenerateJob(
+                state, prompt, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs
+            )
             result: GenerateResult | None = None
             async with contextlib.aclosing(self._events(job, lease)) as events:
                 async for event in events:
@@ -330,12 +364,16 @@ class SessionService:
             tier=DEVICE,
         )
         snapshot = await self._snapshot_bytes(state) if self._persist_always else None
-        # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
-        if not await self.store.commit(
-            new, expected_version=meta.version, snapshot=snapshot, drop_snapshot=snapshot is None
-        ):
-            raise NotFound(f"no session {meta.id!r}", param="session_id")
-        await self._place(new, state)
+
+        async def commit() -> None:
+            # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
+            if not await self.store.commit(
+                new, expected_version=meta.version, snapshot=snapshot, drop_snapshot=snapshot is None
+            ):
+                raise NotFound(f"no session {meta.id!r}", param="session_id")
+            await self._place(new, state)
+
+        await to_the_end(commit())
         return new
 
     async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:
