@@ -506,6 +506,27 @@ def test_official_openai_client_non_stream_and_stream(server):
     assert sorted(c.index for c in several.choices) == [0, 1, 2, 3]
 
 
+def test_unknown_routes_are_404_whatever_the_method_and_chat_says_what_to_use(server, a):
+    for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+        response = a.request(method, "/v1/nope", json={})
+        assert response.status_code == 404, (method, response.text)
+        error = error_of(response)
+        assert error["type"] == "not_found" and error["message"] == f"no such route: {method} /v1/nope"
+    assert a.post("/index.html").status_code == 404  # the playground's files are only read
+    assert a.get("/").status_code == 200
+    wrong = a.put("/v1/sessions")
+    assert wrong.status_code == 405 and wrong.headers["Allow"] == "GET, POST"
+    assert error_of(wrong)["message"] == "PUT is not allowed on /v1/sessions; use GET or POST"
+
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(model="tiny-byte", messages=[{"role": "user", "content": "Hi"}])
+    message = refused.value.body["message"]
+    assert "base language model" in message and "POST /v1/completions" in message
+    assert "TXL_CHAT_TEMPLATE" in message
+
+
 def test_completions_echo_logprobs_scores_the_prompt(a):
     prompt = "It was the best of times"
     scored = a.post(

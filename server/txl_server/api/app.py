@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match, Route
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
@@ -128,6 +128,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 # ---------------------------------------------------------------------------------------------- routing
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
 class Fallback:
     """What no route serves: the playground's files for GET and HEAD outside /v1; else 405 (with Allow) for
     a route called with another method, and 404 `not_found` for everything else. (A plain StaticFiles mount
@@ -142,14 +145,14 @@ class Fallback:
         if scope["method"] in ("GET", "HEAD") and not api and self.files is not None:
             await self.files(scope, receive, send)
             return
-        allowed = sorted(
-            {
-                method
+        allowed = [
+            method
+            for method in _METHODS
+            if any(
+                not isinstance(route, Mount) and route.matches({**scope, "method": method})[0] is Match.FULL
                 for route in self.app.router.routes
-                if isinstance(route, Route) and route.methods and route.matches(scope)[0] is Match.PARTIAL
-                for method in route.methods
-            }
-        )
+            )
+        ]
         if allowed:
             raise StarletteHTTPException(
                 405,
