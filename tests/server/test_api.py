@@ -122,6 +122,27 @@ def test_generate_json_and_stream_agree_at_temperature_zero_and_with_a_seed(a):
         assert all(t["token"]["logprob"] <= 0 for t in tokens)
 
 
+def test_a_long_text_streams_its_progress_before_the_first_token(a):
+    base = create(a, text="Call me")
+    text = (
+        " Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse. " * 3
+    )
+    body = {"text": text, "max_tokens": 12, "temperature": 0}
+    one, two = (a.post(f"/v1/sessions/{base['id']}/fork").json() for _ in range(2))
+    plain = a.post(f"/v1/sessions/{one['id']}/generate", json=body).json()
+    with a.stream("POST", f"/v1/sessions/{two['id']}/generate", json={**body, "stream": True}) as response:
+        events = sse_events(response)[:-1]
+    kinds = [e["type"] for e in events]
+    progress = [e for e in events if e["type"] == "progress"]
+    assert progress and kinds[: len(progress)] == ["progress"] * len(progress)  # all before the first token
+    assert progress[-1]["tokens_done"] == progress[-1]["tokens_total"] == len(text)
+    assert all(p["tokens_done"] < len(text) for p in progress[:-1])
+    done = events[-1]
+    assert done["type"] == "done" and done["text"] == plain["text"]  # the same generation either way
+    assert done["usage"] == plain["usage"] == {"prompt_tokens": len(text), "completion_tokens": 12}
+    assert done["session"]["tokens"] == plain["session"]["tokens"]
+
+
 def test_stop_strings_end_generation(a):
     session = create(a, text="aaaa")
     first = a.post(f"/v1/sessions/{session['id']}/fork").json()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 import uuid
 
@@ -18,6 +17,7 @@ import pytest
 from txl_server.engine.state import ModelState
 from txl_server.settings import Settings
 
+from .gate import Gate
 from .live_server import LiveServer
 
 KEY = "key-disconnect"
@@ -40,31 +40,6 @@ def server(tiny_model_dir, redis_server):
 def client(server):
     with server.client(KEY) as http:
         yield http
-
-
-class Gate:
-    """Replaces `owner.name` with a function that holds its caller (the worker thread) until opened."""
-
-    def __init__(self, owner, name: str) -> None:
-        self.owner, self.name = owner, name
-        self.original = getattr(owner, name)
-        self.entered, self.opened = threading.Event(), threading.Event()
-
-    def _held(self, *args, **kwargs):
-        self.entered.set()
-        self.opened.wait(30)
-        return self.original(*args, **kwargs)
-
-    def __enter__(self) -> Gate:
-        setattr(self.owner, self.name, self._held)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.opened.set()
-        if isinstance(self.owner, type):
-            setattr(self.owner, self.name, self.original)
-        else:
-            delattr(self.owner, self.name)  # the instance attribute hid the class's method
 
 
 def metric(text: str, name: str) -> float:

@@ -245,6 +245,27 @@ class TokenTiming:
         self.last[choice] = now
 
 
+PROGRESS_INTERVAL_SECONDS = 0.2
+
+
+class ProgressThrottle:
+    """Progress events a few times a second, and always the last one (done == total)."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def due(self, done: int, total: int) -> bool:
+        now = time.monotonic()
+        if done >= total or now - self.last >= PROGRESS_INTERVAL_SECONDS:
+            self.last = now
+            return True
+        return False
+
+
+def progress_event(done: int, total: int) -> str:
+    return sse.event({"type": "progress", "tokens_done": done, "tokens_total": total})
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -14,12 +13,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import InvalidBody, InvalidRequest, ServiceError
 from ..sessions.stateless import ScoreOutcome, StatelessService
 from . import sse
-from .common import ERROR_RESPONSES, Config, EventStream, Tenant, validation_message
+from .common import (
+    ERROR_RESPONSES,
+    Config,
+    EventStream,
+    ProgressThrottle,
+    Tenant,
+    progress_event,
+    validation_message,
+)
 from .disconnect import WatchedRoute, watch_connection
 
 router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
-
-PROGRESS_INTERVAL_SECONDS = 0.2
 
 
 class ScoreRequest(BaseModel):
@@ -113,13 +118,10 @@ async def _progress_stream(
     scorer: StatelessService, body: ScoreRequest, tokenizer: Any
 ) -> AsyncIterator[str]:
     queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-    last_sent = 0.0
+    throttle = ProgressThrottle()
 
     def progress(done: int, total: int) -> None:
-        nonlocal last_sent
-        now = time.monotonic()
-        if done == total or now - last_sent >= PROGRESS_INTERVAL_SECONDS:
-            last_sent = now
+        if throttle.due(done, total):
             queue.put_nowait((done, total))
 
     task = asyncio.create_task(scorer.score(body.text, token_logprobs=body.token_logprobs, progress=progress))
@@ -129,7 +131,7 @@ async def _progress_stream(
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
                 done, total = getter.result()
-                yield sse.event({"type": "progress", "tokens_done": done, "tokens_total": total})
+                yield progress_event(done, total)
             else:
                 getter.cancel()
         outcome = task.result()

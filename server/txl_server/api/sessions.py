@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
+from ..engine.jobs import ProgressEvent
 from ..errors import InvalidRequest, ServiceError
 from ..sessions.service import GenerateOutcome
 from . import sse
@@ -18,6 +19,7 @@ from .common import (
     ERROR_RESPONSES,
     Config,
     EventStream,
+    ProgressThrottle,
     Service,
     SessionObject,
     Tenant,
@@ -28,6 +30,7 @@ from .common import (
     check_stop,
     check_text,
     log_text,
+    progress_event,
 )
 from .disconnect import WatchedRoute, watch_connection
 from .idempotency import Idempotent, IdempotentCall
@@ -256,8 +259,9 @@ async def generate(
     if (stored := await idempotent.replay()) is not None:
         return EventStream(_replay(stored)) if body.stream else _without_tokens(stored)
     source = service.generate(
-        tenant, session_id, text=body.text, max_tokens=body.max_tokens, sampling=body.sampling(), stop=stops
-    )
+        tenant, session_id, text=body.text, max_tokens=body.max_tokens, sampling=body.sampling(), stop=stops,
+        report_progress=body.stream,
+    )  # fmt: skip
     try:
         # Errors before the first event (404, 409, 410, ...) are plain HTTP errors, not a 200 stream.
         first = await anext(source)
@@ -300,9 +304,15 @@ async def _stream(
 ) -> AsyncIterator[str]:
     tokens: list[dict[str, Any]] = []
     finished = False
+    throttle = ProgressThrottle()
     try:
         item = first
         while True:
+            if isinstance(item, ProgressEvent):  # a long text is being fed, before the first token
+                if throttle.due(item.done, item.total):
+                    yield progress_event(item.done, item.total)
+                item = await anext(source)
+                continue
             if isinstance(item, GenerateOutcome):
                 response = _response(item)
                 finished = True

@@ -29,6 +29,7 @@ from ..engine.jobs import (
     GenerateJob,
     GenerateResult,
     Job,
+    ProgressEvent,
     TokenEvent,
     run_job,
 )
@@ -301,9 +302,11 @@ class SessionService:
         sampling: SamplingParams,
         stop: list[str] | None = None,
         top_logprobs: int = 0,
-    ) -> AsyncGenerator[TokenEvent | GenerateOutcome, None]:
+        report_progress: bool = False,
+    ) -> AsyncGenerator[TokenEvent | ProgressEvent | GenerateOutcome, None]:
         """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
-        then the GenerateOutcome (after the commit).
+        then the GenerateOutcome (after the commit). With `report_progress`, a text longer than one segment
+        first yields a ProgressEvent per segment fed (a long prompt takes a while before the first token).
 
         Closing the iterator early (a client that went away) cancels the generation: nothing is committed.
         """
@@ -315,8 +318,19 @@ class SessionService:
         async with self._step(owner, session_id) as (meta, state, lease):
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")
+            to_feed = prompt
+            if report_progress and len(prompt) > self.segment_len:
+                # Fed as a job of its own, which the worker reports segment by segment; decoding then starts
+                # from the state the generation's own prompt ingestion would have reached.
+                fed = AdvanceJob(state, prompt, report_progress=True)
+                async with contextlib.aclosing(self._events(fed, lease)) as events:
+                    async for event in events:
+                        if isinstance(event, ProgressEvent):
+                            yield event
+                        elif isinstance(event, AdvanceResult):
+                            state, to_feed = event.state, []
             job = GenerateJob(
-                state, prompt, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs
+                state, to_feed, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs
             )
             result: GenerateResult | None = None
             async with contextlib.aclosing(self._events(job, lease)) as events:
@@ -324,7 +338,7 @@ class SessionService:
                     if isinstance(event, TokenEvent):
                         yield event
                     elif isinstance(event, GenerateResult):
-                        result = event
+                        result = dataclasses.replace(event, prompt_tokens=len(prompt))
             assert result is not None
             committed = await self._commit(meta, result.state, len(prompt) + result.completion_tokens)
         self.observer.on_tokens("ingested", len(prompt))
