@@ -196,8 +196,8 @@ class SessionObject(BaseModel):
 
 class ErrorDetail(BaseModel):
     type: Literal[
-        "invalid_request", "unauthorized", "not_found", "conflict", "gone", "payload_too_large", "overloaded",
-        "unavailable", "internal",
+        "invalid_request", "idempotency_key_reused", "unauthorized", "not_found", "conflict", "gone",
+        "payload_too_large", "overloaded", "unavailable", "internal",
     ]  # fmt: skip
     message: str
     param: str | None
@@ -216,7 +216,8 @@ _ERRORS = {
     409: "conflict: another step on the session is in progress",
     410: "gone: the session's memory was dropped",
     413: "payload_too_large",
-    422: "invalid_request: the body does not match the schema",
+    422: "invalid_request: the body does not match the schema; idempotency_key_reused: a key sent again with "
+    "another body",
     429: "overloaded: retry after Retry-After seconds",
     500: "internal",
     503: "unavailable: Redis is unreachable; nothing was changed",
