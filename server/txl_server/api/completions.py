@@ -288,7 +288,7 @@ class _LogprobsBuilder:
 
 
 # ---------------------------------------------------------------------------------------------- sources
-# Each yields (choice index, TokenEvent) as tokens arrive and (choice index, Finished) at the end.
+# Each yields (choice index, Piece) as text arrives and (choice index, Finished) as the choice ends.
 
 
 async def _stateless_completions(
