@@ -109,8 +109,8 @@ def test_a_long_prompt_shows_its_progress_and_does_not_time_out(server, env, sdk
     """`head -c 50000 moby.txt | txl --timeout 5 generate -`: reading the prompt takes the server longer than the
     timeout, but it reports its progress meanwhile: the CLI draws it and waits."""
     prompt = "Call me Ishmael. Some years ago, never mind how long precisely, I went to sea. " * 20
-    model = server.app.state.runtime.service.model
-    with Gate(model, "forward", delay=4.0 / (len(prompt) / 8)):  # 4 s: 8 tokens a segment in the tiny model
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    with Gate(runner, "run", delay=4.0 / (len(prompt) / 8)):  # 4 s: a segment (8 tokens) per forward
         result = run("--timeout", "1", "generate", "-", "--max-tokens", "5", "--progress", "--rm", env=env,
                      stdin=prompt)  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -120,8 +120,8 @@ def test_a_long_prompt_shows_its_progress_and_does_not_time_out(server, env, sdk
 
 def test_a_real_timeout_says_timed_out_not_conflict_and_changes_nothing(server, env, sdk):
     session = sdk.create_session(text="waiting")
-    model = server.app.state.runtime.service.model
-    with Gate(model, "forward") as gate:  # the server takes its time, and says nothing
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    with Gate(runner, "run") as gate:  # the server takes its time, and says nothing
         result = run("--timeout", "1", "generate", "more", "--session", session.id, env=env)
         assert gate.entered.is_set()
     assert result.returncode == 1

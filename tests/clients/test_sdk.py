@@ -369,9 +369,9 @@ def test_create_and_delete_are_retried_with_their_key_after_a_lost_response(serv
 
 def test_a_timeout_is_raised_as_such_at_once_never_retried_into_a_conflict(server):
     session = Client(server.url, API_KEY).create_session(text="slow")
-    model = server.app.state.runtime.service.model
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
     with DroppingProxy(server.port) as proxy, Client(proxy.url, API_KEY, timeout=0.5) as client:
-        with Gate(model, "forward"), pytest.raises(TxlTimeoutError) as caught:
+        with Gate(runner, "run"), pytest.raises(TxlTimeoutError) as caught:
             client.append(session.id, " more")
         assert str(caught.value) == f"timed out: no answer from {proxy.url} within 0.5 s"
         assert len(proxy.requests_to("/append")) == 1  # a slow server is not a gone one: no retry
@@ -382,9 +382,9 @@ def test_a_conflict_with_our_own_lost_attempt_is_reported_as_the_loss(server):
     progress (409). When they give up, the error is the lost connection, not a conflict with ourselves."""
     with Client(server.url, API_KEY) as direct:
         session = direct.create_session(text="mine")
-    model = server.app.state.runtime.service.model
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
     with DroppingProxy(server.port) as proxy, Client(proxy.url, API_KEY, max_retries=2) as client:
-        with Gate(model, "forward"):
+        with Gate(runner, "run"):
             proxy.cut("/append")
             with pytest.raises(TxlConnectionError) as caught:
                 client.append(session.id, " more")
@@ -402,11 +402,11 @@ def test_a_conflict_with_our_own_lost_attempt_is_reported_as_the_loss(server):
 def test_generate_reports_a_long_prompts_progress_and_outlasts_the_timeout(server):
     """Feeding the prompt takes four timeouts' time; progress arrives meanwhile, so the call does not time out."""
     prompt = "It was a bright cold day in April, and the clocks were striking thirteen. " * 20
-    model = server.app.state.runtime.service.model
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
     seen: list[tuple[int, int]] = []
     with Client(server.url, API_KEY, timeout=1.0) as client:
         session = client.create_session()
-        with Gate(model, "forward", delay=4.0 / (len(prompt) / 8)):  # the tiny model feeds 8 tokens a segment
+        with Gate(runner, "run", delay=4.0 / (len(prompt) / 8)):  # a segment (8 tokens) per forward
             result = client.generate(
                 session.id, prompt, max_tokens=4, temperature=0, on_progress=lambda *p: seen.append(p)
             )

@@ -7,8 +7,8 @@ import time
 
 
 class Gate:
-    """Replaces `owner.name` (e.g. the model's `forward`) with a function that holds its caller until opened; or,
-    with `delay`, only slows every call down by that many seconds."""
+    """Replaces `owner.name` (e.g. the worker's `runner.run`: one forward of the engine) with a function that holds
+    its caller until opened; or, with `delay`, only slows every call down by that many seconds."""
 
     def __init__(self, owner, name: str, *, delay: float | None = None) -> None:
         self.owner, self.name, self.delay = owner, name, delay

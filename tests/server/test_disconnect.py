@@ -2,7 +2,7 @@
 nothing is committed or registered, the cancellation is counted, and the session is free again at once.
 
 A real server; a raw socket that sends one request and closes while the work runs; and a gate that holds the work
-inside the model's forward pass (or the snapshot loader, for import) until the client has gone, so that nothing
+inside the engine's forward pass (or the snapshot loader, for import) until the client has gone, so that nothing
 depends on the machine's speed.
 """
 
@@ -88,9 +88,9 @@ def left(client, route: str, before: str) -> None:
 def abandon(server, client, route: str, path: str, body: dict, headers: dict | None = None) -> None:
     """One request whose client leaves while the worker computes it; returns once the worker is idle again and
     checks that the job was cancelled (counted), not finished."""
-    model = server.app.state.runtime.service.model
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
     before = client.get("/metrics").text
-    with Gate(model, "forward") as gate:
+    with Gate(runner, "run") as gate:
         send_and_leave(server, gate, path, json.dumps(body).encode(), headers)
         left(client, route, before)
     worker = server.app.state.runtime.service.worker
