@@ -28,6 +28,13 @@ class InvalidBody(InvalidRequest):
     status = 422
 
 
+class IdempotencyKeyReused(ServiceError):
+    """An Idempotency-Key sent again with a different request body (IETF Idempotency-Key draft: 422)."""
+
+    status = 422
+    type = "idempotency_key_reused"
+
+
 class Unauthorized(ServiceError):
     status = 401
     type = "unauthorized"

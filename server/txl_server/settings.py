@@ -6,6 +6,7 @@ command line.
 
 from __future__ import annotations
 
+import string
 from enum import StrEnum
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "default_model"
+TRANSCRIPT_TEMPLATE = "{Role}: {content}\n"
 
 
 class Persistence(StrEnum):
@@ -87,6 +89,12 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(256, ge=1)  # beyond it: 429 overloaded
     max_queued_jobs: int = Field(512, ge=1)
 
+    # ---- OpenAI compatibility
+    # /v1/chat/completions: "transcript" ("{Role}: {content}\n" per message), or a per-message format with the
+    # fields {role} (as sent), {Role} (capitalised) and {content}; "\n" and "\t" may be written escaped.
+    # None: the route answers 404 (a base language model is served through /v1/completions).
+    chat_template: str | None = None
+
     # ---- security and logging
     api_keys: SecretStr | None = None  # comma-separated; each key is a tenant
     api_keys_file: Path | None = None  # one "sha256:<hex>" (or plain key) per line
@@ -105,6 +113,22 @@ class Settings(BaseSettings):
         default = self.default_mem_len if self.default_mem_len is not None else model_mem_len
         largest = self.max_mem_len if self.max_mem_len is not None else max(model_mem_len, default)
         return default, largest
+
+    @field_validator("chat_template")
+    @classmethod
+    def _valid_chat_template(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if value == "transcript":
+            return TRANSCRIPT_TEMPLATE
+        value = value.replace("\\n", "\n").replace("\\t", "\t")
+        try:
+            fields = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise ValueError(f"chat_template is not a valid format: {exc}") from exc
+        if fields.count("content") != 1 or not set(fields) <= {"role", "Role", "content"}:
+            raise ValueError("chat_template must hold {content} once, and no fields but {role} and {Role}")
+        return value
 
     @property
     def model_dir(self) -> Path:

@@ -1,5 +1,6 @@
 """A tiny HTTP/1.1 proxy on loopback that can lose responses: the request reaches the server and is handled in full,
 then the connection is closed before the client sees a byte of the answer (a dropped connection at the worst time).
+Or it cuts the client off as soon as the request is through, while the server still works on it (`cut`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class DroppingProxy:
         self.port = self.listener.getsockname()[1]
         self.seen: list[Seen] = []
         self._drops: dict[str, int] = {}
+        self._cuts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -68,14 +70,23 @@ class DroppingProxy:
         with self._lock:
             self._drops[path_part] = self._drops.get(path_part, 0) + times
 
+    def cut(self, path_part: str, times: int = 1) -> None:
+        """Close the client's connection of the next `times` such requests once they are sent on; the server
+        still sees its connection open, works the request out and answers (into the void)."""
+        with self._lock:
+            self._cuts[path_part] = self._cuts.get(path_part, 0) + times
+
     def requests_to(self, path_part: str) -> list[Seen]:
         return [s for s in self.seen if path_part in s.path]
 
     def _should_drop(self, path: str) -> bool:
+        return self._take(self._drops, path)
+
+    def _take(self, counts: dict[str, int], path: str) -> bool:
         with self._lock:
-            for part, left in self._drops.items():
+            for part, left in counts.items():
                 if left > 0 and part in path:
-                    self._drops[part] = left - 1
+                    counts[part] = left - 1
                     return True
         return False
 
@@ -97,9 +108,14 @@ class DroppingProxy:
                     return
                 head, headers, body = request
                 method, path = head.decode("latin-1").split(" ", 2)[:2]
-                dropped = self._should_drop(path)
+                cut = self._take(self._cuts, path)
+                dropped = cut or self._should_drop(path)
                 self.seen.append(Seen(method, path, headers, dropped))
                 upstream.sendall(head + body)
+                if cut:
+                    with contextlib.suppress(OSError):
+                        client.shutdown(socket.SHUT_RDWR)
+                    client.close()
                 response = _read_message(from_server, response=True)  # the server finishes its work
                 if response is None or dropped:
                     return  # ... and its answer is lost

@@ -70,3 +70,19 @@ async def test_async_lost_response_is_retried_once_with_the_same_key(server):
             assert sent[0].headers["idempotency-key"] == sent[1].headers["idempotency-key"]
             assert result.session.version == session.version + 1
             assert (await client.get_session(session.id)).version == session.version + 1
+
+
+async def test_async_generate_reports_a_long_prompts_progress_to_a_coroutine(server):
+    prompt = "Whan that Aprille with his shoures soote the droghte of March hath perced to the roote. " * 4
+    calls = []
+
+    async def on_progress(done: int, total: int) -> None:
+        await asyncio.sleep(0)
+        calls.append((done, total))
+
+    async with AsyncClient(server.url, API_KEY) as client:
+        one, two = (await client.create_session(), await client.create_session())
+        result = await client.generate(one.id, prompt, max_tokens=6, temperature=0, on_progress=on_progress)
+        plain = await client.generate(two.id, prompt, max_tokens=6, temperature=0)
+    assert calls and calls[-1] == (len(prompt), len(prompt))
+    assert result.text == plain.text and result.usage == plain.usage

@@ -19,6 +19,8 @@ import pytest
 from txl_client import Client
 from txl_server.sessions.redis_server import free_port
 
+from tests.server.gate import Gate
+
 from .conftest import API_KEY
 
 BIN = Path(sys.executable).parent
@@ -101,6 +103,38 @@ def test_generate_streams_a_new_session_then_continues_it(server, env, sdk):
     assert json.loads(as_json.stdout)["session"]["version"] == 4
     removed = run("generate", "-", "--rm", "--max-tokens", "2", env=env, stdin="from stdin")
     assert removed.returncode == 0 and "session" not in removed.stderr
+
+
+def test_a_long_prompt_shows_its_progress_and_does_not_time_out(server, env, sdk):
+    """`head -c 50000 moby.txt | txl --timeout 5 generate -`: reading the prompt takes the server longer than the
+    timeout, but it reports its progress meanwhile: the CLI draws it and waits."""
+    prompt = "Call me Ishmael. Some years ago, never mind how long precisely, I went to sea. " * 20
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    with Gate(runner, "run", delay=4.0 / (len(prompt) / 8)):  # 4 s: a segment (8 tokens) per forward
+        result = run("--timeout", "1", "generate", "-", "--max-tokens", "5", "--progress", "--rm", env=env,
+                     stdin=prompt)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"prompt [{'#' * 30}] 100% {len(prompt)}/{len(prompt)} tokens" in result.stderr
+    assert "timed out" not in result.stderr and result.stdout.strip()
+
+
+def test_a_real_timeout_says_timed_out_not_conflict_and_changes_nothing(server, env, sdk):
+    session = sdk.create_session(text="waiting")
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    with Gate(runner, "run") as gate:  # the server takes its time, and says nothing
+        result = run("--timeout", "1", "generate", "more", "--session", session.id, env=env)
+        assert gate.entered.is_set()
+    assert result.returncode == 1
+    assert result.stderr.startswith("txl: error: timed out: no answer from http://127.0.0.1:")
+    assert "within 1 s (wait longer with --timeout SECONDS)" in result.stderr
+    assert "409" not in result.stderr and "conflict" not in result.stderr
+    # The server cancelled the abandoned generation: nothing was committed, and the session is free.
+    gone = 'txl_requests_total{method="POST",route="/v1/sessions/{session_id}/generate",status="499"}'
+    deadline = time.monotonic() + 10
+    while gone not in httpx.get(server.url + "/metrics").text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sdk.get_session(session.id).version == session.version
+    assert sdk.generate(session.id, max_tokens=2).session.version == session.version + 1
 
 
 def test_sessions_ls_show_rm(env, sdk):

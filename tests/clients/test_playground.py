@@ -37,6 +37,16 @@ def test_playground_files_are_served_and_self_contained(server):
 
 @pytest.fixture
 def browser():
+    yield from chromium()
+
+
+@pytest.fixture
+def offline_browser():
+    """A browser that can reach the test server and nothing else: every other host name fails to resolve."""
+    yield from chromium("--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1")
+
+
+def chromium(*extra_flags: str):
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
         pytest.skip("needs Debian's chromium and chromium-driver")
     webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
@@ -53,6 +63,7 @@ def browser():
         "--disable-component-update",
         "--no-first-run",
         "--window-size=1280,900",
+        *extra_flags,
     ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -141,6 +152,18 @@ def test_playground_generates_forks_deletes_and_scores(server, browser):
     with pytest.raises(NotFound):
         sdk.get_session(fork_id)
 
+    # ---- a refused value (Ctrl+Enter skips the form's own checks): one sentence, naming the field once
+    from selenium.webdriver.common.keys import Keys
+
+    temperature = driver.find_element(By.ID, "temperature")
+    temperature.clear()
+    temperature.send_keys("-1")
+    driver.find_element(By.ID, "prompt").send_keys("x", Keys.CONTROL, Keys.ENTER)
+    wait_for(lambda: driver.find_element(By.ID, "error").is_displayed(), what="the error")
+    assert text_of("error") == "invalid_request: temperature should be greater than or equal to 0"
+    temperature.clear()
+    temperature.send_keys("0")
+
     # ---- a dropped document is scored and drawn as a heatmap
     driver.find_element(By.ID, "tab-score").click()
     driver.execute_script(
@@ -177,5 +200,36 @@ def test_playground_generates_forks_deletes_and_scores(server, browser):
     driver.set_window_size(400, 850)
     assert driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
     screenshot(driver, "playground-narrow.png")
-    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+    errors = [
+        e
+        for e in driver.get_log("browser")
+        if e["level"] == "SEVERE" and "401" not in e["message"] and "422" not in e["message"]
+    ]  # the key prompt's 401 and the refused temperature's 422 were expected
     assert not errors, errors
+
+
+@pytest.mark.browser
+def test_api_docs_render_with_the_network_closed(server, offline_browser):
+    """/docs (Swagger UI) and /redoc load their scripts and styles from the server itself, not a CDN."""
+    from selenium.webdriver.common.by import By
+
+    driver = offline_browser
+    driver.get(server.url + "/docs")
+    operations = wait_for(
+        lambda: driver.find_elements(By.CSS_SELECTOR, ".swagger-ui .opblock-summary-path"), what="Swagger UI"
+    )
+    assert driver.find_element(By.CSS_SELECTOR, ".swagger-ui .info .title").text.startswith("TXL Serve")
+    paths = {o.get_attribute("data-path") or o.text.replace("\u200b", "") for o in operations}
+    assert {"/v1/sessions", "/v1/sessions/{session_id}/generate", "/v1/completions"} <= paths, paths
+    loaded = driver.execute_script("return performance.getEntriesByType('resource').map((e) => e.name)")
+    assert loaded and all(url.startswith(server.url + "/") for url in loaded), loaded
+    screenshot(driver, "api-docs-offline.png")
+
+    driver.get(server.url + "/redoc")
+    wait_for(lambda: "/v1/sessions/{session_id}/generate" in driver.find_element(By.TAG_NAME, "body").text,
+             what="ReDoc")  # fmt: skip
+    # ReDoc's own footer logo is an image from its CDN (it fails here, harmlessly); its code is local.
+    code = driver.execute_script(
+        "return performance.getEntriesByType('resource').filter((e) => e.initiatorType !== 'img').map((e) => e.name)"
+    )
+    assert code and all(url.startswith(server.url + "/") for url in code), code

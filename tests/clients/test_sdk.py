@@ -23,12 +23,14 @@ from txl_client import (
     TokenEvent,
     TxlConnectionError,
     TxlError,
+    TxlTimeoutError,
     Unauthorized,
     Unavailable,
 )
 from txl_server.sessions.redis_server import EmbeddedRedis, free_port
 from txl_server.settings import Persistence
 
+from tests.server.gate import Gate
 from tests.server.live_server import LiveServer
 
 from .conftest import API_KEY, server_settings
@@ -347,9 +349,67 @@ def test_without_retries_the_lost_step_still_happened_once_and_its_key_recovers_
         assert replayed.session.version == session.version + 1 == client.get_session(session.id).version
 
 
-def test_session_creation_is_not_retried_after_a_lost_response(server):
+def test_create_and_delete_are_retried_with_their_key_after_a_lost_response(server):
     with DroppingProxy(server.port) as proxy, Client(proxy.url, API_KEY) as client:
+        before = {s.id for s in client.list_sessions()}
         proxy.drop("/v1/sessions")
-        with pytest.raises(TxlConnectionError):
-            client.create_session(text="maybe")  # retrying could make a second session
-        assert len(proxy.requests_to("/v1/sessions")) == 1
+        session = client.create_session(text="once")  # the retry returns the session the first attempt made
+        sent = [s for s in proxy.requests_to("/v1/sessions") if s.method == "POST"]
+        assert [s.dropped for s in sent] == [True, False]
+        assert sent[0].headers["idempotency-key"] == sent[1].headers["idempotency-key"]
+        assert {s.id for s in client.list_sessions()} == before | {session.id}
+
+        proxy.drop(f"/v1/sessions/{session.id}")
+        client.delete_session(session.id)  # the retry gets the 204 again, not a 404
+        deletes = [s for s in proxy.requests_to(f"/v1/sessions/{session.id}") if s.method == "DELETE"]
+        assert [s.dropped for s in deletes] == [True, False]
+        with pytest.raises(NotFound):
+            client.get_session(session.id)
+
+
+def test_a_timeout_is_raised_as_such_at_once_never_retried_into_a_conflict(server):
+    session = Client(server.url, API_KEY).create_session(text="slow")
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    with DroppingProxy(server.port) as proxy, Client(proxy.url, API_KEY, timeout=0.5) as client:
+        with Gate(runner, "run"), pytest.raises(TxlTimeoutError) as caught:
+            client.append(session.id, " more")
+        assert str(caught.value) == f"timed out: no answer from {proxy.url} within 0.5 s"
+        assert len(proxy.requests_to("/append")) == 1  # a slow server is not a gone one: no retry
+
+
+def test_a_conflict_with_our_own_lost_attempt_is_reported_as_the_loss(server):
+    """The first attempt's connection is lost while the server still works on it: the retries find its key in
+    progress (409). When they give up, the error is the lost connection, not a conflict with ourselves."""
+    with Client(server.url, API_KEY) as direct:
+        session = direct.create_session(text="mine")
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    with DroppingProxy(server.port) as proxy, Client(proxy.url, API_KEY, max_retries=2) as client:
+        with Gate(runner, "run"):
+            proxy.cut("/append")
+            with pytest.raises(TxlConnectionError) as caught:
+                client.append(session.id, " more")
+            assert not isinstance(caught.value, Conflict) and "lost the connection" in str(caught.value)
+        sent = proxy.requests_to("/append")
+        assert len(sent) == 3 and len({s.headers["idempotency-key"] for s in sent}) == 1
+        # The first attempt goes on and commits once; its key then gives its result.
+        deadline = time.monotonic() + 10
+        while client.get_session(session.id).version == session.version and time.monotonic() < deadline:
+            time.sleep(0.05)
+        replayed = client.append(session.id, " more", idempotency_key=sent[0].headers["idempotency-key"])
+        assert replayed.session.version == session.version + 1 == client.get_session(session.id).version
+
+
+def test_generate_reports_a_long_prompts_progress_and_outlasts_the_timeout(server):
+    """Feeding the prompt takes four timeouts' time; progress arrives meanwhile, so the call does not time out."""
+    prompt = "It was a bright cold day in April, and the clocks were striking thirteen. " * 20
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    seen: list[tuple[int, int]] = []
+    with Client(server.url, API_KEY, timeout=1.0) as client:
+        session = client.create_session()
+        with Gate(runner, "run", delay=4.0 / (len(prompt) / 8)):  # a segment (8 tokens) per forward
+            result = client.generate(
+                session.id, prompt, max_tokens=4, temperature=0, on_progress=lambda *p: seen.append(p)
+            )
+    assert isinstance(result, GenerateResult) and result.usage.prompt_tokens == len(prompt)
+    assert len(seen) >= 8 and seen[-1] == (len(prompt), len(prompt))
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)

@@ -122,6 +122,27 @@ def test_generate_json_and_stream_agree_at_temperature_zero_and_with_a_seed(a):
         assert all(t["token"]["logprob"] <= 0 for t in tokens)
 
 
+def test_a_long_text_streams_its_progress_before_the_first_token(a):
+    base = create(a, text="Call me")
+    text = (
+        " Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse. " * 3
+    )
+    body = {"text": text, "max_tokens": 12, "temperature": 0}
+    one, two = (a.post(f"/v1/sessions/{base['id']}/fork").json() for _ in range(2))
+    plain = a.post(f"/v1/sessions/{one['id']}/generate", json=body).json()
+    with a.stream("POST", f"/v1/sessions/{two['id']}/generate", json={**body, "stream": True}) as response:
+        events = sse_events(response)[:-1]
+    kinds = [e["type"] for e in events]
+    progress = [e for e in events if e["type"] == "progress"]
+    assert progress and kinds[: len(progress)] == ["progress"] * len(progress)  # all before the first token
+    assert progress[-1]["tokens_done"] == progress[-1]["tokens_total"] == len(text)
+    assert all(p["tokens_done"] < len(text) for p in progress[:-1])
+    done = events[-1]
+    assert done["type"] == "done" and done["text"] == plain["text"]  # the same generation either way
+    assert done["usage"] == plain["usage"] == {"prompt_tokens": len(text), "completion_tokens": 12}
+    assert done["session"]["tokens"] == plain["session"]["tokens"]
+
+
 def test_stop_strings_end_generation(a):
     session = create(a, text="aaaa")
     first = a.post(f"/v1/sessions/{session['id']}/fork").json()
@@ -338,6 +359,112 @@ def test_idempotent_retries_do_not_step_twice(a):
     assert f1["id"] == f2["id"]
 
 
+def test_an_idempotency_key_reused_with_another_body_is_refused(a):
+    session = create(a, text="keys")
+    path = f"/v1/sessions/{session['id']}/append"
+    headers = {"Idempotency-Key": "reuse-" + uuid.uuid4().hex}
+    first = a.post(path, json={"text": " one"}, headers=headers)
+    assert first.status_code == 200
+    other = a.post(path, json={"text": " two"}, headers=headers)
+    assert other.status_code == 422, other.text
+    error = error_of(other)
+    assert error["type"] == "idempotency_key_reused" and error["param"] == "Idempotency-Key"
+    # The same body, written differently (spacing, key order), is the same request: replayed.
+    same = a.post(
+        path, content=b'{ "text" :  " one" }', headers={**headers, "Content-Type": "application/json"}
+    )
+    assert same.status_code == 200 and same.json() == first.json()
+    assert a.get(f"/v1/sessions/{session['id']}").json()["version"] == session["version"] + 1
+    # Another operation with the same key is another request: its own key.
+    forked = a.post(f"/v1/sessions/{session['id']}/fork", headers=headers)
+    assert forked.status_code == 201
+
+
+def test_create_and_delete_take_idempotency_keys(a):
+    headers = {"Idempotency-Key": "create-" + uuid.uuid4().hex}
+    before = len(a.get("/v1/sessions").json()["data"])
+    one = a.post("/v1/sessions", json={"text": "only once", "metadata": {"n": 1}}, headers=headers)
+    two = a.post("/v1/sessions", json={"metadata": {"n": 1}, "text": "only once"}, headers=headers)
+    assert one.status_code == two.status_code == 201 and one.json() == two.json()
+    assert len(a.get("/v1/sessions").json()["data"]) == before + 1
+    different = a.post("/v1/sessions", json={"text": "another"}, headers=headers)
+    assert different.status_code == 422 and error_of(different)["type"] == "idempotency_key_reused"
+
+    sid = one.json()["id"]
+    delete_key = {"Idempotency-Key": "delete-" + uuid.uuid4().hex}
+    assert a.delete(f"/v1/sessions/{sid}", headers=delete_key).status_code == 204
+    assert a.delete(f"/v1/sessions/{sid}", headers=delete_key).status_code == 204  # the retry: replayed
+    assert a.delete(f"/v1/sessions/{sid}").status_code == 404  # a new request: the session is gone
+
+
+# ---------------------------------------------------------------------------------------------- messages
+
+
+def test_invalid_json_names_the_body_not_an_offset(a):
+    response = a.post(
+        "/v1/sessions", content=b'{"text": "a" "b"}', headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["param"] == "body" and error["message"].startswith("the body is not valid JSON")
+    assert "at character 13" in error["message"]
+
+
+def test_a_body_without_content_type_says_to_send_json(a):
+    session = create(a, text="abc")
+    response = a.post(f"/v1/sessions/{session['id']}/append", content=b'{"text": "x"}')
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["param"] == "Content-Type"
+    assert error["message"] == (
+        "send the body as JSON with Content-Type: application/json (this request had no Content-Type)"
+    )
+
+
+def test_create_accepts_no_body_like_fork(a):
+    response = a.post("/v1/sessions")
+    assert response.status_code == 201, response.text
+    assert response.json()["tokens"] == 0 and response.json()["metadata"] == {}
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "param"),
+    [
+        ({"temperature": -1}, "temperature should be greater than or equal to 0", "temperature"),
+        ({"max_tokens": "many"}, "max_tokens should be a valid integer, unable to parse string as an integer",
+         "max_tokens"),
+        ({"bogus": 1}, "bogus is not a known field", "bogus"),
+        ({"stop": 5}, "stop should be a valid string", "stop"),
+    ],
+)  # fmt: skip
+def test_schema_errors_are_one_sentence_naming_the_field_once(a, body, message, param):
+    session = create(a, text="abc")
+    error = error_of(a.post(f"/v1/sessions/{session['id']}/generate", json=body))
+    assert (error["message"], error["param"]) == (message, param)
+
+
+def test_a_penalty_is_refused_under_its_own_name(a):
+    for penalty in ("presence_penalty", "frequency_penalty"):
+        response = a.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, penalty: 0.5})
+        assert response.status_code == 400
+        error = error_of(response)
+        assert error["param"] == penalty and error["message"] == f"{penalty} is not supported (only 0)"
+
+
+def test_a_garbage_import_says_what_a_snapshot_is(a):
+    for garbage in (b"definitely not a snapshot", b"\x10\0\0\0\0\0\0\0{nope}"):
+        response = a.post(
+            "/v1/sessions/import", content=garbage, headers={"Content-Type": "application/octet-stream"}
+        )
+        assert response.status_code == 400
+        error = error_of(response)
+        assert error == {
+            "type": "invalid_request",
+            "message": "the body is not a session snapshot (export one with GET /v1/sessions/{id}/snapshot)",
+            "param": "body",
+        }
+
+
 def test_internal_errors_leak_nothing(server, a, monkeypatch):
     service = server.app.state.runtime.service
 
@@ -398,6 +525,27 @@ def test_official_openai_client_non_stream_and_stream(server):
         model=model, prompt=["a", "b"], max_tokens=4, n=2, seed=3, temperature=1
     )
     assert sorted(c.index for c in several.choices) == [0, 1, 2, 3]
+
+
+def test_unknown_routes_are_404_whatever_the_method_and_chat_says_what_to_use(server, a):
+    for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+        response = a.request(method, "/v1/nope", json={})
+        assert response.status_code == 404, (method, response.text)
+        error = error_of(response)
+        assert error["type"] == "not_found" and error["message"] == f"no such route: {method} /v1/nope"
+    assert a.post("/index.html").status_code == 404  # the playground's files are only read
+    assert a.get("/").status_code == 200
+    wrong = a.put("/v1/sessions")
+    assert wrong.status_code == 405 and wrong.headers["Allow"] == "GET, POST"
+    assert error_of(wrong)["message"] == "PUT is not allowed on /v1/sessions; use GET or POST"
+
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(model="tiny-byte", messages=[{"role": "user", "content": "Hi"}])
+    message = refused.value.body["message"]
+    assert "base language model" in message and "POST /v1/completions" in message
+    assert "TXL_CHAT_TEMPLATE" in message
 
 
 def test_completions_echo_logprobs_scores_the_prompt(a):

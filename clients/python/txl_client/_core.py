@@ -16,7 +16,7 @@ import httpx
 
 from ._version import __version__
 from .errors import Conflict, Overloaded, TxlConnectionError, TxlError, TxlTimeoutError, error_from_body
-from .types import GenerateResult, ScoreProgress, ScoreResult, TokenEvent
+from .types import GenerateResult, Progress, ScoreResult, TokenEvent
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 60.0
@@ -71,13 +71,13 @@ class Options:
 
 @dataclass(frozen=True)
 class Call:
-    """One logical API call. Its retries send the very same request, Idempotency-Key included."""
+    """One logical API call. Its retries send the very same request, Idempotency-Key included, so a retry after
+    a lost response cannot change anything twice: reads and scoring change nothing, and everything else is keyed
+    (create, delete, fork, append, generate)."""
 
     method: str
     path: str
     body: dict[str, Any] | None = None
-    # A retry after a lost response cannot change anything twice: reads, stateless scoring, keyed steps.
-    replayable: bool = True
     idempotency_key: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -97,16 +97,28 @@ def _compact(**values: Any) -> dict[str, Any]:
 
 
 def create_session_call(
-    text: str, mem_len: int | None, ttl_seconds: int | None, metadata: dict[str, Any] | None
+    text: str,
+    mem_len: int | None,
+    ttl_seconds: int | None,
+    metadata: dict[str, Any] | None,
+    idempotency_key: str | None = None,
 ) -> Call:
-    # Not replayable: the server has no idempotency for creation, so a retry could make a second session.
+    """Keyed like a step: a retry after a lost response returns the session the first attempt made."""
     body = _compact(text=text, mem_len=mem_len, ttl_seconds=ttl_seconds, metadata=metadata)
-    return Call("POST", "/v1/sessions", body, replayable=False)
+    return Call("POST", "/v1/sessions", body, idempotency_key=idempotency_key or new_idempotency_key())
 
 
 def session_call(method: str, session_id: str, suffix: str = "") -> Call:
-    # DELETE is not replayable: a retry after a lost 204 would report 404 for a session that was deleted.
-    return Call(method, f"/v1/sessions/{_segment(session_id)}{suffix}", replayable=method == "GET")
+    return Call(method, f"/v1/sessions/{_segment(session_id)}{suffix}")
+
+
+def delete_call(session_id: str, idempotency_key: str | None = None) -> Call:
+    """Keyed: a retry after a lost 204 gets the 204 again, not a 404 for the session it deleted."""
+    return Call(
+        "DELETE",
+        f"/v1/sessions/{_segment(session_id)}",
+        idempotency_key=idempotency_key or new_idempotency_key(),
+    )
 
 
 def step_call(session_id: str, op: str, body: dict[str, Any] | None, idempotency_key: str | None) -> Call:
@@ -155,16 +167,21 @@ def _segment(session_id: str) -> str:
 # ---------------------------------------------------------------------------------------------- retries
 
 
-def transport_error(exc: httpx.TransportError) -> TxlConnectionError:
+def transport_error(exc: httpx.TransportError, timeout: float | None = None) -> TxlConnectionError:
     """The typed error for a transport failure; `sent` says whether the server may have seen the request."""
     not_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
-    cls = TxlTimeoutError if isinstance(exc, httpx.TimeoutException) else TxlConnectionError
     try:
         url = str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
     except RuntimeError:  # no request attached
         url = "the server"
-    what = "cannot reach" if not_sent else "lost the connection to"
-    error = cls(f"{what} {url}: {exc or type(exc).__name__}", sent=not not_sent)
+    error: TxlConnectionError
+    if isinstance(exc, httpx.TimeoutException):
+        within = f" within {timeout:g} s" if timeout is not None else ""
+        what = "no connection to" if not_sent else "no answer from"
+        error = TxlTimeoutError(f"timed out: {what} {url}{within}", sent=not not_sent)
+    else:
+        what = "cannot reach" if not_sent else "lost the connection to"
+        error = TxlConnectionError(f"{what} {url}: {exc or type(exc).__name__}", sent=not not_sent)
     error.__cause__ = exc
     return error
 
@@ -177,8 +194,12 @@ def retry_delay(
         return None
     backoff = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2.0**attempt)
     backoff *= random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not security: spreads out clients that retry together
+    if isinstance(error, TxlTimeoutError) and error.sent:
+        # The server got the request and is slow, not gone: a retry would start the work over (the first
+        # attempt is cancelled when its connection closes) and time out again. Raise "timed out" at once.
+        return None
     if isinstance(error, TxlConnectionError):
-        return backoff if call.replayable or not error.sent else None
+        return backoff
     if isinstance(error, Overloaded) and options.retry_overloaded:
         return max(error.retry_after or 0.0, backoff)
     if isinstance(error, Conflict) and call.idempotency_key is not None and after_lost_response:
@@ -186,6 +207,14 @@ def retry_delay(
         # then the server replays its result.
         return backoff
     return None
+
+
+def final_error(error: TxlError, lost: TxlConnectionError | None) -> TxlError:
+    """What to raise when a call gives up. A 409 after our own attempt's response was lost (that attempt still
+    holds the session or the key) is reported as the loss itself, e.g. "timed out", never as a conflict."""
+    if isinstance(error, Conflict) and lost is not None:
+        return lost
+    return error
 
 
 # ---------------------------------------------------------------------------------------------- streams
@@ -225,19 +254,21 @@ def parse_event(data: str) -> dict[str, Any]:
     return event
 
 
-def generate_event(event: dict[str, Any]) -> TokenEvent | GenerateResult | None:
+def generate_event(event: dict[str, Any]) -> TokenEvent | GenerateResult | Progress | None:
     kind = event.get("type")
     if kind == "token":
         return TokenEvent.model_validate(event["token"])
+    if kind == "progress":
+        return Progress.model_validate(event)
     if kind == "done":
         return GenerateResult.model_validate({k: v for k, v in event.items() if k != "type"})
     return None  # an event type this client does not know: skip it
 
 
-def score_event(event: dict[str, Any]) -> ScoreProgress | ScoreResult | None:
+def score_event(event: dict[str, Any]) -> Progress | ScoreResult | None:
     kind = event.get("type")
     if kind == "progress":
-        return ScoreProgress.model_validate(event)
+        return Progress.model_validate(event)
     if kind == "result":
         return ScoreResult.model_validate({k: v for k, v in event.items() if k != "type"})
     return None

@@ -23,7 +23,7 @@ from .types import (
     GenerateResult,
     Health,
     ModelCard,
-    ScoreProgress,
+    Progress,
     ScoreResult,
     Session,
     TokenEvent,
@@ -88,8 +88,9 @@ class AsyncClient:
         mem_len: int | None = None,
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Session:
-        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata)
+        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata, idempotency_key)
         return Session.model_validate(await self._json(call))
 
     async def get_session(self, session_id: str) -> Session:
@@ -99,8 +100,8 @@ class AsyncClient:
         body = await self._json(_core.Call("GET", "/v1/sessions"))
         return [Session.model_validate(s) for s in body["data"]]
 
-    async def delete_session(self, session_id: str) -> None:
-        response = await self._send(_core.session_call("DELETE", session_id))
+    async def delete_session(self, session_id: str, *, idempotency_key: str | None = None) -> None:
+        response = await self._send(_core.delete_call(session_id, idempotency_key))
         await response.aclose()
 
     async def fork_session(
@@ -132,6 +133,7 @@ class AsyncClient:
         seed: int | None = None,
         stream: Literal[False] = False,
         idempotency_key: str | None = None,
+        on_progress: AsyncProgressCallback | None = None,
     ) -> GenerateResult: ...
 
     @overload
@@ -148,6 +150,7 @@ class AsyncClient:
         seed: int | None = None,
         stream: Literal[True],
         idempotency_key: str | None = None,
+        on_progress: AsyncProgressCallback | None = None,
     ) -> AsyncGenerateStream: ...
 
     async def generate(
@@ -163,12 +166,19 @@ class AsyncClient:
         seed: int | None = None,
         stream: bool = False,
         idempotency_key: str | None = None,
+        on_progress: AsyncProgressCallback | None = None,
     ) -> GenerateResult | AsyncGenerateStream:
-        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, stream)
+        """See `Client.generate`; `on_progress` may be a plain function or a coroutine function."""
+        streamed = stream or on_progress is not None
+        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, streamed)
         call = _core.step_call(session_id, "generate", body, idempotency_key)
-        if not stream:
+        if not streamed:
             return GenerateResult.model_validate(await self._json(call))
-        return AsyncGenerateStream(self, call, await self._send(call, stream=True))
+        generation = AsyncGenerateStream(self, call, await self._send(call, stream=True), on_progress)
+        if stream:
+            return generation
+        async with generation:
+            return await generation.finish()
 
     # ------------------------------------------------------------------------------------------ stateless
 
@@ -202,10 +212,8 @@ class AsyncClient:
     ) -> ScoreResult:
         try:
             async for event in _events(response, _core.score_event):
-                if isinstance(event, ScoreProgress):
-                    outcome = on_progress(event.tokens_done, event.tokens_total)
-                    if inspect.isawaitable(outcome):
-                        await outcome
+                if isinstance(event, Progress):
+                    await _call(on_progress, event.tokens_done, event.tokens_total)
                 elif isinstance(event, ScoreResult):
                     return event
         finally:
@@ -228,8 +236,10 @@ class AsyncClient:
         except ValueError as exc:
             raise TxlError(f"the server answered {call.path} with something other than JSON") from exc
 
-    async def _send(self, call: _core.Call, *, stream: bool = False) -> httpx.Response:
-        attempt, lost = 0, False
+    async def _send(
+        self, call: _core.Call, *, stream: bool = False, lost: TxlConnectionError | None = None
+    ) -> httpx.Response:
+        attempt = 0
         while True:
             request = self._http.build_request(
                 call.method,
@@ -242,7 +252,7 @@ class AsyncClient:
             try:
                 response = await self._http.send(request, stream=stream)
             except httpx.TransportError as exc:
-                error = _core.transport_error(exc)
+                error = _core.transport_error(exc, self._options.timeout)
             else:
                 if response.is_success:
                     return response
@@ -252,10 +262,13 @@ class AsyncClient:
                     content = b""
                 await response.aclose()
                 error = error_from_response(response.status_code, content, response.headers)
-            lost = lost or isinstance(error, TxlConnectionError)
-            delay = _core.retry_delay(self._options, call, error, attempt=attempt, after_lost_response=lost)
+            if isinstance(error, TxlConnectionError):
+                lost = error
+            delay = _core.retry_delay(
+                self._options, call, error, attempt=attempt, after_lost_response=lost is not None
+            )
             if delay is None:
-                raise error
+                raise _core.final_error(error, lost)
             await asyncio.sleep(delay)
             attempt += 1
 
@@ -263,8 +276,15 @@ class AsyncClient:
 class AsyncGenerateStream(AsyncIterator[TokenEvent]):
     """See `GenerateStream`: `async for token in stream`, then `stream.result`; `aclose()` stops early."""
 
-    def __init__(self, client: AsyncClient, call: _core.Call, response: httpx.Response) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        call: _core.Call,
+        response: httpx.Response,
+        on_progress: AsyncProgressCallback | None = None,
+    ) -> None:
         self._client, self._call, self._response = client, call, response
+        self._on_progress = on_progress
         self.idempotency_key = call.idempotency_key
         self.result: GenerateResult | None = None
         self._texts: list[str] = []
@@ -302,6 +322,9 @@ class AsyncGenerateStream(AsyncIterator[TokenEvent]):
                         if isinstance(event, TokenEvent):
                             self._texts.append(event.text)
                             yield event
+                        elif isinstance(event, Progress):
+                            if self._on_progress is not None:
+                                await _call(self._on_progress, event.tokens_done, event.tokens_total)
                         else:
                             self.result = event
                     if self.result is None:
@@ -318,13 +341,20 @@ class AsyncGenerateStream(AsyncIterator[TokenEvent]):
                     await self._response.aclose()
                     await asyncio.sleep(delay)
                     retries += 1
-                    self._response = await self._client._send(self._call, stream=True)
+                    self._response = await self._client._send(self._call, stream=True, lost=error)
         finally:
             await self._response.aclose()
 
 
+async def _call(callback: AsyncProgressCallback, done: int, total: int) -> None:
+    outcome = callback(done, total)
+    if inspect.isawaitable(outcome):
+        await outcome
+
+
 async def _events(response: httpx.Response, parse: Callable[[dict[str, Any]], Any]) -> AsyncIterator[Any]:
     decoder = _core.SSEDecoder()
+    timeout = response.request.extensions.get("timeout", {}).get("read")
     try:
         async for line in response.aiter_lines():
             data = decoder.feed(line)
@@ -336,4 +366,4 @@ async def _events(response: httpx.Response, parse: Callable[[dict[str, Any]], An
             if event is not None:
                 yield event
     except httpx.TransportError as exc:
-        raise _core.transport_error(exc) from exc
+        raise _core.transport_error(exc, timeout) from exc

@@ -25,7 +25,7 @@ from .types import (
     GenerateResult,
     Health,
     ModelCard,
-    ScoreProgress,
+    Progress,
     ScoreResult,
     Session,
     TokenEvent,
@@ -96,10 +96,10 @@ class Client:
         mem_len: int | None = None,
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Session:
-        return Session.model_validate(
-            self._json(_core.create_session_call(text, mem_len, ttl_seconds, metadata))
-        )
+        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata, idempotency_key)
+        return Session.model_validate(self._json(call))
 
     def get_session(self, session_id: str) -> Session:
         return Session.model_validate(self._json(_core.session_call("GET", session_id)))
@@ -108,8 +108,8 @@ class Client:
         body = self._json(_core.Call("GET", "/v1/sessions"))
         return [Session.model_validate(s) for s in body["data"]]
 
-    def delete_session(self, session_id: str) -> None:
-        self._send(_core.session_call("DELETE", session_id)).close()
+    def delete_session(self, session_id: str, *, idempotency_key: str | None = None) -> None:
+        self._send(_core.delete_call(session_id, idempotency_key)).close()
 
     def fork_session(
         self,
@@ -139,6 +139,7 @@ class Client:
         seed: int | None = None,
         stream: Literal[False] = False,
         idempotency_key: str | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> GenerateResult: ...
 
     @overload
@@ -155,6 +156,7 @@ class Client:
         seed: int | None = None,
         stream: Literal[True],
         idempotency_key: str | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> GenerateStream: ...
 
     def generate(
@@ -170,15 +172,25 @@ class Client:
         seed: int | None = None,
         stream: bool = False,
         idempotency_key: str | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> GenerateResult | GenerateStream:
         """Adds `text` (may be empty), then generates. Unset sampling values take the server's defaults
         (16 tokens, temperature 1). With `stream=True`, returns a GenerateStream of TokenEvents whose
-        `result` is the final GenerateResult; errors before the first token are raised here."""
-        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, stream)
+        `result` is the final GenerateResult; errors before the first event are raised here.
+
+        A long `text` takes the server a while before the first token: `on_progress(tokens_done, tokens_total)`
+        is called as it is fed (the call streams, so that the progress arrives; without `stream=True` it still
+        returns the GenerateResult). While progress arrives, the client's timeout does not run out."""
+        streamed = stream or on_progress is not None
+        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, streamed)
         call = _core.step_call(session_id, "generate", body, idempotency_key)
-        if not stream:
+        if not streamed:
             return GenerateResult.model_validate(self._json(call))
-        return GenerateStream(self, call, self._send(call, stream=True))
+        generation = GenerateStream(self, call, self._send(call, stream=True), on_progress)
+        if stream:
+            return generation
+        with generation:
+            return generation.finish()
 
     # ------------------------------------------------------------------------------------------ stateless
 
@@ -206,7 +218,7 @@ class Client:
     def _score_stream(self, response: httpx.Response, on_progress: ProgressCallback) -> ScoreResult:
         try:
             for event in _events(response, _core.score_event):
-                if isinstance(event, ScoreProgress):
+                if isinstance(event, Progress):
                     on_progress(event.tokens_done, event.tokens_total)
                 elif isinstance(event, ScoreResult):
                     return event
@@ -229,9 +241,11 @@ class Client:
         except ValueError as exc:
             raise TxlError(f"the server answered {call.path} with something other than JSON") from exc
 
-    def _send(self, call: _core.Call, *, stream: bool = False) -> httpx.Response:
+    def _send(
+        self, call: _core.Call, *, stream: bool = False, lost: TxlConnectionError | None = None
+    ) -> httpx.Response:
         """The successful response to `call`, after any retries the options allow; else a TxlError."""
-        attempt, lost = 0, False
+        attempt = 0
         while True:
             request = self._http.build_request(
                 call.method,
@@ -244,7 +258,7 @@ class Client:
             try:
                 response = self._http.send(request, stream=stream)
             except httpx.TransportError as exc:
-                error = _core.transport_error(exc)
+                error = _core.transport_error(exc, self._options.timeout)
             else:
                 if response.is_success:
                     return response
@@ -254,10 +268,13 @@ class Client:
                     content = b""
                 response.close()
                 error = error_from_response(response.status_code, content, response.headers)
-            lost = lost or isinstance(error, TxlConnectionError)
-            delay = _core.retry_delay(self._options, call, error, attempt=attempt, after_lost_response=lost)
+            if isinstance(error, TxlConnectionError):
+                lost = error
+            delay = _core.retry_delay(
+                self._options, call, error, attempt=attempt, after_lost_response=lost is not None
+            )
             if delay is None:
-                raise error
+                raise _core.final_error(error, lost)
             time.sleep(delay)
             attempt += 1
 
@@ -271,8 +288,15 @@ class GenerateStream(Iterator[TokenEvent]):
     result if the generation finished, or runs it again if it did not.
     """
 
-    def __init__(self, client: Client, call: _core.Call, response: httpx.Response) -> None:
+    def __init__(
+        self,
+        client: Client,
+        call: _core.Call,
+        response: httpx.Response,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
         self._client, self._call, self._response = client, call, response
+        self._on_progress = on_progress
         self.idempotency_key = call.idempotency_key
         self.result: GenerateResult | None = None
         self._texts: list[str] = []
@@ -312,6 +336,9 @@ class GenerateStream(Iterator[TokenEvent]):
                         if isinstance(event, TokenEvent):
                             self._texts.append(event.text)
                             yield event
+                        elif isinstance(event, Progress):
+                            if self._on_progress is not None:
+                                self._on_progress(event.tokens_done, event.tokens_total)
                         else:
                             self.result = event
                     if self.result is None:
@@ -328,7 +355,7 @@ class GenerateStream(Iterator[TokenEvent]):
                     self._response.close()
                     time.sleep(delay)
                     retries += 1
-                    self._response = self._client._send(self._call, stream=True)
+                    self._response = self._client._send(self._call, stream=True, lost=error)
         finally:
             self._response.close()
 
@@ -336,6 +363,7 @@ class GenerateStream(Iterator[TokenEvent]):
 def _events(response: httpx.Response, parse: Callable[[dict[str, Any]], Any]) -> Iterator[Any]:
     """The parsed events of an SSE response up to `[DONE]`; error events raise their TxlError."""
     decoder = _core.SSEDecoder()
+    timeout = response.request.extensions.get("timeout", {}).get("read")
     try:
         for line in response.iter_lines():
             data = decoder.feed(line)
@@ -347,4 +375,4 @@ def _events(response: httpx.Response, parse: Callable[[dict[str, Any]], Any]) ->
             if event is not None:
                 yield event
     except httpx.TransportError as exc:
-        raise _core.transport_error(exc) from exc
+        raise _core.transport_error(exc, timeout) from exc

@@ -47,6 +47,12 @@ class InvalidRequest(TxlError):
     status, type = 400, "invalid_request"
 
 
+class IdempotencyKeyReused(InvalidRequest):
+    """422: an Idempotency-Key sent again with a different request (a key names one request: use a new one)."""
+
+    status, type = 422, "idempotency_key_reused"
+
+
 class Unauthorized(TxlError):
     status, type = 401, "unauthorized"
 
@@ -117,6 +123,7 @@ _BY_TYPE: dict[str, type[TxlError]] = {
     cls.type: cls
     for cls in (
         InvalidRequest,
+        IdempotencyKeyReused,
         Unauthorized,
         NotFound,
         Conflict,

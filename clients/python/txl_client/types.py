@@ -54,10 +54,15 @@ class GenerateResult(_Model):
     usage: Usage
 
 
-class ScoreProgress(_Model):
+class Progress(_Model):
+    """How far the server is in feeding a text: a document being scored, a long prompt before its first token."""
+
     type: Literal["progress"] = "progress"
     tokens_done: int
     tokens_total: int
+
+
+ScoreProgress = Progress  # the name of earlier versions
 
 
 class ScoreResult(_Model):

@@ -13,11 +13,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
@@ -25,8 +27,10 @@ from ..errors import Overloaded, PayloadTooLarge, ServiceError
 from ..metrics import Metrics
 from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
-from . import completions, score, sessions, system
+from . import chat, completions, score, sessions, system
 from .auth import ApiKeys
+from .common import validation_message
+from .disconnect import CLIENT_CLOSED_REQUEST, ClientGone
 
 log = logging.getLogger("txl_server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -52,7 +56,9 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         finally:
             await runtime.stop()
 
-    app = FastAPI(
+    # FastAPIOffline: FastAPI whose /docs and /redoc load Swagger UI and ReDoc from files installed with the
+    # server (the fastapi-offline wheel), not from a CDN, so that the API docs work on an air-gapped host.
+    app = FastAPIOffline(
         title="TXL Serve",
         version=__version__,
         description="Stateful Transformer-XL inference: sessions with cached segment memory, streaming, scoring, "
@@ -63,15 +69,14 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.state.metrics = metrics
     app.state.api_keys = ApiKeys.from_settings(settings)
     app.state.started_at = time.time()
-    for module in (sessions, score, completions, system):
+    for module in (sessions, score, completions, chat, system):
         app.include_router(module.router)
     _install_error_handlers(app)
     # Outermost first: metrics see every response, including the limits' 413 and 429.
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=metrics)
-    if STATIC_DIR.is_dir():
-        app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="playground")
+    app.mount("/", Fallback(app, STATIC_DIR), name="playground")
     return app
 
 
@@ -89,12 +94,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        message = f"invalid request: {first.get('msg', 'invalid value')}" + (
-            f" ({'.'.join(loc)})" if loc else ""
-        )
-        body = {"error": {"type": "invalid_request", "message": message, "param": ".".join(loc) or None}}
+        message, param = validation_message(list(exc.errors()), request.headers.get("content-type"))
+        body = {"error": {"type": "invalid_request", "message": message, "param": param}}
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
@@ -102,16 +103,63 @@ def _install_error_handlers(app: FastAPI) -> None:
         kind = {404: "not_found", 405: "invalid_request", 401: "unauthorized", 413: "payload_too_large"}.get(
             exc.status_code, "invalid_request" if exc.status_code < 500 else "internal"
         )
-        message = "no such route" if exc.status_code == 404 else str(exc.detail)
+        message = str(exc.detail)
+        if (
+            exc.status_code == 404 and message == "Not Found"
+        ):  # Starlette's own word for a path nothing serves
+            message = f"no such route: {request.method} {request.url.path}"
         return JSONResponse(
-            {"error": {"type": kind, "message": message, "param": None}}, status_code=exc.status_code
+            {"error": {"type": kind, "message": message, "param": None}},
+            status_code=exc.status_code,
+            headers=exc.headers,
         )
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: for the metrics and access log
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         body = {"error": {"type": "internal", "message": "internal error", "param": None}}
         return JSONResponse(body, status_code=500)
+
+
+# ---------------------------------------------------------------------------------------------- routing
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+class Fallback:
+    """What no route serves: the playground's files for GET and HEAD outside /v1; else 405 (with Allow) for
+    a route called with another method, and 404 `not_found` for everything else. (A plain StaticFiles mount
+    at `/` would answer every POST to an unknown route with its own 405.)"""
+
+    def __init__(self, app: FastAPI, directory: Path) -> None:
+        self.app = app
+        self.files = StaticFiles(directory=directory, html=True) if directory.is_dir() else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        api = scope["path"] == "/v1" or scope["path"].startswith("/v1/")
+        if scope["method"] in ("GET", "HEAD") and not api and self.files is not None:
+            await self.files(scope, receive, send)
+            return
+        allowed = [
+            method
+            for method in _METHODS
+            if any(
+                not isinstance(route, Mount) and route.matches({**scope, "method": method})[0] is Match.FULL
+                for route in self.app.router.routes
+            )
+        ]
+        if allowed:
+            raise StarletteHTTPException(
+                405,
+                f"{scope['method']} is not allowed on {scope['path']}; use {' or '.join(allowed)}",
+                headers={"Allow": ", ".join(allowed)},
+            )
+        raise StarletteHTTPException(404)
 
 
 # ---------------------------------------------------------------------------------------------- middleware

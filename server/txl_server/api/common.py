@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -15,6 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Send
 
 from ..errors import InvalidRequest, PayloadTooLarge
+from ..metrics import Metrics
 from ..sessions.service import SessionService
 from ..sessions.store import SessionMeta
 from ..settings import Settings
@@ -114,6 +117,53 @@ def check_max_tokens(settings: Settings, max_tokens: int) -> None:
         raise InvalidRequest(f"max_tokens must be at most {settings.max_tokens}", param="max_tokens")
 
 
+# ---------------------------------------------------------------------------------------------- validation
+
+_LOCATIONS = ("body", "query", "path", "header")
+# Pydantic names the member of a union it tried in the location (`prompt.list[int].0`): not a field.
+_TYPE_TAG = re.compile(r"^([a-z]+(-[a-z]+)*(\[.*\])?)$")
+_TYPE_NAMES = {"str", "int", "float", "bool", "none", "dict", "list", "constrained-str", "constrained-int"}
+
+
+def validation_message(errors: list[Any], content_type: str | None) -> tuple[str, str | None]:
+    """One sentence naming the field, and the field, for the first of pydantic's (or FastAPI's) errors."""
+    if not errors:
+        return "the request is invalid", None
+    first = errors[0]
+    kind = first.get("type", "")
+    loc = list(first.get("loc", ()))
+    if kind == "json_invalid":  # FastAPI: loc ("body", offset), ctx {"error": json's message}
+        detail = (first.get("ctx") or {}).get("error") or first.get("msg", "")
+        where = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        return f"the body is not valid JSON ({detail}{where})", "body"
+    path = [str(p) for p in loc if p not in _LOCATIONS and not (isinstance(p, str) and _is_type_tag(p))]
+    field = ".".join(path)
+    if not field and loc[:1] == ["body"] and kind == "missing":
+        return "this request needs a JSON body (Content-Type: application/json)", "body"
+    if not field and loc[:1] == ["body"]:
+        media = (content_type or "").split(";")[0].strip().lower()
+        if media != "application/json":
+            sent = f"Content-Type {media}" if media else "no Content-Type"
+            return f"send the body as JSON with Content-Type: application/json (this request had {sent})", (
+                "Content-Type"
+            )
+        return "the body must be a JSON object", "body"
+    message = str(first.get("msg", "invalid value"))
+    if not field:
+        return f"the request is invalid: {message}", None
+    if kind == "missing":
+        return f"{field} is required", field
+    if kind == "extra_forbidden":
+        return f"{field} is not a known field", field
+    if message.startswith("Input should "):
+        return f"{field} should {message.removeprefix('Input should ')}", field
+    return f"{field}: {message.removeprefix('Value error, ')}", field
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in _TYPE_NAMES or ("[" in part and _TYPE_TAG.match(part) is not None)
+
+
 # ---------------------------------------------------------------------------------------------- sessions
 
 
@@ -146,8 +196,8 @@ class SessionObject(BaseModel):
 
 class ErrorDetail(BaseModel):
     type: Literal[
-        "invalid_request", "unauthorized", "not_found", "conflict", "gone", "payload_too_large", "overloaded",
-        "unavailable", "internal",
+        "invalid_request", "idempotency_key_reused", "unauthorized", "not_found", "conflict", "gone",
+        "payload_too_large", "overloaded", "unavailable", "internal",
     ]  # fmt: skip
     message: str
     param: str | None
@@ -166,7 +216,8 @@ _ERRORS = {
     409: "conflict: another step on the session is in progress",
     410: "gone: the session's memory was dropped",
     413: "payload_too_large",
-    422: "invalid_request: the body does not match the schema",
+    422: "invalid_request: the body does not match the schema; idempotency_key_reused: a key sent again with "
+    "another body",
     429: "overloaded: retry after Retry-After seconds",
     500: "internal",
     503: "unavailable: Redis is unreachable; nothing was changed",
@@ -175,6 +226,45 @@ _ERRORS = {
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in _ERRORS.items()
 }
+
+
+class TokenTiming:
+    """Time to first token and inter-token latency of one request (of each of its choices, for several)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics, self.started = metrics, time.perf_counter()
+        self.first_seen = False
+        self.last: dict[int, float] = {}
+
+    def token(self, choice: int = 0) -> None:
+        now = time.perf_counter()
+        if not self.first_seen:
+            self.first_seen = True
+            self.metrics.time_to_first_token.observe(now - self.started)
+        if choice in self.last:
+            self.metrics.inter_token.observe(now - self.last[choice])
+        self.last[choice] = now
+
+
+PROGRESS_INTERVAL_SECONDS = 0.2
+
+
+class ProgressThrottle:
+    """Progress events a few times a second, and always the last one (done == total)."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def due(self, done: int, total: int) -> bool:
+        now = time.monotonic()
+        if done >= total or now - self.last >= PROGRESS_INTERVAL_SECONDS:
+            self.last = now
+            return True
+        return False
+
+
+def progress_event(done: int, total: int) -> str:
+    return sse.event({"type": "progress", "tokens_done": done, "tokens_total": total})
 
 
 class Usage(BaseModel):

@@ -27,13 +27,15 @@ from .common import (
     Config,
     EventStream,
     Tenant,
+    TokenTiming,
     check_max_tokens,
     check_stop,
     check_text,
     log_text,
 )
+from .disconnect import WatchedRoute, watch_connection
 
-router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
 
 MAX_N = 8
 MAX_LOGPROBS = 5
@@ -118,26 +120,23 @@ async def list_models(request: Request, tenant: Tenant) -> ModelList:
     response_model=Completion,
     responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks with stream"}},
 )
+@watch_connection
 async def create_completion(
     body: CompletionRequest, request: Request, tenant: Tenant, settings: Config
 ) -> Any:
     runtime = request.app.state.runtime
-    plan = _Plan.build(body, runtime, settings)
+    plan = Plan.build(body, runtime, settings)
     for text, _ in plan.prompts:
         log_text(settings, "completion prompt", text)
-    completion_id = "cmpl-" + secrets.token_hex(12)
-    created = int(time.time())
-    if body.session_id is not None:
-        source = _session_completion(runtime.service, tenant, body, plan)
-    else:
-        source = _stateless_completions(runtime.stateless, body, plan)
+    completion_id, created = "cmpl-" + secrets.token_hex(12), int(time.time())
+    source = completion_source(body, plan, request, tenant)
     if body.stream:
         first = await anext(source)  # errors before any output are HTTP errors
-        return EventStream(_stream(first, source, completion_id, created, runtime.model_id, body, plan))
+        return EventStream(_stream(first, source, completion_id, created, runtime.model_id, body))
     choices: dict[int, CompletionChoice] = {}
     usage = [0, 0]
     async for index, item in source:
-        if isinstance(item, _Finished):
+        if isinstance(item, Finished):
             choices[index] = item.choice(index)
             usage[0] += item.prompt_tokens if index == 0 or body.session_id is None else 0
             usage[1] += item.completion_tokens
@@ -150,10 +149,23 @@ async def create_completion(
     ).model_dump()
 
 
+def completion_source(
+    body: CompletionRequest, plan: Plan, request: Request, tenant: str
+) -> AsyncGenerator[tuple[int, Piece | Finished], None]:
+    """(choice index, Piece) as text is produced, and (choice index, Finished) as each choice ends; time to
+    first token and inter-token latency are observed on the way."""
+    runtime = request.app.state.runtime
+    if body.session_id is not None:
+        source = _session_completion(runtime.service, tenant, body, plan)
+    else:
+        source = _stateless_completions(runtime.stateless, body, plan)
+    return _timed(source, TokenTiming(request.app.state.metrics))
+
+
 # ---------------------------------------------------------------------------------------------- planning
 
 
-class _Plan:
+class Plan:
     """The validated request: prompts as token ids, sampling, and what to report."""
 
     def __init__(self, prompts: list[tuple[str, list[int]]], n: int, sampling: list[SamplingParams], stops: list[str],
@@ -162,7 +174,7 @@ class _Plan:
         self.max_tokens, self.top, self.tokenizer = max_tokens, top, tokenizer
 
     @classmethod
-    def build(cls, body: CompletionRequest, runtime: Any, settings: Any) -> _Plan:
+    def build(cls, body: CompletionRequest, runtime: Any, settings: Any) -> Plan:
         if body.model is not None and body.model != runtime.model_id:
             raise InvalidRequest(
                 f"unknown model {body.model!r}; this server serves {runtime.model_id!r}", param="model"
@@ -171,10 +183,9 @@ class _Plan:
             raise InvalidRequest("suffix is not supported", param="suffix")
         if body.best_of not in (None, body.n or 1):
             raise InvalidRequest("best_of other than n is not supported", param="best_of")
-        if body.frequency_penalty or body.presence_penalty:
-            raise InvalidRequest(
-                "frequency and presence penalties are not supported", param="frequency_penalty"
-            )
+        for penalty in ("frequency_penalty", "presence_penalty"):
+            if getattr(body, penalty):
+                raise InvalidRequest(f"{penalty} is not supported (only 0)", param=penalty)
         tokenizer: Tokenizer = runtime.service.tokenizer
         prompts = cls._prompts(body.prompt, tokenizer, settings)
         if body.session_id is not None and len(prompts) != 1:
@@ -220,7 +231,14 @@ class _Plan:
         return out
 
 
-class _Finished:
+class Piece:
+    """Text of one choice as it is produced: its echoed prompt (`generated` False), then each token."""
+
+    def __init__(self, text: str, logprobs: dict[str, Any] | None, *, generated: bool) -> None:
+        self.text, self.logprobs, self.generated = text, logprobs, generated
+
+
+class Finished:
     def __init__(self, text: str, finish_reason: str, logprobs: CompletionLogprobs | None,
                  prompt_tokens: int, completion_tokens: int) -> None:  # fmt: skip
         self.text, self.finish_reason, self.logprobs = text, finish_reason, logprobs
@@ -249,31 +267,32 @@ class _LogprobsBuilder:
         self.text_offset.append(self.offset)
         self.offset += len(text)
 
-    def add_prompt(self, scores: PromptScores, top: bool) -> None:
+    def add_prompt(self, scores: PromptScores) -> None:
         decoder = self.tokenizer.decoder()
         pieces = [decoder.push(t) for t in scores.token_ids]
         if pieces:
             pieces[-1] += decoder.flush()
         for i, piece in enumerate(pieces):
             logprob = scores.logprobs[i] if i < len(scores.logprobs) else None
-            alternatives = scores.top[i] if (top and scores.top is not None and i < len(scores.top)) else None
+            alternatives = scores.top[i] if (scores.top is not None and i < len(scores.top)) else None
             self.add(piece, logprob, alternatives)
 
-    def build(self) -> CompletionLogprobs:
+    def build(self, start: int = 0) -> CompletionLogprobs:
+        """The entries from `start` on (a streamed chunk's), or all of them."""
         return CompletionLogprobs(
-            tokens=self.tokens,
-            token_logprobs=self.token_logprobs,
-            top_logprobs=self.top_logprobs if self.top else None,
-            text_offset=self.text_offset,
+            tokens=self.tokens[start:],
+            token_logprobs=self.token_logprobs[start:],
+            top_logprobs=self.top_logprobs[start:] if self.top else None,
+            text_offset=self.text_offset[start:],
         )
 
 
 # ---------------------------------------------------------------------------------------------- sources
-# Each yields (choice index, TokenEvent) as tokens arrive and (choice index, _Finished) at the end.
+# Each yields (choice index, Piece) as text arrives and (choice index, Finished) as the choice ends.
 
 
 async def _stateless_completions(
-    stateless: StatelessService, body: CompletionRequest, plan: _Plan
+    stateless: StatelessService, body: CompletionRequest, plan: Plan
 ) -> AsyncGenerator[tuple[int, Any], None]:
     want_logprobs = body.logprobs is not None
     streams = []
@@ -295,13 +314,13 @@ async def _stateless_completions(
 
 
 async def _session_completion(
-    service: SessionService, tenant: str, body: CompletionRequest, plan: _Plan
+    service: SessionService, tenant: str, body: CompletionRequest, plan: Plan
 ) -> AsyncGenerator[tuple[int, Any], None]:
     assert body.session_id is not None
     prompt_text, _ = plan.prompts[0]
     generation = service.generate(
         tenant, body.session_id, text=prompt_text, max_tokens=plan.max_tokens, sampling=plan.sampling[0],
-        stop=plan.stops,
+        stop=plan.stops, top_logprobs=plan.top,
     )  # fmt: skip
     scores = PromptScores(plan.tokenizer.encode(prompt_text), [], None)  # session mode: no prompt log-probs
     async for item in _choice(generation, prompt_text, scores, body, plan):
@@ -313,21 +332,26 @@ async def _choice(
     prompt_text: str,
     scores: PromptScores,
     body: CompletionRequest,
-    plan: _Plan,
+    plan: Plan,
 ) -> AsyncGenerator[Any, None]:
+    """One choice as Pieces (with their log-probs and offsets in the choice's text), then its Finished."""
     logprobs = _LogprobsBuilder(plan.tokenizer, plan.top) if body.logprobs is not None else None
-    if body.echo and logprobs is not None:
-        logprobs.add_prompt(scores, top=True)
     try:
+        if body.echo:
+            if logprobs is not None:
+                logprobs.add_prompt(scores)
+            yield Piece(prompt_text, logprobs.build().model_dump() if logprobs else None, generated=False)
         async for item in generation:
             if isinstance(item, TokenEvent):
+                chunk = None
                 if logprobs is not None:
                     logprobs.add(item.text, item.logprob, item.top)
-                yield item
+                    chunk = logprobs.build(len(logprobs.tokens) - 1).model_dump()
+                yield Piece(item.text, chunk, generated=True)
             else:
                 result: GenerateResult = item.result if isinstance(item, GenerateOutcome) else item
                 text = (prompt_text if body.echo else "") + result.text
-                yield _Finished(
+                yield Finished(
                     text,
                     result.finish_reason,
                     logprobs.build() if logprobs is not None else None,
@@ -338,34 +362,34 @@ async def _choice(
         await generation.aclose()
 
 
+async def _timed(
+    source: AsyncGenerator[tuple[int, Any], None], timing: TokenTiming
+) -> AsyncGenerator[tuple[int, Any], None]:
+    """The source, observing time to first token and inter-token latency as generated tokens pass."""
+    try:
+        async for index, item in source:
+            if isinstance(item, Piece) and item.generated:
+                timing.token(index)
+            yield index, item
+    finally:
+        await source.aclose()
+
+
 async def _stream(first: tuple[int, Any], source: AsyncGenerator[tuple[int, Any], None], completion_id: str,
-                  created: int, model: str, body: CompletionRequest, plan: _Plan) -> AsyncIterator[str]:  # fmt: skip
+                  created: int, model: str, body: CompletionRequest) -> AsyncIterator[str]:  # fmt: skip
     def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
         return sse.event(
             {"id": completion_id, "object": "text_completion", "created": created, "model": model,
              "choices": [{"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}]}
         )  # fmt: skip
 
-    echoed: set[int] = set()
     usage = [0, 0]
     try:
         item: tuple[int, Any] | None = first
         while item is not None:
             index, event = item
-            if body.echo and index not in echoed:
-                echoed.add(index)
-                yield chunk(index, plan.prompts[index // plan.n][0], None)
-            if isinstance(event, TokenEvent):
-                logprobs = None
-                if body.logprobs is not None:
-                    top = (
-                        None
-                        if event.top is None
-                        else {plan.tokenizer.token_text(t): lp for t, lp in event.top}
-                    )
-                    logprobs = {"tokens": [event.text], "token_logprobs": [event.logprob],
-                                "top_logprobs": [top] if body.logprobs else None, "text_offset": [0]}  # fmt: skip
-                yield chunk(index, event.text, None, logprobs)
+            if isinstance(event, Piece):
+                yield chunk(index, event.text, None, event.logprobs)
             else:
                 usage[0] += event.prompt_tokens
                 usage[1] += event.completion_tokens

@@ -1,51 +1,131 @@
-"""`Idempotency-Key`: a retried request returns the first one's result instead of stepping the session again.
+"""`Idempotency-Key`: a retried request returns the first one's result instead of doing the work again.
 
-The key is scoped to the tenant, the session and the operation. While the first request runs, a retry gets 409;
-once it has finished, a retry gets its response; if it failed, the key is released and a retry runs anew.
+Create, delete, fork, append and generate take the header. A key belongs to the tenant, the method and the path
+(`POST /v1/sessions/{id}/append`), and remembers a fingerprint of the request's body. While the first request
+runs, a retry gets 409; once it has finished, a retry gets its response; if it failed, the key is released and a
+retry runs anew. A key reused with a different body is refused with 422 `idempotency_key_reused` (as the IETF
+Idempotency-Key draft and Stripe do): replaying the first result would answer a question nobody asked.
+
+Routes take the `Idempotent` dependency and run their work through it:
+
+    return await idempotent.run(lambda: service.append(...))
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
-from ..errors import Conflict, InvalidRequest
+from fastapi import Depends, Header, Request
+
+from ..errors import Conflict, IdempotencyKeyReused, InvalidRequest
+from ..sessions.service import to_the_end
 from ..sessions.store import SessionStore
+from .common import Config, Service, Tenant
 
 _KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# Fields that change how a result is delivered, not what is done: a streamed retry of a JSON request replays it.
+_DELIVERY_FIELDS = ("stream",)
 
 
 class IdempotentCall:
-    def __init__(self, store: SessionStore, owner: str, scope: str, key: str | None, ttl: int) -> None:
+    def __init__(
+        self, store: SessionStore, owner: str, scope: str, key: str | None, fingerprint: str, ttl: int
+    ) -> None:
         if key is not None and not _KEY.match(key):
             raise InvalidRequest(
                 "Idempotency-Key must be 1-128 characters of [A-Za-z0-9._:-]", param="Idempotency-Key"
             )
-        self.store, self.owner, self.key, self.ttl = store, owner, f"{scope}:{key}" if key else None, ttl
+        self.store, self.owner, self.fingerprint, self.ttl = store, owner, fingerprint, ttl
+        self.key = f"{scope}:{key}" if key else None
+
+    async def run(self, work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """The stored response of an earlier call with this key, else `work()`'s (stored under the key)."""
+        if (stored := await self.replay()) is not None:
+            return stored
+        try:
+            response = await work()
+        except BaseException:
+            await self.failed()
+            raise
+        await self.succeeded(response)
+        return response
 
     async def replay(self) -> dict[str, Any] | None:
         """The stored result of an earlier call with this key, if any; claims the key otherwise."""
         if self.key is None:
             return None
-        if await self.store.claim_idempotent(self.owner, self.key, self.ttl):
+        if await self.store.claim_idempotent(self.owner, self.key, self.ttl, self.fingerprint):
             return None
         stored = await self.store.get_idempotent(self.owner, self.key)
         if stored is None:  # expired between the two calls: run
             return (
                 None
-                if await self.store.claim_idempotent(self.owner, self.key, self.ttl)
+                if await self.store.claim_idempotent(self.owner, self.key, self.ttl, self.fingerprint)
                 else await self.replay()
             )
+        if stored.get("fingerprint", self.fingerprint) != self.fingerprint:
+            raise IdempotencyKeyReused(
+                "this Idempotency-Key was used with a different request body; use a new key for a new request",
+                param="Idempotency-Key",
+            )
         if stored.get("state") == "pending":
-            raise Conflict("a request with this Idempotency-Key is still in progress")
+            raise Conflict(
+                "a request with this Idempotency-Key is still in progress", param="Idempotency-Key"
+            )
         return dict(stored["response"])
 
     async def succeeded(self, response: dict[str, Any]) -> None:
         if self.key is not None:
-            await self.store.put_idempotent(
-                self.owner, self.key, {"state": "done", "response": response}, self.ttl
-            )
+            record = {"state": "done", "fingerprint": self.fingerprint, "response": response}
+            # Even if the client leaves meanwhile: the work is done, and a retry must get it, not redo it.
+            await to_the_end(self.store.put_idempotent(self.owner, self.key, record, self.ttl))
 
     async def failed(self) -> None:
         if self.key is not None:
-            await self.store.drop_idempotent(self.owner, self.key)
+            await to_the_end(self.store.drop_idempotent(self.owner, self.key))
+
+
+def fingerprint(body: bytes, query: str) -> str:
+    """SHA-256 of the request as the server reads it: JSON with sorted keys (so spacing and key order do not
+    matter), without the delivery fields; any other body as its bytes."""
+    try:
+        value = json.loads(body) if body else None
+    except (ValueError, RecursionError):  # not JSON (then the request is refused anyway): its bytes
+        value = body.decode("latin-1")
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in _DELIVERY_FIELDS}
+    canonical = json.dumps(
+        [query, value], sort_keys=True, separators=(",", ":")
+    )  # ASCII: lone surrogates too
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+async def idempotent_call(
+    request: Request,
+    service: Service,
+    tenant: Tenant,
+    settings: Config,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Retries with this key return the first request's result (1-128 of [A-Za-z0-9._:-])",
+        ),
+    ] = None,
+) -> IdempotentCall:
+    scope = f"{request.method} {request.url.path}"
+    return IdempotentCall(
+        service.store,
+        tenant,
+        scope,
+        idempotency_key,
+        fingerprint(await request.body(), request.url.query) if idempotency_key else "",
+        settings.idempotency_ttl_seconds,
+    )
+
+
+Idempotent = Annotated[IdempotentCall, Depends(idempotent_call)]

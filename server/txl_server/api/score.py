@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -15,11 +13,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import InvalidBody, InvalidRequest, ServiceError
 from ..sessions.stateless import ScoreOutcome, StatelessService
 from . import sse
-from .common import ERROR_RESPONSES, Config, EventStream, Tenant
+from .common import (
+    ERROR_RESPONSES,
+    Config,
+    EventStream,
+    ProgressThrottle,
+    Tenant,
+    progress_event,
+    validation_message,
+)
+from .disconnect import WatchedRoute, watch_connection
 
-router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES)
-
-PROGRESS_INTERVAL_SECONDS = 0.2
+router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
 
 
 class ScoreRequest(BaseModel):
@@ -45,7 +50,8 @@ _BODY_DOC = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}},
+            # Inline: the route reads its body itself, so FastAPI lists no ScoreRequest component to refer to.
+            "application/json": {"schema": ScoreRequest.model_json_schema()},
             "text/plain": {"schema": {"type": "string"}},
         },
     }
@@ -58,6 +64,7 @@ _BODY_DOC = {
     openapi_extra=_BODY_DOC,
     responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events with stream"}},
 )
+@watch_connection
 async def score(
     request: Request,
     tenant: Tenant,
@@ -90,11 +97,8 @@ async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: b
     try:
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or "body"
-        raise InvalidBody(f"invalid request: {first['msg']}", param=param) from exc
-    except (ValueError, json.JSONDecodeError) as exc:  # pragma: no cover - pydantic reports JSON errors above
-        raise InvalidRequest("the body is not valid JSON", param="body") from exc
+        message, param = validation_message(list(exc.errors()), content_type)
+        raise InvalidBody(message, param=param or "body") from exc
 
 
 def _response(outcome: ScoreOutcome, tokenizer: Any, with_tokens: bool) -> dict[str, Any]:
@@ -114,13 +118,10 @@ async def _progress_stream(
     scorer: StatelessService, body: ScoreRequest, tokenizer: Any
 ) -> AsyncIterator[str]:
     queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-    last_sent = 0.0
+    throttle = ProgressThrottle()
 
     def progress(done: int, total: int) -> None:
-        nonlocal last_sent
-        now = time.monotonic()
-        if done == total or now - last_sent >= PROGRESS_INTERVAL_SECONDS:
-            last_sent = now
+        if throttle.due(done, total):
             queue.put_nowait((done, total))
 
     task = asyncio.create_task(scorer.score(body.text, token_logprobs=body.token_logprobs, progress=progress))
@@ -130,7 +131,7 @@ async def _progress_stream(
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
                 done, total = getter.result()
-                yield sse.event({"type": "progress", "tokens_done": done, "tokens_total": total})
+                yield progress_event(done, total)
             else:
                 getter.cancel()
         outcome = task.result()

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import anyio
-from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
+from ..engine.jobs import ProgressEvent
 from ..errors import InvalidRequest, ServiceError
 from ..sessions.service import GenerateOutcome
 from . import sse
@@ -20,22 +19,27 @@ from .common import (
     ERROR_RESPONSES,
     Config,
     EventStream,
+    ProgressThrottle,
     Service,
     SessionObject,
     Tenant,
+    TokenTiming,
     Usage,
     check_max_tokens,
     check_metadata,
     check_stop,
     check_text,
     log_text,
+    progress_event,
 )
-from .idempotency import IdempotentCall
+from .disconnect import WatchedRoute, watch_connection
+from .idempotency import Idempotent, IdempotentCall
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=WatchedRoute
+)
 
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 MAX_SEED = 2**63 - 1
 
 
@@ -100,16 +104,31 @@ class GenerateResponse(BaseModel):
 
 
 @router.post("", status_code=201, response_model=SessionObject)
+@watch_connection
 async def create_session(
-    body: SessionCreate, service: Service, tenant: Tenant, settings: Config
-) -> SessionObject:
-    check_text(settings, body.text, "text")
-    check_metadata(settings, body.metadata)
-    log_text(settings, "new session", body.text)
-    meta = await service.create(
-        tenant, text=body.text, mem_len=body.mem_len, ttl_seconds=body.ttl_seconds, metadata=body.metadata
-    )
-    return SessionObject.of(meta)
+    service: Service,
+    tenant: Tenant,
+    settings: Config,
+    idempotent: Idempotent,
+    body: SessionCreate | None = None,
+) -> Any:
+    """A new session, primed with `text`. The body may be omitted (an empty session with the defaults)."""
+    wanted = body or SessionCreate()
+    check_text(settings, wanted.text, "text")
+    check_metadata(settings, wanted.metadata)
+    log_text(settings, "new session", wanted.text)
+
+    async def create() -> dict[str, Any]:
+        meta = await service.create(
+            tenant,
+            text=wanted.text,
+            mem_len=wanted.mem_len,
+            ttl_seconds=wanted.ttl_seconds,
+            metadata=wanted.metadata,
+        )
+        return SessionObject.of(meta).model_dump()
+
+    return await idempotent.run(create)
 
 
 @router.get("", response_model=SessionList)
@@ -123,8 +142,14 @@ async def get_session(session_id: str, service: Service, tenant: Tenant) -> Sess
 
 
 @router.delete("/{session_id}", status_code=204)
-async def delete_session(session_id: str, service: Service, tenant: Tenant) -> Response:
-    await service.delete(tenant, session_id)
+async def delete_session(
+    session_id: str, service: Service, tenant: Tenant, idempotent: Idempotent
+) -> Response:
+    async def delete() -> dict[str, Any]:
+        await service.delete(tenant, session_id)
+        return {}
+
+    await idempotent.run(delete)
     return Response(status_code=204)
 
 
@@ -134,23 +159,16 @@ async def fork_session(
     service: Service,
     tenant: Tenant,
     settings: Config,
-    idempotency_key: IdempotencyKey = None,
+    idempotent: Idempotent,
     body: SessionFork | None = None,
 ) -> Any:
     metadata = body.metadata if body is not None else None
     check_metadata(settings, metadata)
-    call = IdempotentCall(
-        service.store, tenant, f"fork:{session_id}", idempotency_key, settings.idempotency_ttl_seconds
-    )
-    if (stored := await call.replay()) is not None:
-        return JSONResponse(stored, status_code=201)
-    try:
-        response = SessionObject.of(await service.fork(tenant, session_id, metadata=metadata)).model_dump()
-    except BaseException:
-        await call.failed()
-        raise
-    await call.succeeded(response)
-    return JSONResponse(response, status_code=201)
+
+    async def fork() -> dict[str, Any]:
+        return SessionObject.of(await service.fork(tenant, session_id, metadata=metadata)).model_dump()
+
+    return await idempotent.run(fork)
 
 
 # ---------------------------------------------------------------------------------------------- snapshots
@@ -179,6 +197,7 @@ async def export_snapshot(session_id: str, service: Service, tenant: Tenant) -> 
         }
     },
 )
+@watch_connection
 async def import_snapshot(
     request: Request,
     service: Service,
@@ -196,30 +215,24 @@ async def import_snapshot(
 
 
 @router.post("/{session_id}/append", response_model=AppendResponse)
+@watch_connection
 async def append(
     session_id: str,
     body: AppendRequest,
     service: Service,
     tenant: Tenant,
     settings: Config,
-    idempotency_key: IdempotencyKey = None,
+    idempotent: Idempotent,
 ) -> Any:
     check_text(settings, body.text, "text", allow_empty=False)
-    call = IdempotentCall(
-        service.store, tenant, f"append:{session_id}", idempotency_key, settings.idempotency_ttl_seconds
-    )
-    if (stored := await call.replay()) is not None:
-        return stored
-    try:
+
+    async def step() -> dict[str, Any]:
         outcome = await service.append(tenant, session_id, body.text)
-    except BaseException:
-        await call.failed()
-        raise
-    response = AppendResponse(
-        session=SessionObject.of(outcome.session), tokens=outcome.tokens, logprob=outcome.logprob
-    )
-    await call.succeeded(response.model_dump())
-    return response
+        return AppendResponse(
+            session=SessionObject.of(outcome.session), tokens=outcome.tokens, logprob=outcome.logprob
+        ).model_dump()
+
+    return await idempotent.run(step)
 
 
 @router.post(
@@ -229,6 +242,7 @@ async def append(
         200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events with stream=true"}
     },
 )
+@watch_connection
 async def generate(
     session_id: str,
     body: GenerateRequest,
@@ -236,59 +250,35 @@ async def generate(
     service: Service,
     tenant: Tenant,
     settings: Config,
-    idempotency_key: IdempotencyKey = None,
+    idempotent: Idempotent,
 ) -> Any:
+    timing = TokenTiming(request.app.state.metrics)
     check_text(settings, body.text, "text")
     check_max_tokens(settings, body.max_tokens)
     stops = check_stop(settings, body.stop)
-    call = IdempotentCall(
-        service.store, tenant, f"generate:{session_id}", idempotency_key, settings.idempotency_ttl_seconds
-    )
-    if (stored := await call.replay()) is not None:
+    if (stored := await idempotent.replay()) is not None:
         return EventStream(_replay(stored)) if body.stream else _without_tokens(stored)
-    metrics = request.app.state.metrics
-    started = time.perf_counter()
     source = service.generate(
-        tenant, session_id, text=body.text, max_tokens=body.max_tokens, sampling=body.sampling(), stop=stops
-    )
-    timing = _Timing(metrics, started)
+        tenant, session_id, text=body.text, max_tokens=body.max_tokens, sampling=body.sampling(), stop=stops,
+        report_progress=body.stream,
+    )  # fmt: skip
     try:
         # Errors before the first event (404, 409, 410, ...) are plain HTTP errors, not a 200 stream.
         first = await anext(source)
-    except BaseException:
-        await call.failed()
-        raise
-    if body.stream:
-        return EventStream(_stream(first, source, call, timing))
-    tokens: list[dict[str, Any]] = []
-    item: Any = first
-    try:
+        if body.stream:
+            return EventStream(_stream(first, source, idempotent, timing))
+        tokens: list[dict[str, Any]] = []
+        item: Any = first
         while not isinstance(item, GenerateOutcome):
             timing.token()
             tokens.append(_token(item))
             item = await anext(source)
     except BaseException:
-        await call.failed()
+        await idempotent.failed()
         raise
     response = _response(item)
-    await call.succeeded({**response, "tokens": tokens})
+    await idempotent.succeeded({**response, "tokens": tokens})
     return response
-
-
-class _Timing:
-    """Time to first token and inter-token latency of one request."""
-
-    def __init__(self, metrics: Any, started: float) -> None:
-        self.metrics, self.started = metrics, started
-        self.last: float | None = None
-
-    def token(self) -> None:
-        now = time.perf_counter()
-        if self.last is None:
-            self.metrics.time_to_first_token.observe(now - self.started)
-        else:
-            self.metrics.inter_token.observe(now - self.last)
-        self.last = now
 
 
 def _token(event: Any) -> dict[str, Any]:
@@ -310,13 +300,19 @@ def _without_tokens(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _stream(
-    first: Any, source: AsyncIterator[Any], call: IdempotentCall, timing: _Timing
+    first: Any, source: AsyncIterator[Any], call: IdempotentCall, timing: TokenTiming
 ) -> AsyncIterator[str]:
     tokens: list[dict[str, Any]] = []
     finished = False
+    throttle = ProgressThrottle()
     try:
         item = first
         while True:
+            if isinstance(item, ProgressEvent):  # a long text is being fed, before the first token
+                if throttle.due(item.done, item.total):
+                    yield progress_event(item.done, item.total)
+                item = await anext(source)
+                continue
             if isinstance(item, GenerateOutcome):
                 response = _response(item)
                 finished = True

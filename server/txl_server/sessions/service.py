@@ -15,9 +15,9 @@ import dataclasses
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from txl import BlockPool, TransfoXLLMHeadModel, peak_positions
 from txl.sampling import SamplingParams
@@ -30,6 +30,7 @@ from ..engine.jobs import (
     GenerateJob,
     GenerateResult,
     Job,
+    ProgressEvent,
     TokenEvent,
     run_job,
 )
@@ -41,6 +42,7 @@ from .cache import DEVICE, HOST, Entry, MemoryCache
 from .store import DeltaBaseMissing, Lease, SessionMeta, SessionStore, StoredMemory, now
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class SessionObserver:
@@ -64,6 +66,22 @@ class AppendOutcome:
 class GenerateOutcome:
     session: SessionMeta
     result: GenerateResult
+
+
+async def to_the_end(step: Coroutine[Any, Any, T]) -> T:
+    """Runs `step` to its end even if the request awaiting it is cancelled meanwhile (its client left, the server
+    stops): a commit is one step in Redis and in the cache together, never half of one. Work cancelled before
+    its commit began commits nothing; once it began, the request finishes as if its client were still there."""
+    task = asyncio.ensure_future(step)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
 
 
 def new_session_id() -> str:
@@ -167,8 +185,12 @@ class SessionService:
             metadata=metadata,
         )
         snapshot = await self._snapshot(state) if self._persist_always else None
-        await self.store.create(meta, snapshot)
-        await self._place(meta, state)
+
+        async def register() -> None:
+            await self.store.create(meta, snapshot)
+            await self._place(meta, state)
+
+        await to_the_end(register())
         return meta
 
     async def _check_session_limit(self, owner: str) -> None:
@@ -231,9 +253,18 @@ class SessionService:
             metadata = json.loads(header.get("metadata", "{}"))
             if header.get("txl_snapshot") != "1" or tokens < 0 or not isinstance(metadata, dict):
                 raise ValueError("missing or malformed session fields")
-            state = await self._load(data)
         except (ValueError, KeyError) as exc:
-            raise InvalidRequest(f"not a session snapshot of this model: {exc}", param="body") from exc
+            raise InvalidRequest(
+                "the body is not a session snapshot (export one with GET /v1/sessions/{id}/snapshot)",
+                param="body",
+            ) from exc
+        try:
+            state = await self._load(data)
+        except ValueError as exc:
+            raise InvalidRequest(
+                "the snapshot does not fit this server's model (it was exported from another model, or damaged)",
+                param="body",
+            ) from exc
         if state.mem_len > self.max_mem_len:
             raise InvalidRequest(
                 f"the snapshot's mem_len exceeds this server's {self.max_mem_len}", param="body"
@@ -264,8 +295,12 @@ class SessionService:
         max_tokens: int,
         sampling: SamplingParams,
         stop: list[str] | None = None,
-    ) -> AsyncGenerator[TokenEvent | GenerateOutcome, None]:
-        """Yields a TokenEvent per sampled token, then the GenerateOutcome (after the commit).
+        top_logprobs: int = 0,
+        report_progress: bool = False,
+    ) -> AsyncGenerator[TokenEvent | ProgressEvent | GenerateOutcome, None]:
+        """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
+        then the GenerateOutcome (after the commit). With `report_progress`, a text longer than one segment
+        first yields a ProgressEvent per segment fed (a long prompt takes a while before the first token).
 
         Closing the iterator early (a client that went away) cancels the generation: nothing is committed.
         """
@@ -277,14 +312,27 @@ class SessionService:
         async with self._step(owner, session_id) as (meta, state, lease):
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")
-            job = GenerateJob(state, prompt, max_tokens, sampling, list(stop or []))
+            start, to_feed = state, prompt
+            if report_progress and len(prompt) > self.segment_len:
+                # Fed as a job of its own, which the worker reports segment by segment; decoding then starts
+                # from the state the generation's own prompt ingestion would have reached.
+                fed = AdvanceJob(state, prompt, report_progress=True)
+                async with contextlib.aclosing(self._events(fed, lease)) as events:
+                    async for event in events:
+                        if isinstance(event, ProgressEvent):
+                            yield event
+                        elif isinstance(event, AdvanceResult):
+                            start, to_feed = event.state, []
+            job = GenerateJob(
+                start, to_feed, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs
+            )
             result: GenerateResult | None = None
             async with contextlib.aclosing(self._events(job, lease)) as events:
                 async for event in events:
                     if isinstance(event, TokenEvent):
                         yield event
                     elif isinstance(event, GenerateResult):
-                        result = event
+                        result = dataclasses.replace(event, prompt_tokens=len(prompt))
             assert result is not None
             committed = await self._commit(
                 meta, result.state, len(prompt) + result.completion_tokens, base=state
@@ -329,22 +377,27 @@ class SessionService:
             last_used=now(),
             tier=DEVICE,
         )
-        if not self._persist_always:
-            # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
-            committed = await self.store.commit(new, expected_version=meta.version, drop_snapshot=True)
-        else:
+        if self._persist_always:
             delta = await self._snapshot(state, since=base.fed)
             stale = sorted(set(block_keys(base)) - set(block_keys(state)))
-            try:
-                committed = await self.store.commit(
-                    new, expected_version=meta.version, snapshot=delta, stale_blocks=stale
-                )
-            except DeltaBaseMissing:  # e.g. persistence was off when the base was committed
-                full = await self._snapshot(state)
-                committed = await self.store.commit(new, expected_version=meta.version, snapshot=full)
-        if not committed:
-            raise NotFound(f"no session {meta.id!r}", param="session_id")
-        await self._place(new, state)
+
+        async def commit() -> None:
+            if not self._persist_always:
+                # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
+                committed = await self.store.commit(new, expected_version=meta.version, drop_snapshot=True)
+            else:
+                try:
+                    committed = await self.store.commit(
+                        new, expected_version=meta.version, snapshot=delta, stale_blocks=stale
+                    )
+                except DeltaBaseMissing:  # e.g. persistence was off when the base was committed
+                    full = await self._snapshot(state)
+                    committed = await self.store.commit(new, expected_version=meta.version, snapshot=full)
+            if not committed:
+                raise NotFound(f"no session {meta.id!r}", param="session_id")
+            await self._place(new, state)
+
+        await to_the_end(commit())
         return new
 
     async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:

@@ -326,9 +326,10 @@ class SessionStore:
         raw = await self._call(lambda: self.redis.get(self._i(owner, key)))
         return json.loads(raw) if raw else None
 
-    async def claim_idempotent(self, owner: str, key: str, ttl: int) -> bool:
-        """Marks `key` as in progress; False if it is already in progress or done."""
-        pending = json.dumps({"state": "pending"})
+    async def claim_idempotent(self, owner: str, key: str, ttl: int, fingerprint: str = "") -> bool:
+        """Marks `key` as in progress for the request `fingerprint` names; False if it is already in progress
+        or done."""
+        pending = json.dumps({"state": "pending", "fingerprint": fingerprint})
         return bool(await self._call(lambda: self.redis.set(self._i(owner, key), pending, ex=ttl, nx=True)))
 
     async def put_idempotent(self, owner: str, key: str, value: dict, ttl: int) -> None:

@@ -98,7 +98,8 @@ function showError(error) {
     return;
   }
   let text = error instanceof ApiError ? `${error.type}: ${error.message}` : String(error.message || error);
-  if (error instanceof ApiError && error.param) text += ` (${error.param})`;
+  // The server's messages name their field; a param they do not mention is added.
+  if (error instanceof ApiError && error.param && !error.message.includes(error.param)) text += ` (${error.param})`;
   if (error instanceof ApiError && error.status === 401) text += " — enter the server's API key above.";
   box.textContent = text;
   box.hidden = false;

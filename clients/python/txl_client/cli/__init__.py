@@ -20,7 +20,7 @@ from typing import TypedDict
 
 from .._version import __version__
 from ..client import Client
-from ..errors import TxlError
+from ..errors import TxlError, TxlTimeoutError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"txl: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TxlTimeoutError as exc:
+        print(f"txl: error: {exc} (wait longer with --timeout SECONDS)", file=sys.stderr)
+        return EXIT_FAILED
     except TxlError as exc:
         print(f"txl: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -76,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     connection.add_argument("--api-key", default=argparse.SUPPRESS, help="API key (TXL_API_KEY)")
     connection.add_argument(
-        "--timeout", type=float, default=argparse.SUPPRESS, help="seconds per request (default 60)"
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="seconds to wait for the server to answer or report progress (default 60)",
     )
 
     parser = argparse.ArgumentParser(

@@ -21,26 +21,54 @@ def add_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", default="", help='text to continue ("-": read standard input)')
     parser.add_argument("--session", metavar="ID", help="continue this session (default: a new one)")
     parser.add_argument("--rm", action="store_true", help="delete the new session afterwards")
-    parser.add_argument("--json", action="store_true", help="no streaming: print the result as JSON")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (no streamed text)")
+    add_progress(parser, "how far the server is in reading a long prompt")
     add_sampling(parser, max_tokens=100)
 
 
+def add_progress(parser: argparse.ArgumentParser, what: str) -> None:
+    progress = parser.add_mutually_exclusive_group()
+    progress.add_argument(
+        "--progress",
+        action="store_true",
+        default=None,
+        help=f"always show {what} on stderr (default: on a terminal)",
+    )
+    progress.add_argument("--no-progress", dest="progress", action="store_false", help=f"never show {what}")
+
+
 def generate(args: argparse.Namespace) -> int:
+    """Always streams, also for --json: a long prompt then reports its progress, which keeps the request from
+    timing out while the server is busy reading it."""
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt and not args.session:
         raise UsageError("give a prompt, or --session ID to continue a session")
+    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     with make_client(args) as client:
         session_id = args.session or client.create_session().id
+        bar = ProgressBar("prompt", sys.stderr) if show_progress else None
         try:
+            stream = client.generate(
+                session_id,
+                prompt,
+                stream=True,
+                on_progress=bar.update if bar else None,
+                **sampling_kwargs(args),
+            )
+            with stream:
+                for token in stream:
+                    if bar is not None:  # the prompt is in: the bar gives way to the text
+                        bar.clear()
+                        bar = None
+                    if not args.json:
+                        sys.stdout.write(token.text)
+                        sys.stdout.flush()
+            result = stream.finish()
+            if bar is not None:
+                bar.clear()
             if args.json:
-                result = client.generate(session_id, prompt, **sampling_kwargs(args))
                 print(result.model_dump_json(indent=2))
                 return 0
-            with client.generate(session_id, prompt, stream=True, **sampling_kwargs(args)) as stream:
-                for token in stream:
-                    sys.stdout.write(token.text)
-                    sys.stdout.flush()
-            result = stream.finish()
             if not result.text.endswith("\n"):
                 sys.stdout.write("\n")
             sys.stdout.flush()
@@ -64,11 +92,7 @@ def add_score(parser: argparse.ArgumentParser) -> None:
         "files", metavar="FILE", nargs="+", type=Path, help='UTF-8 text files ("-": standard input)'
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per file")
-    progress = parser.add_mutually_exclusive_group()
-    progress.add_argument(
-        "--progress", action="store_true", default=None, help="always show progress on stderr"
-    )
-    progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show progress")
+    add_progress(parser, "progress")
 
 
 def score(args: argparse.Namespace) -> int:

@@ -1,0 +1,174 @@
+"""The OpenAI-compatible routes beyond the basics in test_api.py: log-probabilities with sessions and in streams,
+latency metrics for completions, and /v1/chat/completions with a chat template, driven by the official client."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from txl_server.api.chat import ChatMessage, ChatTemplate
+from txl_server.settings import TRANSCRIPT_TEMPLATE, Settings
+
+from .live_server import LiveServer
+
+KEY = "key-openai"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, redis_server):
+    settings = Settings(
+        model=tiny_model_dir,
+        redis_url=redis_server.url,
+        redis_prefix=f"openai-{uuid.uuid4().hex[:6]}:",
+        api_keys=KEY,
+        chat_template="transcript",
+    )
+    with LiveServer(settings) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server):
+    with server.client(KEY) as http:
+        yield http
+
+
+@pytest.fixture
+def openai_client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def sse_chunks(response) -> list[dict]:
+    chunks = []
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunks.append(json.loads(line[len("data: ") :]))
+    return chunks
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith((name + " ", name + "{")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+# ---------------------------------------------------------------------------------------------- log-probabilities
+
+
+def test_completions_on_a_session_report_top_logprobs(client):
+    session = client.post("/v1/sessions", json={"text": "Chapter 1."}).json()
+    body = {"prompt": " It", "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    on_session = client.post("/v1/completions", json={**body, "session_id": session["id"]}).json()
+    logprobs = on_session["choices"][0]["logprobs"]
+    assert len(logprobs["top_logprobs"]) == len(logprobs["tokens"]) == 6
+    for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        assert top is not None and len(top) == 2
+        # greedy: the chosen token is the likeliest
+        assert max(top.values()) == pytest.approx(logprob, abs=1e-5)
+        assert top.get(token, logprob) == pytest.approx(logprob, abs=1e-5)
+    # The same text without a session: the same alternatives.
+    stateless = client.post("/v1/completions", json={**body, "prompt": "Chapter 1. It"}).json()
+    expected = stateless["choices"][0]["logprobs"]["top_logprobs"]
+    for got, want in zip(logprobs["top_logprobs"], expected, strict=True):
+        assert got.keys() == want.keys()
+        assert list(got.values()) == pytest.approx(list(want.values()), abs=1e-4)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 5])
+def test_streamed_echo_with_logprobs_matches_the_json_answer(client, max_tokens):
+    prompt = "It was the best of times"
+    body = {"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": max_tokens, "temperature": 0}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        chunks = [c["choices"][0] for c in sse_chunks(response)]
+    echoed = chunks[0]
+    assert echoed["text"] == prompt and echoed["logprobs"] is not None  # "echo + logprobs scores the prompt"
+    assert "".join(echoed["logprobs"]["tokens"]) == prompt
+    assert echoed["logprobs"]["text_offset"] == list(range(len(prompt)))  # one byte per token, running
+    joined: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in chunks:
+        if chunk["logprobs"] is not None:
+            for field, values in chunk["logprobs"].items():
+                joined[field] += values
+    assert joined["tokens"] == whole["logprobs"]["tokens"]
+    assert joined["text_offset"] == whole["logprobs"]["text_offset"]
+    assert joined["token_logprobs"][1:] == pytest.approx(whole["logprobs"]["token_logprobs"][1:], abs=1e-5)
+    assert len(joined["tokens"]) == len(prompt) + max_tokens
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_count_in_the_latency_metrics(client, stream):
+    before = client.get("/metrics").text
+    body = {"prompt": ["a", "b"], "max_tokens": 5, "n": 2, "stream": stream}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200
+    response.read()
+    after = client.get("/metrics").text
+    first = "txl_time_to_first_token_seconds_count"
+    between = "txl_inter_token_latency_seconds_count"
+    assert metric(after, first) == metric(before, first) + 1  # one request
+    assert metric(after, between) == metric(before, between) + 4 * 4  # 4 choices, 4 gaps each
+
+
+# ---------------------------------------------------------------------------------------------- chat
+
+
+def test_chat_with_the_official_client_streamed_and_not(openai_client):
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hello there"},
+    ]
+    whole = openai_client.chat.completions.create(
+        model="tiny-byte", messages=messages, max_tokens=12, temperature=0
+    )
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("length", "stop")
+    prompt = "System: You are terse.\nUser: Hello there\nAssistant:"
+    assert whole.usage.prompt_tokens == len(prompt.encode())  # the byte model: one token per byte
+    pieces, roles, reasons = [], [], []
+    for chunk in openai_client.chat.completions.create(
+        model="tiny-byte", messages=messages, max_tokens=12, temperature=0, stream=True
+    ):
+        for c in chunk.choices:
+            roles += [c.delta.role] if c.delta.role else []
+            pieces += [c.delta.content] if c.delta.content else []
+            reasons += [c.finish_reason] if c.finish_reason else []
+    assert roles == ["assistant"] and reasons == [choice.finish_reason]
+    assert "".join(pieces) == choice.message.content
+
+
+def test_chat_template_writes_a_transcript_and_stops_at_the_users_turn():
+    template = ChatTemplate(TRANSCRIPT_TEMPLATE)
+    messages = [
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="assistant", content="Hello."),
+        ChatMessage(
+            role="user", content=[{"type": "text", "text": "How "}, {"type": "text", "text": "are you?"}]
+        ),
+    ]
+    assert template.prompt(messages) == "User: Hi\nAssistant: Hello.\nUser: How are you?\nAssistant:"
+    assert template.stop() == "\nUser:"
+    custom = ChatTemplate(Settings(chat_template="<|{role}|>{content}<|end|>\\n").chat_template)
+    assert custom.prompt(messages[:1]) == "<|user|>Hi<|end|>\n<|assistant|>"
+    assert custom.stop() == "<|end|>\n<|user|>"
+
+
+def test_a_chat_template_must_hold_the_content_once():
+    for bad in ("{Role}: no content", "{content}{content}", "{name}: {content}"):
+        with pytest.raises(ValueError, match="chat_template"):
+            Settings(chat_template=bad)
+
+
+def test_chat_refuses_what_it_cannot_do(client):
+    image = [{"type": "image_url", "image_url": {"url": "data:,"}}]
+    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": image}]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages.0.content"
+    empty = client.post("/v1/chat/completions", json={"messages": []})
+    assert empty.status_code == 422 and empty.json()["error"]["param"] == "messages"
