@@ -119,31 +119,16 @@ from txl.checkpoint import build_model
 model = build_model(txl.TxlConfig.wt103())
 model.init_weights(torch.Generator().manual_seed(0))
 model = model.to(torch.bfloat16)
-layout = model.memory_layout()
-def memory(length):
-    shape = (1, layout.n_head, length, layout.d_head)
-    tensors = {}
-    for i in range(layout.n_layer):
-        tensors[f"keys.{i}"] = torch.randn(shape, dtype=layout.dtype)
-        tensors[f"values.{i}"] = torch.randn(shape, dtype=layout.dtype)
-    return txl.Memory.from_tensors(layout, tensors, mem_len=length)
-def timed(step, repeat):
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter(); step(); times.append((time.perf_counter() - t) * 1000)
-    return min(times)
 out = []
 with torch.inference_mode():
     for length in (1600, 3800):
-        state = {"memory": memory(length)}
+        state = {"memory": memory(model, 1, length)}
         def decode():
             h, state["memory"] = model(torch.tensor([[42]]), state["memory"]); model.log_probs(h[:, -1])
-        out.append(timed(decode, 10))
-    start = memory(1600)
+        out.append(best(decode, 10) * 1000)
+    start = memory(model, 1, 1600)
     segment = torch.randint(0, 20000, (1, 128))
-    out.append(timed(lambda: model(segment, start), 3))
+    out.append(best(lambda: model(segment, start), 3) * 1000)
 print(json.dumps(out))
 """,
     "paged": r"""
@@ -151,21 +136,6 @@ import json, time, torch
 torch.set_num_threads(2)
 import txl
 from txl.checkpoint import build_model
-def memory(model, rows, length):
-    layout = model.memory_layout()
-    shape = (rows, layout.n_head, length, layout.d_head)
-    tensors = {}
-    for i in range(layout.n_layer):
-        tensors[f"keys.{i}"] = torch.randn(shape, dtype=layout.dtype)
-        tensors[f"values.{i}"] = torch.randn(shape, dtype=layout.dtype)
-    return txl.Memory.from_tensors(layout, tensors, mem_len=length)
-def best(step, repeat):
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
-    return min(times)
 out = []
 wt103 = build_model(txl.TxlConfig.wt103())
 wt103.init_weights(torch.Generator().manual_seed(0))
@@ -241,9 +211,31 @@ def export(revision: str, into: Path) -> Path:
     return into
 
 
+# Helpers every probe may use: a memory of random keys and values, and the best time of a few runs.
+PRELUDE = r"""
+import time, torch
+def memory(model, rows, length):
+    import txl
+    layout = model.memory_layout()
+    shape = (rows, layout.n_head, length, layout.d_head)
+    tensors = {}
+    for i in range(layout.n_layer):
+        tensors[f"keys.{i}"] = torch.randn(shape, dtype=layout.dtype)
+        tensors[f"values.{i}"] = torch.randn(shape, dtype=layout.dtype)
+    return txl.Memory.from_tensors(layout, tensors, mem_len=length)
+def best(step, repeat):
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
+    return min(times)
+"""
+
+
 def probe(name: str, source: Path, data_dir: str) -> list[float]:
     code = f"import sys; sys.path.insert(0, {str(source / 'model')!r})\nDATA = {data_dir!r}\n"
-    code += f"OUT = {tempfile.mkdtemp(prefix='txl-speed-')!r}\n" + PROBES[name]
+    code += f"OUT = {tempfile.mkdtemp(prefix='txl-speed-')!r}\n" + PRELUDE + PROBES[name]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return list(json.loads(result.stdout.strip().splitlines()[-1]))
 

@@ -273,16 +273,7 @@ def group_attention(
         # BD for every distance: [H, B, P]; the kernel picks each key's.
         by_distance = torch.bmm(rows_first(q_position), _dense_if_half_on_cpu(positions).transpose(1, 2))
         query = q_content.index_select(0, group.token_index).float()  # [B, H, Dh]
-        out = kernel(
-            query,
-            by_distance.float(),
-            keys,
-            values,
-            group.table,
-            group.starts,
-            group.key_lengths,
-            group.windows,
-        )
+        out = kernel(query, by_distance.float(), keys, values, group)
         return out.to(keys.dtype)
     bd = _positional_scores(rows_first(q_position), positions, group)  # [H, B, T, L]
     # The rows' blocks side by side: [H*n_blocks, bs*Dh] rows -> [H*B*S, bs*Dh] = [H*B, L, Dh]

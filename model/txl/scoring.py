@@ -18,6 +18,31 @@ from .memory import Memory
 from .model import TransfoXLLMHeadModel
 
 
+def nll(logprob: float, tokens: int) -> float:
+    """Mean negative log-likelihood per token (nats)."""
+    return -logprob / max(tokens, 1)
+
+
+def perplexity(logprob: float, tokens: int) -> float:
+    return math.exp(min(nll(logprob, tokens), 700.0))  # capped: exp overflows past ~709
+
+
+def bits_per(logprob: float, units: int) -> float:
+    """Bits per unit (byte, character, word) of a text whose tokens' log-probabilities sum to `logprob`."""
+    return -logprob / math.log(2) / max(units, 1)
+
+
+def shifted(hidden: Tensor, tokens: Sequence[int], last_hidden: Tensor | None) -> tuple[Tensor, list[int]]:
+    """What predicts what in a segment: position t predicts token t+1, and the previous segment's last hidden
+    state predicts token 0 (without one, nothing predicts token 0 and it is not scored).
+
+    hidden [T, D] of the segment's tokens -> (predictors [M, D], the tokens they predict [M]), M = T or T-1."""
+    inner = hidden[:-1]
+    if last_hidden is None:
+        return inner, list(tokens[1:])
+    return torch.cat([last_hidden[None, :], inner]), list(tokens)
+
+
 @dataclass
 class ScoreResult:
     logprob: float  # summed natural-log probability of the scored tokens
@@ -28,10 +53,10 @@ class ScoreResult:
 
     @property
     def nll(self) -> float:
-        return -self.logprob / max(self.scored, 1)
+        return nll(self.logprob, self.scored)
 
     def bits_per(self, units: int) -> float:
-        return -self.logprob / math.log(2) / max(units, 1)
+        return bits_per(self.logprob, units)
 
 
 @torch.inference_mode()
@@ -44,10 +69,9 @@ def advance(
     """tokens [T] after `memory` -> (log p of each token [T] (NaN where nothing predicts it), memory, last hidden [D])."""
     hidden, new_memory = model(tokens[None, :], memory)  # [1, T, D]
     hidden = hidden[0]
-    # Position t predicts token t+1; the state's last hidden predicts token 0.
-    predictors = hidden[:-1] if last_hidden is None else torch.cat([last_hidden[None, :], hidden[:-1]])
-    targets = tokens[1:] if last_hidden is None else tokens
-    logprobs = model.target_log_probs(predictors, targets)
+    ids = tokens.tolist()
+    predictors, targets = shifted(hidden, ids, last_hidden)
+    logprobs = model.target_log_probs(predictors, tokens.new_tensor(targets), targets)
     if last_hidden is None:
         logprobs = torch.cat([logprobs.new_full((1,), math.nan), logprobs])
     return logprobs, new_memory, hidden[-1].clone()

@@ -80,8 +80,3 @@ class Unavailable(ServiceError):
 
     status = 503
     type = "unavailable"
-
-
-class Internal(ServiceError):
-    status = 500
-    type = "internal"

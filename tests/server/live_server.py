@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -61,3 +65,17 @@ class LiveServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve(model_dir: Path, redis_url: str, prefix: str, **settings: Any) -> Iterator[LiveServer]:
+    """A live server on `model_dir` and a shared Redis (under a fresh key prefix), for a fixture to
+    `yield from`."""
+    values = dict(model=model_dir, redis_url=redis_url, redis_prefix=f"{prefix}-{uuid.uuid4().hex[:6]}:")
+    with LiveServer(Settings(**{**values, **settings})) as live:
+        yield live
+
+
+def client_of(server: LiveServer, key: str | None = None) -> Iterator[httpx.Client]:
+    """An HTTP client of `server` with API key `key`, for a fixture to `yield from`."""
+    with server.client(key) as client:
+        yield client

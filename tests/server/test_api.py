@@ -11,17 +11,17 @@ import httpx
 import pytest
 from txl_server.settings import Persistence, Settings
 
-from .live_server import LiveServer
+from .live_server import LiveServer, client_of, serve
 
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, redis_server):
-    settings = Settings(
-        model=tiny_model_dir,
-        redis_url=redis_server.url,
-        redis_prefix=f"api-{uuid.uuid4().hex[:6]}:",
+    yield from serve(
+        tiny_model_dir,
+        redis_server.url,
+        "api",
         api_keys=f"{KEY_A},{KEY_B}",
         max_body_bytes=64 * 1024,
         max_text_chars=8 * 1024,
@@ -31,20 +31,16 @@ def server(tiny_model_dir, redis_server):
         max_metadata_bytes=256,
         max_sessions_per_tenant=50,
     )
-    with LiveServer(settings) as live:
-        yield live
 
 
 @pytest.fixture
 def a(server):
-    with server.client(KEY_A) as client:
-        yield client
+    yield from client_of(server, KEY_A)
 
 
 @pytest.fixture
 def b(server):
-    with server.client(KEY_B) as client:
-        yield client
+    yield from client_of(server, KEY_B)
 
 
 def error_of(response: httpx.Response) -> dict:

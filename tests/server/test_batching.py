@@ -12,8 +12,9 @@ from txl.sampling import SamplingParams
 from txl_server.engine.blocks import snapshot_blocks
 from txl_server.engine.state import snapshot_metadata
 from txl_server.engine.worker import WorkerObserver
-from txl_server.runtime import Runtime
 from txl_server.settings import Persistence
+
+from .runtimes import running
 
 OWNER = "tenant-b"
 TEXTS = [
@@ -51,9 +52,7 @@ async def _next_tokens(service, session_id, n=8):
 
 
 async def test_prompts_of_several_sessions_share_forwards_and_equal_running_alone(make_settings):
-    rt = Runtime(make_settings(max_batch_tokens=40))  # five segments of 8 per forward
-    await rt.start()
-    try:
+    async with running(make_settings(max_batch_tokens=40)) as rt:  # five segments of 8 per forward
         service = rt.service
         observed = Iterations()
         rt.worker.observer = observed
@@ -64,14 +63,10 @@ async def test_prompts_of_several_sessions_share_forwards_and_equal_running_alon
         alone = [await service.create(OWNER, text=t) for t in TEXTS]
         for a, b in zip(together, alone, strict=True):
             assert await _next_tokens(service, a.id) == await _next_tokens(service, b.id)
-    finally:
-        await rt.stop()
 
 
 async def test_decoding_rows_run_in_every_forward_while_long_prompts_are_fed(make_settings):
-    rt = Runtime(make_settings(max_batch_tokens=20))
-    await rt.start()
-    try:
+    async with running(make_settings(max_batch_tokens=20)) as rt:
         service = rt.service
         talker = await service.create(OWNER, text="Once upon a time")
         readers = [await service.create(OWNER, text="x") for _ in range(3)]
@@ -87,14 +82,10 @@ async def test_decoding_rows_run_in_every_forward_while_long_prompts_are_fed(mak
         first_prompt = next(i for i, (_, t) in enumerate(during) if t)
         assert all(d == 1 for d, _ in during[first_prompt:]) and len(during) >= 40
         assert max(t for _, t in during) <= 19 and sum(t for _, t in during) > 100
-    finally:
-        await rt.stop()
 
 
 async def test_no_block_leaks_after_a_thousand_sessions_come_and_go(make_settings):
-    rt = Runtime(make_settings(max_sessions_per_tenant=2000))
-    await rt.start()
-    try:
+    async with running(make_settings(max_sessions_per_tenant=2000)) as rt:
         service, pool = rt.service, rt.worker.pool
         baseline = pool.used_blocks
         live = []
@@ -121,14 +112,12 @@ async def test_no_block_leaks_after_a_thousand_sessions_come_and_go(make_setting
             await service.delete(OWNER, session_id)
         await rt.worker.call(lambda: None)
         assert pool.used_blocks == baseline
-    finally:
-        await rt.stop()
 
 
 async def test_a_small_append_sends_redis_only_the_blocks_it_changed(make_settings, redis_server):
-    rt = Runtime(make_settings(persistence=Persistence.ALWAYS, max_mem_len=512, default_mem_len=512))
-    await rt.start()
-    try:
+    async with running(
+        make_settings(persistence=Persistence.ALWAYS, max_mem_len=512, default_mem_len=512)
+    ) as rt:
         service = rt.service
         meta = await service.create(OWNER, text="It was the best of times, it was the worst of times. " * 12)
         state = service.cache.peek(meta.id).state
@@ -141,30 +130,19 @@ async def test_a_small_append_sends_redis_only_the_blocks_it_changed(make_settin
         assert sent < 2 * block + 8192 and sent < whole / 8, (sent, block, whole)
         # What Redis holds is the whole memory: a server that never saw the session continues it exactly.
         expected = await _next_tokens(service, (await service.fork(OWNER, meta.id)).id)
-        other = Runtime(
+        async with running(
             make_settings(
                 persistence=Persistence.ALWAYS,
                 max_mem_len=512,
                 default_mem_len=512,
                 redis_prefix=service.store.prefix,
             )
-        )
-        await other.start()
-        try:
+        ) as other:
             assert outcome.session.version == 2
             fork = await other.service.fork(OWNER, meta.id)  # read from Redis: the other server never held it
             assert await _next_tokens(other.service, fork.id) == expected
-        finally:
-            await other.stop()
-    finally:
-        await rt.stop()
 
-
-async def test_a_memory_stored_by_an_older_server_still_loads(make_settings):
-    """Servers before blocks kept one safetensors value per session (`data`); such a memory still loads."""
-    rt = Runtime(make_settings(persistence=Persistence.ALWAYS))
-    await rt.start()
-    try:
+    async with running(make_settings(persistence=Persistence.ALWAYS)) as rt:
         service = rt.service
         meta = await service.create(OWNER, text="An old memory.")
         state = service.cache.peek(meta.id).state
@@ -174,8 +152,6 @@ async def test_a_memory_stored_by_an_older_server_still_loads(make_settings):
         await service.store.redis.hset(key, mapping={"version": str(meta.version), "data": state.to_bytes()})
         service.cache.drop(meta.id)
         assert await _next_tokens(service, meta.id) == expected
-    finally:
-        await rt.stop()
 
 
 @pytest.mark.parametrize("with_fed", [True, False])

@@ -15,10 +15,9 @@ import uuid
 
 import pytest
 from txl_server.engine.state import ModelState
-from txl_server.settings import Settings
 
 from .gate import Gate
-from .live_server import LiveServer
+from .live_server import client_of, serve
 
 KEY = "key-disconnect"
 TEXT = "It was the best of times, it was the worst of times. " * 20  # ~135 segments of the tiny model
@@ -26,20 +25,12 @@ TEXT = "It was the best of times, it was the worst of times. " * 20  # ~135 segm
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, redis_server):
-    settings = Settings(
-        model=tiny_model_dir,
-        redis_url=redis_server.url,
-        redis_prefix=f"gone-{uuid.uuid4().hex[:6]}:",
-        api_keys=KEY,
-    )
-    with LiveServer(settings) as live:
-        yield live
+    yield from serve(tiny_model_dir, redis_server.url, "gone", api_keys=KEY)
 
 
 @pytest.fixture
 def client(server):
-    with server.client(KEY) as http:
-        yield http
+    yield from client_of(server, KEY)
 
 
 def metric(text: str, name: str) -> float:

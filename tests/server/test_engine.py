@@ -20,6 +20,8 @@ from txl_server.sessions.cache import DEVICE, HOST
 from txl_server.sessions.service import GenerateOutcome, new_session_id
 from txl_server.settings import Persistence
 
+from .runtimes import running
+
 OWNER = "tenant-a"
 
 
@@ -430,3 +432,35 @@ def test_session_ids_never_start_with_a_dash(monkeypatch):
     monkeypatch.undo()
     ids = [new_session_id() for _ in range(2000)]  # ~31 of these would start with '-' if nothing prevented it
     assert not any(i.startswith("-") for i in ids) and {len(i) for i in ids} == {32}
+
+
+async def test_a_step_costs_two_redis_round_trips(runtime, monkeypatch):
+    """Reading the metadata under the lease is one script, committing and handing the lease back another."""
+    service = runtime.service
+    meta = await service.create(OWNER, text="Round trips.")
+    await service.append(OWNER, meta.id, "x")  # warm: scripts loaded
+    calls = []
+    original = service.store.redis.execute_command
+
+    async def counted(*args, **kwargs):
+        calls.append(args[0])
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(service.store.redis, "execute_command", counted)
+    outcome = await service.append(OWNER, meta.id, " more")
+    assert outcome.session.version == 3
+    assert calls == ["EVALSHA", "EVALSHA"], calls
+    # The lease went back with the commit: another step can start at once.
+    await service.append(OWNER, meta.id, "!")
+
+
+async def test_a_fork_is_admitted_like_a_create(make_settings):
+    """A fork is a new session: refused at the tenant's session limit, as a create is, and counted in it."""
+    async with running(make_settings(max_sessions_per_tenant=2)) as rt:
+        service = rt.service
+        first = await service.create(OWNER, text="one")
+        await service.fork(OWNER, first.id)
+        with pytest.raises(InvalidRequest, match="session limit"):
+            await service.fork(OWNER, first.id)
+        with pytest.raises(InvalidRequest, match="session limit"):
+            await service.create(OWNER, text="three")

@@ -4,34 +4,24 @@ latency metrics for completions, and /v1/chat/completions with a chat template, 
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 from txl_server.api.chat import ChatMessage, ChatTemplate
 from txl_server.settings import TRANSCRIPT_TEMPLATE, Settings
 
-from .live_server import LiveServer
+from .live_server import client_of, serve
 
 KEY = "key-openai"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, redis_server):
-    settings = Settings(
-        model=tiny_model_dir,
-        redis_url=redis_server.url,
-        redis_prefix=f"openai-{uuid.uuid4().hex[:6]}:",
-        api_keys=KEY,
-        chat_template="transcript",
-    )
-    with LiveServer(settings) as live:
-        yield live
+    yield from serve(tiny_model_dir, redis_server.url, "openai", api_keys=KEY, chat_template="transcript")
 
 
 @pytest.fixture
 def client(server):
-    with server.client(KEY) as http:
-        yield http
+    yield from client_of(server, KEY)
 
 
 @pytest.fixture

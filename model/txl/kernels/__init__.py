@@ -22,10 +22,10 @@ from torch import Tensor
 
 from . import triton_decode
 from .cpu import PagedDecodeKernel, cpu_paged_decode
+from .rows import DecodeRows
 
-# q [B, H, Dh], bd [H, B, P], keys, values [H, NB, bs, Dh], table [B, S], starts, key_lengths, windows [B]
-# -> [B, H, Dh] float32
-DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+# q [B, H, Dh], bd [H, B, P], keys, values [H, NB, bs, Dh], the rows' tables and windows -> [B, H, Dh] float32
+DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, DecodeRows], Tensor]
 
 _choice: ContextVar[str] = ContextVar("txl_attention_kernel", default="auto")
 
@@ -74,6 +74,7 @@ def kernel_name(device: torch.device | str, dtype: torch.dtype = torch.float32) 
 
 __all__ = [
     "DecodeKernel",
+    "DecodeRows",
     "PagedDecodeKernel",
     "cpu_paged_decode",
     "decode_kernel",

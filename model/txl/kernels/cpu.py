@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .rows import DecodeRows
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
@@ -87,18 +89,9 @@ class PagedDecodeKernel:
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions
 
-    def __call__(
-        self,
-        q: Tensor,
-        bd: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        table: Tensor,
-        starts: Tensor,
-        key_lengths: Tensor,
-        windows: Tensor,
-    ) -> Tensor:
+    def __call__(self, q: Tensor, bd: Tensor, keys: Tensor, values: Tensor, rows: DecodeRows) -> Tensor:
         """q [B, H, Dh] float32, bd [H, B, P] float32, keys/values [H, NB, bs, Dh] -> [B, H, Dh] float32."""
+        table, starts, key_lengths, windows = rows.table, rows.starts, rows.key_lengths, rows.windows
         batch, heads, d_head = q.shape
         _, n_blocks, block_size, _ = keys.shape
         width, n_pos = table.size(1), bd.size(2)

@@ -18,6 +18,8 @@ import os
 import torch
 from torch import Tensor
 
+from .rows import DecodeRows
+
 try:  # Triton ships with CUDA builds of torch; the CPU build has it only if installed separately.
     import triton
     import triton.language as tl
@@ -89,17 +91,9 @@ def _kernel():
     return paged_decode
 
 
-def triton_paged_decode(
-    q: Tensor,
-    bd: Tensor,
-    keys: Tensor,
-    values: Tensor,
-    table: Tensor,
-    starts: Tensor,
-    key_lengths: Tensor,
-    windows: Tensor,
-) -> Tensor:
+def triton_paged_decode(q: Tensor, bd: Tensor, keys: Tensor, values: Tensor, rows: DecodeRows) -> Tensor:
     """q [B, H, Dh], bd [H, B, P] float32, keys/values [H, NB, bs, Dh] -> [B, H, Dh] float32."""
+    table, starts, key_lengths, windows = rows.table, rows.starts, rows.key_lengths, rows.windows
     batch, heads, d_head = q.shape
     _, n_blocks, block_size, _ = keys.shape
     out = torch.empty((batch, heads, d_head), dtype=torch.float32, device=q.device)

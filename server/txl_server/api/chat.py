@@ -14,23 +14,18 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import InvalidRequest, NotFound, ServiceError
-from . import sse
-from .common import ERROR_RESPONSES, Config, EventStream, Tenant, log_text
-from .completions import (
-    MAX_LOGPROBS,
-    MAX_N,
-    CompletionRequest,
-    CompletionUsage,
-    Finished,
-    Piece,
-    Plan,
-    StreamOptions,
-    completion_source,
+from ..errors import InvalidRequest, NotFound
+from .common import (
+    ERROR_RESPONSES,
+    AppSettings,
+    EventStream,
+    log_text,
 )
+from .completions import CompletionSources, Finished, Piece, Plan, collect, completion_source, stream_choices
+from .completions_protocol import MAX_LOGPROBS, MAX_N, CompletionRequest, CompletionUsage, StreamOptions
 from .disconnect import WatchedRoute, watch_connection
 
 router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
@@ -119,7 +114,7 @@ class ChatTemplate:
         return stop if stop.strip() else None
 
 
-def chat_template(settings: Config) -> ChatTemplate:
+def chat_template(settings: AppSettings) -> ChatTemplate:
     """404 before anything else when no template is configured (the request body does not matter then)."""
     if settings.chat_template is None:
         raise NotFound(
@@ -139,34 +134,26 @@ Template = Annotated[ChatTemplate, Depends(chat_template)]
 )
 @watch_connection
 async def create_chat_completion(
-    body: ChatCompletionRequest, template: Template, request: Request, tenant: Tenant, settings: Config
+    body: ChatCompletionRequest, template: Template, sources: CompletionSources
 ) -> Any:
     """A reply to `messages`, written out with the server's chat template and continued by the model."""
-    runtime = request.app.state.runtime
     completion = _as_completion(body, template)
-    plan = Plan.build(completion, runtime, settings)
+    plan = Plan.build(completion, sources.model_id, sources.service.tokenizer, sources.settings)
     assert isinstance(completion.prompt, str)
-    log_text(settings, "chat prompt", completion.prompt)
+    log_text(sources.settings, "chat prompt", completion.prompt)
     chat_id, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
-    source = completion_source(completion, plan, request, tenant)
+    source = completion_source(completion, plan, sources)
     if body.stream:
         first = await anext(source)  # errors before any output are HTTP errors
-        return EventStream(_stream(first, source, chat_id, created, runtime.model_id, body))
-    replies: dict[int, ChatChoice] = {}
-    usage = [0, 0]
-    async for index, item in source:
-        if isinstance(item, Finished):
-            reason: Literal["length", "stop"] = "stop" if item.finish_reason == "stop" else "length"
-            message = AssistantMessage(content=item.text.lstrip())
-            replies[index] = ChatChoice(index=index, message=message, finish_reason=reason)
-            usage[0] += item.prompt_tokens
-            usage[1] += item.completion_tokens
+        return EventStream(_stream(first, source, chat_id, created, sources.model_id, body))
+    finished, usage = await collect(source)
+    replies = []
+    for index, item in finished:
+        reason: Literal["length", "stop"] = "stop" if item.finish_reason == "stop" else "length"
+        message = AssistantMessage(content=item.text.lstrip())
+        replies.append(ChatChoice(index=index, message=message, finish_reason=reason))
     return ChatCompletion(
-        id=chat_id,
-        created=created,
-        model=runtime.model_id,
-        choices=[replies[i] for i in sorted(replies)],
-        usage=CompletionUsage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)),
+        id=chat_id, created=created, model=sources.model_id, choices=replies, usage=usage
     ).model_dump()
 
 
@@ -196,41 +183,35 @@ def _as_completion(body: ChatCompletionRequest, template: ChatTemplate) -> Compl
     )
 
 
-async def _stream(first: tuple[int, Any], source: AsyncGenerator[tuple[int, Any], None], chat_id: str,
-                  created: int, model: str, body: ChatCompletionRequest) -> AsyncIterator[str]:  # fmt: skip
-    def chunk(index: int, delta: dict[str, str], finish: str | None = None) -> str:
-        return sse.event(
-            {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        )  # fmt: skip
-
+async def _stream(
+    first: tuple[int, Any],
+    source: AsyncGenerator[tuple[int, Any], None],
+    chat_id: str,
+    created: int,
+    model: str,
+    body: ChatCompletionRequest,
+) -> AsyncIterator[str]:
     opened: set[int] = set()  # choices whose first chunk (the role) was sent
     speaking: set[int] = set()  # choices whose reply began: leading whitespace is dropped, as non-streamed
-    usage = [0, 0]
-    try:
-        item: tuple[int, Any] | None = first
-        while item is not None:
-            index, event = item
-            if index not in opened:
-                opened.add(index)
-                yield chunk(index, {"role": "assistant", "content": ""})
-            if isinstance(event, Piece):
-                text = event.text if index in speaking else event.text.lstrip()
-                if text:
-                    speaking.add(index)
-                    yield chunk(index, {"content": text})
-            else:
-                usage[0] += event.prompt_tokens
-                usage[1] += event.completion_tokens
-                yield chunk(index, {}, "stop" if event.finish_reason == "stop" else "length")
-            item = await anext(source, None)
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield sse.event(
-                {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-                 "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}
-            )  # fmt: skip
-    except ServiceError as exc:
-        yield sse.event(exc.body())
-    finally:
-        await source.aclose()
-    yield sse.DONE
+
+    def delta(index: int, content: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+        return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish}
+
+    def choices(index: int, event: Piece | Finished) -> list[dict[str, Any]]:
+        out = []
+        if index not in opened:
+            opened.add(index)
+            out.append(delta(index, {"role": "assistant", "content": ""}))
+        if isinstance(event, Piece):
+            text = event.text if index in speaking else event.text.lstrip()
+            if text:
+                speaking.add(index)
+                out.append(delta(index, {"content": text}))
+        else:
+            out.append(delta(index, {}, "stop" if event.finish_reason == "stop" else "length"))
+        return out
+
+    envelope = {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    usage = body.stream_options is not None and body.stream_options.include_usage
+    async for line in stream_choices(first, source, envelope, choices, include_usage=usage):
+        yield line

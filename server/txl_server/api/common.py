@@ -19,6 +19,7 @@ from starlette.types import Send
 from ..errors import InvalidRequest, PayloadTooLarge
 from ..metrics import Metrics
 from ..sessions.service import SessionService
+from ..sessions.stateless import StatelessService
 from ..sessions.store import SessionMeta
 from ..settings import Settings
 from . import sse
@@ -28,6 +29,22 @@ def get_service(request: Request) -> SessionService:
     service = request.app.state.runtime.service
     assert service is not None
     return service
+
+
+def get_stateless(request: Request) -> StatelessService:
+    stateless = request.app.state.runtime.stateless
+    assert stateless is not None
+    return stateless
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def get_model_id(request: Request) -> str:
+    model_id: str = request.app.state.runtime.model_id
+    return model_id
 
 
 def get_settings(request: Request) -> Settings:
@@ -41,8 +58,11 @@ def get_tenant(request: Request, authorization: Annotated[str | None, Header()] 
 
 
 Service = Annotated[SessionService, Depends(get_service)]
+Stateless = Annotated[StatelessService, Depends(get_stateless)]
+ModelId = Annotated[str, Depends(get_model_id)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 Tenant = Annotated[str, Depends(get_tenant)]
-Config = Annotated[Settings, Depends(get_settings)]
+AppSettings = Annotated[Settings, Depends(get_settings)]
 
 
 # ---------------------------------------------------------------------------------------------- logging
@@ -196,9 +216,17 @@ class SessionObject(BaseModel):
 
 class ErrorDetail(BaseModel):
     type: Literal[
-        "invalid_request", "idempotency_key_reused", "unauthorized", "not_found", "conflict", "gone",
-        "payload_too_large", "overloaded", "unavailable", "internal",
-    ]  # fmt: skip
+        "invalid_request",
+        "idempotency_key_reused",
+        "unauthorized",
+        "not_found",
+        "conflict",
+        "gone",
+        "payload_too_large",
+        "overloaded",
+        "unavailable",
+        "internal",
+    ]
     message: str
     param: str | None
 

@@ -9,23 +9,29 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, Request
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
-from ..engine.jobs import GenerateResult, TokenEvent, TopLogprobs
 from ..errors import InvalidRequest, ServiceError
+from ..metrics import Metrics
+from ..sessions.events import GenerateResult, TokenEvent, TopLogprobs
 from ..sessions.service import GenerateOutcome, SessionService
 from ..sessions.stateless import PromptScores, StatelessService, merge
+from ..settings import Settings
 from . import sse
 from .common import (
     ERROR_RESPONSES,
-    Config,
+    AppSettings,
     EventStream,
+    MetricsDep,
+    ModelId,
+    Service,
+    Stateless,
     Tenant,
     TokenTiming,
     check_max_tokens,
@@ -33,86 +39,24 @@ from .common import (
     check_text,
     log_text,
 )
+from .completions_protocol import (
+    MAX_N,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionUsage,
+    ModelCard,
+    ModelList,
+)
 from .disconnect import WatchedRoute, watch_connection
 
 router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
 
-MAX_N = 8
-MAX_LOGPROBS = 5
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class CompletionRequest(BaseModel):
-    # Unknown fields are ignored, as OpenAI clients send options this server has no use for.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-    model: str | None = None
-    prompt: str | list[str] | list[int] | list[list[int]] = ""
-    max_tokens: int | None = Field(16, ge=0)
-    temperature: float | None = Field(1.0, ge=0, le=2)
-    top_p: float | None = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool | None = False
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    n: int | None = Field(1, ge=1, le=MAX_N)
-    user: str | None = Field(None, max_length=256)
-    best_of: int | None = Field(None, ge=1, le=MAX_N)
-    suffix: str | None = None
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    session_id: str | None = Field(None, description="Extension: continue (and advance) this session")
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float] | None] | None
-    text_offset: list[int]
-
-
-class CompletionChoice(BaseModel):
-    text: str
-    index: int
-    logprobs: CompletionLogprobs | None
-    finish_reason: Literal["length", "stop"] | None
-
-
-class CompletionUsage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class Completion(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: CompletionUsage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "txl-serve"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
 
 @router.get("/v1/models", response_model=ModelList)
-async def list_models(request: Request, tenant: Tenant) -> ModelList:
-    runtime = request.app.state.runtime
-    return ModelList(data=[ModelCard(id=runtime.model_id, created=int(request.app.state.started_at))])
+async def list_models(request: Request, tenant: Tenant, model_id: ModelId) -> ModelList:
+    return ModelList(data=[ModelCard(id=model_id, created=int(request.app.state.started_at))])
 
 
 @router.post(
@@ -121,45 +65,79 @@ async def list_models(request: Request, tenant: Tenant) -> ModelList:
     responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks with stream"}},
 )
 @watch_connection
-async def create_completion(
-    body: CompletionRequest, request: Request, tenant: Tenant, settings: Config
-) -> Any:
-    runtime = request.app.state.runtime
-    plan = Plan.build(body, runtime, settings)
+async def create_completion(body: CompletionRequest, sources: CompletionSources) -> Any:
+    plan = Plan.build(body, sources.model_id, sources.service.tokenizer, sources.settings)
     for text, _ in plan.prompts:
-        log_text(settings, "completion prompt", text)
+        log_text(sources.settings, "completion prompt", text)
     completion_id, created = "cmpl-" + secrets.token_hex(12), int(time.time())
-    source = completion_source(body, plan, request, tenant)
+    source = completion_source(body, plan, sources)
     if body.stream:
         first = await anext(source)  # errors before any output are HTTP errors
-        return EventStream(_stream(first, source, completion_id, created, runtime.model_id, body))
-    choices: dict[int, CompletionChoice] = {}
-    usage = [0, 0]
-    async for index, item in source:
-        if isinstance(item, Finished):
-            choices[index] = item.choice(index)
-            usage[0] += item.prompt_tokens if index == 0 or body.session_id is None else 0
-            usage[1] += item.completion_tokens
+        return EventStream(_stream(first, source, completion_id, created, sources.model_id, body))
+    finished, usage = await collect(source)
     return Completion(
         id=completion_id,
         created=created,
-        model=runtime.model_id,
-        choices=[choices[i] for i in sorted(choices)],
-        usage=CompletionUsage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)),
+        model=sources.model_id,
+        choices=[item.choice(index) for index, item in finished],
+        usage=usage,
     ).model_dump()
 
 
+async def collect(
+    source: AsyncGenerator[tuple[int, Piece | Finished], None],
+) -> tuple[list[tuple[int, Finished]], CompletionUsage]:
+    """A non-streamed response's finished choices (in index order) and its usage: the sums of each choice's
+    prompt and completion tokens, as a streamed response's usage chunk counts them."""
+    finished: dict[int, Finished] = {}
+    async for index, item in source:
+        if isinstance(item, Finished):
+            finished[index] = item
+    prompt = sum(item.prompt_tokens for item in finished.values())
+    completion = sum(item.completion_tokens for item in finished.values())
+    usage = CompletionUsage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+    return sorted(finished.items()), usage
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What a completion request runs on: sessions (with `session_id`) or no session, for its tenant, and the
+    metrics it feeds."""
+
+    tenant: str
+    settings: Settings
+    service: SessionService
+    stateless: StatelessService
+    metrics: Metrics
+    model_id: str
+
+
+def completion_sources(
+    tenant: Tenant,
+    settings: AppSettings,
+    service: Service,
+    stateless: Stateless,
+    metrics: MetricsDep,
+    model_id: ModelId,
+) -> Sources:
+    return Sources(tenant, settings, service, stateless, metrics, model_id)
+
+
+CompletionSources = Annotated[Sources, Depends(completion_sources)]
+
+
 def completion_source(
-    body: CompletionRequest, plan: Plan, request: Request, tenant: str
+    body: CompletionRequest, plan: Plan, sources: Sources
 ) -> AsyncGenerator[tuple[int, Piece | Finished], None]:
     """(choice index, Piece) as text is produced, and (choice index, Finished) as each choice ends; time to
     first token and inter-token latency are observed on the way."""
-    runtime = request.app.state.runtime
     if body.session_id is not None:
-        source = _session_completion(runtime.service, tenant, body, plan)
+        source = _session_completion(sources.service, sources.tenant, body, plan)
     else:
-        source = _stateless_completions(runtime.stateless, body, plan)
-    return _timed(source, TokenTiming(request.app.state.metrics))
+        source = _stateless_completions(sources.stateless, body, plan)
+    return _timed(source, TokenTiming(sources.metrics))
 
 
 # ---------------------------------------------------------------------------------------------- planning
@@ -168,16 +146,24 @@ def completion_source(
 class Plan:
     """The validated request: prompts as token ids, sampling, and what to report."""
 
-    def __init__(self, prompts: list[tuple[str, list[int]]], n: int, sampling: list[SamplingParams], stops: list[str],
-                 max_tokens: int, top: int, tokenizer: Tokenizer) -> None:  # fmt: skip
+    def __init__(
+        self,
+        prompts: list[tuple[str, list[int]]],
+        n: int,
+        sampling: list[SamplingParams],
+        stops: list[str],
+        max_tokens: int,
+        top: int,
+        tokenizer: Tokenizer,
+    ) -> None:
         self.prompts, self.n, self.sampling, self.stops = prompts, n, sampling, stops
         self.max_tokens, self.top, self.tokenizer = max_tokens, top, tokenizer
 
     @classmethod
-    def build(cls, body: CompletionRequest, runtime: Any, settings: Any) -> Plan:
-        if body.model is not None and body.model != runtime.model_id:
+    def build(cls, body: CompletionRequest, model_id: str, tokenizer: Tokenizer, settings: Settings) -> Plan:
+        if body.model is not None and body.model != model_id:
             raise InvalidRequest(
-                f"unknown model {body.model!r}; this server serves {runtime.model_id!r}", param="model"
+                f"unknown model {body.model!r}; this server serves {model_id!r}", param="model"
             )
         if body.suffix:
             raise InvalidRequest("suffix is not supported", param="suffix")
@@ -186,7 +172,6 @@ class Plan:
         for penalty in ("frequency_penalty", "presence_penalty"):
             if getattr(body, penalty):
                 raise InvalidRequest(f"{penalty} is not supported (only 0)", param=penalty)
-        tokenizer: Tokenizer = runtime.service.tokenizer
         prompts = cls._prompts(body.prompt, tokenizer, settings)
         if body.session_id is not None and len(prompts) != 1:
             raise InvalidRequest("with session_id, give a single prompt", param="prompt")
@@ -197,16 +182,14 @@ class Plan:
             raise InvalidRequest("with session_id, n must be 1", param="n")
         if len(prompts) * n > MAX_N:
             raise InvalidRequest(f"prompts x n must be at most {MAX_N}", param="n")
-        temperature = 1.0 if body.temperature is None else body.temperature
-        top_p = 1.0 if body.top_p is None else body.top_p
-        sampling = [
-            SamplingParams(
-                temperature=temperature, top_p=top_p, seed=None if body.seed is None else body.seed + i
-            )
-            for i in range(n)
-        ]
         return cls(
-            prompts, n, sampling, check_stop(settings, body.stop), max_tokens, body.logprobs or 0, tokenizer
+            prompts,
+            n,
+            body.to_sampling_params(),
+            check_stop(settings, body.stop),
+            max_tokens,
+            body.logprobs or 0,
+            tokenizer,
         )
 
     @staticmethod
@@ -239,8 +222,14 @@ class Piece:
 
 
 class Finished:
-    def __init__(self, text: str, finish_reason: str, logprobs: CompletionLogprobs | None,
-                 prompt_tokens: int, completion_tokens: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        text: str,
+        finish_reason: str,
+        logprobs: CompletionLogprobs | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
         self.text, self.finish_reason, self.logprobs = text, finish_reason, logprobs
         self.prompt_tokens, self.completion_tokens = prompt_tokens, completion_tokens
 
@@ -317,12 +306,17 @@ async def _session_completion(
     service: SessionService, tenant: str, body: CompletionRequest, plan: Plan
 ) -> AsyncGenerator[tuple[int, Any], None]:
     assert body.session_id is not None
-    prompt_text, _ = plan.prompts[0]
+    prompt_text, prompt_ids = plan.prompts[0]
     generation = service.generate(
-        tenant, body.session_id, text=prompt_text, max_tokens=plan.max_tokens, sampling=plan.sampling[0],
-        stop=plan.stops, top_logprobs=plan.top,
-    )  # fmt: skip
-    scores = PromptScores(plan.tokenizer.encode(prompt_text), [], None)  # session mode: no prompt log-probs
+        tenant,
+        body.session_id,
+        prompt_tokens=prompt_ids,
+        max_tokens=plan.max_tokens,
+        sampling=plan.sampling[0],
+        stop=plan.stops,
+        top_logprobs=plan.top,
+    )
+    scores = PromptScores(prompt_ids, [], None)  # session mode: no prompt log-probs
     async for item in _choice(generation, prompt_text, scores, body, plan):
         yield 0, item
 
@@ -375,31 +369,51 @@ async def _timed(
         await source.aclose()
 
 
-async def _stream(first: tuple[int, Any], source: AsyncGenerator[tuple[int, Any], None], completion_id: str,
-                  created: int, model: str, body: CompletionRequest) -> AsyncIterator[str]:  # fmt: skip
-    def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
-        return sse.event(
-            {"id": completion_id, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}]}
-        )  # fmt: skip
+async def _stream(
+    first: tuple[int, Any],
+    source: AsyncGenerator[tuple[int, Any], None],
+    completion_id: str,
+    created: int,
+    model: str,
+    body: CompletionRequest,
+) -> AsyncIterator[str]:
+    def choices(index: int, event: Piece | Finished) -> list[dict[str, Any]]:
+        if isinstance(event, Piece):
+            return [{"text": event.text, "index": index, "logprobs": event.logprobs, "finish_reason": None}]
+        return [{"text": "", "index": index, "logprobs": None, "finish_reason": event.finish_reason}]
 
+    envelope = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
+    usage = body.stream_options is not None and body.stream_options.include_usage
+    async for line in stream_choices(first, source, envelope, choices, include_usage=usage):
+        yield line
+
+
+async def stream_choices(
+    first: tuple[int, Any],
+    source: AsyncGenerator[tuple[int, Any], None],
+    envelope: dict[str, Any],
+    choices: Callable[[int, Piece | Finished], list[dict[str, Any]]],
+    *,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The SSE lines of a streamed OpenAI response (completions and chat): per (choice index, Piece or
+    Finished) of `source` (whose first item is `first`), the chunks `choices` makes of it inside `envelope`
+    (id, object, created, model); then the usage, if asked for; an error after the first chunk as an error
+    event; then `[DONE]`."""
     usage = [0, 0]
     try:
         item: tuple[int, Any] | None = first
         while item is not None:
             index, event = item
-            if isinstance(event, Piece):
-                yield chunk(index, event.text, None, event.logprobs)
-            else:
+            if isinstance(event, Finished):
                 usage[0] += event.prompt_tokens
                 usage[1] += event.completion_tokens
-                yield chunk(index, "", event.finish_reason)
+            for choice in choices(index, event):
+                yield sse.event({**envelope, "choices": [choice]})
             item = await anext(source, None)
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield sse.event(
-                {"id": completion_id, "object": "text_completion", "created": created, "model": model, "choices": [],
-                 "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}
-            )  # fmt: skip
+        if include_usage:
+            counts = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
+            yield sse.event({**envelope, "choices": [], "usage": counts})
     except ServiceError as exc:
         yield sse.event(exc.body())
     finally:

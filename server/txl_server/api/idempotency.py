@@ -24,7 +24,7 @@ from fastapi import Depends, Header, Request
 from ..errors import Conflict, IdempotencyKeyReused, InvalidRequest
 from ..sessions.service import to_the_end
 from ..sessions.store import SessionStore
-from .common import Config, Service, Tenant
+from .common import AppSettings, Service, Tenant
 
 _KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Fields that change how a result is delivered, not what is done: a streamed retry of a JSON request replays it.
@@ -108,7 +108,7 @@ async def idempotent_call(
     request: Request,
     service: Service,
     tenant: Tenant,
-    settings: Config,
+    settings: AppSettings,
     idempotency_key: Annotated[
         str | None,
         Header(

@@ -15,9 +15,10 @@ from ..sessions.stateless import ScoreOutcome, StatelessService
 from . import sse
 from .common import (
     ERROR_RESPONSES,
-    Config,
+    AppSettings,
     EventStream,
     ProgressThrottle,
+    Stateless,
     Tenant,
     progress_event,
     validation_message,
@@ -68,15 +69,15 @@ _BODY_DOC = {
 async def score(
     request: Request,
     tenant: Tenant,
-    settings: Config,
+    settings: AppSettings,
+    stateless: Stateless,
     token_logprobs: bool = Query(False, description="text/plain bodies: same as the JSON field"),
     stream: bool = Query(False, description="text/plain bodies: same as the JSON field"),
 ) -> Any:
     body = await _read(request, settings.max_body_bytes, token_logprobs=token_logprobs, stream=stream)
     if not body.text:  # documents are limited by the body size (TXL_MAX_BODY_BYTES), not the prompt limit
         raise InvalidRequest("text to score is empty", param="text")
-    scorer: StatelessService = request.app.state.runtime.stateless
-    tokenizer = request.app.state.runtime.service.tokenizer
+    scorer, tokenizer = stateless, stateless.tokenizer
     if not body.stream:
         outcome = await scorer.score(body.text, token_logprobs=body.token_logprobs)
         return _response(outcome, tokenizer, body.token_logprobs)

@@ -11,13 +11,13 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
-from ..engine.jobs import ProgressEvent
 from ..errors import InvalidRequest, ServiceError
+from ..sessions.events import ProgressEvent
 from ..sessions.service import GenerateOutcome
 from . import sse
 from .common import (
     ERROR_RESPONSES,
-    Config,
+    AppSettings,
     EventStream,
     ProgressThrottle,
     Service,
@@ -108,7 +108,7 @@ class GenerateResponse(BaseModel):
 async def create_session(
     service: Service,
     tenant: Tenant,
-    settings: Config,
+    settings: AppSettings,
     idempotent: Idempotent,
     body: SessionCreate | None = None,
 ) -> Any:
@@ -158,7 +158,7 @@ async def fork_session(
     session_id: str,
     service: Service,
     tenant: Tenant,
-    settings: Config,
+    settings: AppSettings,
     idempotent: Idempotent,
     body: SessionFork | None = None,
 ) -> Any:
@@ -221,7 +221,7 @@ async def append(
     body: AppendRequest,
     service: Service,
     tenant: Tenant,
-    settings: Config,
+    settings: AppSettings,
     idempotent: Idempotent,
 ) -> Any:
     check_text(settings, body.text, "text", allow_empty=False)
@@ -249,7 +249,7 @@ async def generate(
     request: Request,
     service: Service,
     tenant: Tenant,
-    settings: Config,
+    settings: AppSettings,
     idempotent: Idempotent,
 ) -> Any:
     timing = TokenTiming(request.app.state.metrics)
@@ -259,9 +259,14 @@ async def generate(
     if (stored := await idempotent.replay()) is not None:
         return EventStream(_replay(stored)) if body.stream else _without_tokens(stored)
     source = service.generate(
-        tenant, session_id, text=body.text, max_tokens=body.max_tokens, sampling=body.sampling(), stop=stops,
+        tenant,
+        session_id,
+        text=body.text,
+        max_tokens=body.max_tokens,
+        sampling=body.sampling(),
+        stop=stops,
         report_progress=body.stream,
-    )  # fmt: skip
+    )
     try:
         # Errors before the first event (404, 409, 410, ...) are plain HTTP errors, not a 200 stream.
         first = await anext(source)

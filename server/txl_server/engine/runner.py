@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
 from txl.sampling import RowParams, SamplingParams, sample_rows
+from txl.scoring import shifted
 
 if TYPE_CHECKING:
     from .graphs import DecodeGraphs
@@ -157,14 +158,10 @@ class ModelRunner:
         logprobs: dict[int, Tensor] = {}
         tops: dict[int, list[TopLogprobs | None]] = {}
         if scored:
-            # Position t predicts token t+1; the previous step's last hidden state predicts token 0.
             predictors, targets, spans = [], [], []
             for i in scored:
                 c, start, end = chunks[i], int(offsets[i]), int(offsets[i + 1])
-                inner = hidden[start : end - 1]
-                if c.last_hidden is not None:
-                    inner = torch.cat([c.last_hidden[None, :], inner])
-                known = list(c.tokens) if c.last_hidden is not None else list(c.tokens[1:])
+                inner, known = shifted(hidden[start:end], c.tokens, c.last_hidden)
                 predictors.append(inner)
                 targets.extend(known)
                 spans.append(len(known))

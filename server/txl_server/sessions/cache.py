@@ -66,7 +66,7 @@ class MemoryCache:
     def __init__(self, *, device_budget: int, host_budget: int) -> None:
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._tiers = {DEVICE: _Tier(device_budget), HOST: _Tier(host_budget)}
-        self.pinned: set[str] = set()  # sessions with a step in flight: not chosen as victims
+        self._pinned: set[str] = set()  # sessions with a step in flight: not chosen as victims
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._entries
@@ -117,15 +117,20 @@ class MemoryCache:
     def count(self, tier: str) -> int:
         return sum(1 for e in self._entries.values() if e.tier == tier)
 
-    def over_budget(self, tier: str) -> bool:
-        return self._tiers[tier].used > self._tiers[tier].budget
+    def pin(self, session_id: str) -> None:
+        """A step is in flight on this session: it stays where it is until `unpin`."""
+        self._pinned.add(session_id)
+
+    def unpin(self, session_id: str) -> None:
+        self._pinned.discard(session_id)
+
+    def pinned_bytes(self) -> int:
+        """Bytes of the sessions with a step in flight (which cannot move to make room)."""
+        return sum(e.state.nbytes for sid in self._pinned if (e := self._entries.get(sid)) is not None)
 
     def victim(self, tier: str) -> str | None:
         """The least recently used session in `tier` without a step in flight."""
         for session_id, entry in self._entries.items():
-            if entry.tier == tier and session_id not in self.pinned:
+            if entry.tier == tier and session_id not in self._pinned:
                 return session_id
         return None
-
-    def ids(self) -> list[str]:
-        return list(self._entries)

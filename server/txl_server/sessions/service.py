@@ -32,6 +32,7 @@ from ..engine.jobs import (
     Job,
     ProgressEvent,
     TokenEvent,
+    job_result,
     run_job,
 )
 from ..engine.state import ModelState, snapshot_metadata
@@ -156,8 +157,7 @@ class SessionService:
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
         ttl = self._ttl(ttl_seconds)
-        await self._check_session_limit(owner)
-        self._admit(mem_len)
+        await self._admit_session(owner, mem_len)
         tokens = self.tokenizer.encode(text)
         empty = ModelState.empty(self.model.empty_memory(mem_len=mem_len, pool=self.pool))
         result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
@@ -193,6 +193,12 @@ class SessionService:
         await to_the_end(register())
         return meta
 
+    async def _admit_session(self, owner: str, mem_len: int) -> None:
+        """The checks every new session passes (create, fork, import): the owner's session limit, and room for
+        its memory on the device."""
+        await self._check_session_limit(owner)
+        self._admit(mem_len)
+
     async def _check_session_limit(self, owner: str) -> None:
         limit = self.settings.max_sessions_per_tenant
         # The index may still list expired sessions: count exactly (and prune) only when it matters.
@@ -209,24 +215,12 @@ class SessionService:
     async def fork(
         self, owner: str, session_id: str, *, metadata: dict[str, Any] | None = None
     ) -> SessionMeta:
-        """A new session with the same memory (shared until one of them writes: copy on write)."""
+        """A new session with the same memory (its blocks shared: a fork costs a table, not a copy)."""
         meta = await self.get(owner, session_id)
-        await self._check_session_limit(owner)
+        await self._admit_session(owner, meta.mem_len)
         state = await self._state(meta)
-        stamp = now()
-        child = dataclasses.replace(
-            meta,
-            id=new_session_id(),
-            created_at=stamp,
-            last_used=stamp,
-            version=1,
-            tier=DEVICE,
-            metadata=dict(meta.metadata if metadata is None else metadata),
-        )
-        snapshot = await self._snapshot(state) if self._persist_always else None
-        await self.store.create(child, snapshot)
-        await self._place(child, state)
-        return child
+        child_metadata = dict(meta.metadata if metadata is None else metadata)
+        return await self._register(owner, state, meta.tokens, meta.ttl_seconds, child_metadata)
 
     # ------------------------------------------------------------------ moving sessions between deployments
 
@@ -271,8 +265,7 @@ class SessionService:
             )
         if any(not 0 <= t < self.tokenizer.vocab_size for t in state.tail):
             raise InvalidRequest("the snapshot's token ids do not fit this model's vocabulary", param="body")
-        await self._check_session_limit(owner)
-        self._admit(state.mem_len)
+        await self._admit_session(owner, state.mem_len)
         return await self._register(owner, state, tokens, self._ttl(ttl_seconds), metadata)
 
     # ------------------------------------------------------------------ steps
@@ -282,7 +275,7 @@ class SessionService:
         async with self._step(owner, session_id) as (meta, state, lease):
             result = await self._run(AdvanceJob(state, tokens), lease)
             assert isinstance(result, AdvanceResult)
-            committed = await self._commit(meta, result.state, len(tokens), base=state)
+            committed = await self._commit(meta, result.state, len(tokens), base=state, lease=lease)
         self.observer.on_tokens("ingested", len(tokens))
         return AppendOutcome(committed, len(tokens), result.logprob)
 
@@ -292,6 +285,7 @@ class SessionService:
         session_id: str,
         *,
         text: str = "",
+        prompt_tokens: list[int] | None = None,
         max_tokens: int,
         sampling: SamplingParams,
         stop: list[str] | None = None,
@@ -303,12 +297,14 @@ class SessionService:
         first yields a ProgressEvent per segment fed (a long prompt takes a while before the first token).
 
         Closing the iterator early (a client that went away) cancels the generation: nothing is committed.
+        `prompt_tokens`, when the caller has already encoded `text` (or was given token ids), are used as they
+        are: a request's text is encoded once.
         """
         if not 0 <= max_tokens <= self.settings.max_tokens:
             raise InvalidRequest(
                 f"max_tokens must be between 0 and {self.settings.max_tokens}", param="max_tokens"
             )
-        prompt = self.tokenizer.encode(text)
+        prompt = self.tokenizer.encode(text) if prompt_tokens is None else list(prompt_tokens)
         async with self._step(owner, session_id) as (meta, state, lease):
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")
@@ -335,7 +331,7 @@ class SessionService:
                         result = dataclasses.replace(event, prompt_tokens=len(prompt))
             assert result is not None
             committed = await self._commit(
-                meta, result.state, len(prompt) + result.completion_tokens, base=state
+                meta, result.state, len(prompt) + result.completion_tokens, base=state, lease=lease
             )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
@@ -347,25 +343,23 @@ class SessionService:
     async def _step(
         self, owner: str, session_id: str
     ) -> AsyncIterator[tuple[SessionMeta, ModelState, Lease]]:
-        await self.get(owner, session_id)  # 404 before 409: do not reveal a foreign session is busy
         async with contextlib.AsyncExitStack() as stack:
-            try:
-                lease = await stack.enter_async_context(
-                    self.store.lease(session_id, self.settings.lease_ttl_seconds)
+            try:  # the committed metadata, under the lease; 404 before 409 (a foreign session's state is private)
+                meta, lease = await stack.enter_async_context(
+                    self.store.step(session_id, owner, self.settings.lease_ttl_seconds)
                 )
             except Conflict:
                 self.observer.on_conflict()
                 raise
-            meta = await self.get(owner, session_id)  # re-read under the lease: the committed version
             state = await self._state(meta)
-            self.cache.pinned.add(session_id)
+            self.cache.pin(session_id)
             try:
                 yield meta, state, lease
             finally:
-                self.cache.pinned.discard(session_id)
+                self.cache.unpin(session_id)
 
     async def _commit(
-        self, meta: SessionMeta, state: ModelState, tokens_added: int, *, base: ModelState
+        self, meta: SessionMeta, state: ModelState, tokens_added: int, *, base: ModelState, lease: Lease
     ) -> SessionMeta:
         """Commits `state`, computed from `base` (the committed version): with persistence `always`, only the
         blocks holding positions `base` did not have are written, and those that slid out are deleted."""
@@ -384,15 +378,19 @@ class SessionService:
         async def commit() -> None:
             if not self._persist_always:
                 # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
-                committed = await self.store.commit(new, expected_version=meta.version, drop_snapshot=True)
+                committed = await self.store.commit(
+                    new, expected_version=meta.version, drop_snapshot=True, lease=lease
+                )
             else:
                 try:
                     committed = await self.store.commit(
-                        new, expected_version=meta.version, snapshot=delta, stale_blocks=stale
+                        new, expected_version=meta.version, snapshot=delta, stale_blocks=stale, lease=lease
                     )
                 except DeltaBaseMissing:  # e.g. persistence was off when the base was committed
                     full = await self._snapshot(state)
-                    committed = await self.store.commit(new, expected_version=meta.version, snapshot=full)
+                    committed = await self.store.commit(
+                        new, expected_version=meta.version, snapshot=full, lease=lease
+                    )
             if not committed:
                 raise NotFound(f"no session {meta.id!r}", param="session_id")
             await self._place(new, state)
@@ -401,31 +399,31 @@ class SessionService:
         return new
 
     async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:
-        result: AdvanceResult | GenerateResult | None = None
-        async with contextlib.aclosing(self._events(job, lease)) as events:
-            async for event in events:
-                if isinstance(event, AdvanceResult | GenerateResult):
-                    result = event
-        assert result is not None
+        async with self._renewing(lease):
+            result: AdvanceResult | GenerateResult = await job_result(self.worker, job)
         return result
 
     async def _events(self, job: Job, lease: Lease | None) -> AsyncGenerator[Any, None]:
-        renewer = asyncio.create_task(self._keep_lease(lease)) if lease is not None else None
+        async with self._renewing(lease), contextlib.aclosing(run_job(self.worker, job)) as events:
+            async for event in events:
+                yield event
+
+    @contextlib.asynccontextmanager
+    async def _renewing(self, lease: Lease | None) -> AsyncIterator[None]:
+        """Keeps `lease` (if any) while the block runs: a long step outlives the lease's TTL."""
+
+        async def keep(lease: Lease) -> None:
+            while True:
+                await asyncio.sleep(lease.ttl_seconds / 3)
+                with contextlib.suppress(Exception):
+                    await lease.renew()
+
+        renewer = asyncio.create_task(keep(lease)) if lease is not None else None
         try:
-            async with contextlib.aclosing(run_job(self.worker, job)) as events:
-                async for event in events:
-                    yield event
+            yield
         finally:
             if renewer is not None:
                 renewer.cancel()
-
-    async def _keep_lease(self, lease: Lease | None) -> None:
-        if lease is None:
-            return
-        while True:
-            await asyncio.sleep(lease.ttl_seconds / 3)
-            with contextlib.suppress(Exception):
-                await lease.renew()
 
     # ------------------------------------------------------------------ memory tiers
 
@@ -488,8 +486,7 @@ class SessionService:
                 f"a session with mem_len {mem_len} needs {needed} bytes, more than the device budget allows",
                 retry_after=60,
             )
-        pinned = sum(e.state.nbytes for sid in self.cache.pinned if (e := self.cache.peek(sid)) is not None)
-        if pinned + needed > self.cache.budget(DEVICE):
+        if self.cache.pinned_bytes() + needed > self.cache.budget(DEVICE):
             raise Overloaded("no room for another session right now; retry shortly", retry_after=1)
 
     @property

@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
-from txl import TransfoXLLMHeadModel
+from txl import TransfoXLLMHeadModel, scoring
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
 from ..engine.jobs import (
     AdvanceJob,
     AdvanceResult,
+    Event,
     GenerateJob,
     GenerateResult,
     ProgressEvent,
     TokenEvent,
+    job_result,
     run_job,
 )
 from ..engine.state import ModelState
@@ -42,15 +43,15 @@ class ScoreOutcome:
 
     @property
     def nll(self) -> float:
-        return -self.logprob / max(self.tokens, 1)
+        return scoring.nll(self.logprob, self.tokens)
 
     @property
     def perplexity(self) -> float:
-        return math.exp(min(self.nll, 700.0))
+        return scoring.perplexity(self.logprob, self.tokens)
 
     @property
     def bits_per_byte(self) -> float:
-        return -self.logprob / math.log(2) / max(self.bytes, 1)
+        return scoring.bits_per(self.logprob, self.bytes)
 
 
 @dataclass(frozen=True)
@@ -94,14 +95,12 @@ class StatelessService:
         job = AdvanceJob(
             self._empty(), [self.start_id, *tokens], token_logprobs=token_logprobs, report_progress=True
         )
-        result: AdvanceResult | None = None
-        async with contextlib.aclosing(run_job(self.worker, job)) as events:
-            async for event in events:
-                if isinstance(event, ProgressEvent) and progress is not None:
-                    progress(max(0, event.done - 1), len(tokens))
-                elif isinstance(event, AdvanceResult):
-                    result = event
-        assert result is not None
+
+        def report(event: Event) -> None:
+            if isinstance(event, ProgressEvent) and progress is not None:
+                progress(max(0, event.done - 1), len(tokens))
+
+        result: AdvanceResult = await job_result(self.worker, job, report)
         self.observer.on_tokens("scored", len(tokens))
         per_token = result.token_logprobs[1:] if result.token_logprobs is not None else None
         return ScoreOutcome(
@@ -120,12 +119,7 @@ class StatelessService:
         job = AdvanceJob(
             self._empty(), [self.start_id, *tokens], token_logprobs=logprobs, top_logprobs=top_logprobs
         )
-        result: AdvanceResult | None = None
-        async with contextlib.aclosing(run_job(self.worker, job)) as events:
-            async for event in events:
-                if isinstance(event, AdvanceResult):
-                    result = event
-        assert result is not None
+        result: AdvanceResult = await job_result(self.worker, job)
         self.observer.on_tokens("ingested", len(tokens))
         scores = PromptScores(
             tokens,

@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from ..engine.blocks import BlockSnapshot
-from ..errors import Conflict, Unavailable
+from ..errors import Conflict, NotFound, Unavailable
 
 T = TypeVar("T")
 
@@ -70,7 +70,23 @@ elseif mode == 'full' or mode == 'delta' then
     redis.call('HDEL', KEYS[2], 'data')
     redis.call('EXPIRE', KEYS[2], ttl)
 end
+-- The writer's lease, handed back with the commit (KEYS[3], if given, with its token as the last argument).
+if KEYS[3] and redis.call('GET', KEYS[3]) == ARGV[#ARGV] then redis.call('DEL', KEYS[3]) end
 return 1
+"""
+
+_BEGIN_STEP = """
+-- KEYS[1] s:{id}, KEYS[2] l:{id}. ARGV: owner, lease token, lease ms. The session's metadata under a new lease,
+-- in one round trip: {-1} no such session of this owner (checked first: a foreign session's lease is never
+-- touched, so 404 comes before 409), {-2} another writer holds the lease, else {1, field, value, ...}.
+local meta = redis.call('HGETALL', KEYS[1])
+if #meta == 0 then return {-1} end
+local owner = nil
+for i = 1, #meta, 2 do if meta[i] == 'owner' then owner = meta[i + 1] end end
+if owner ~= ARGV[1] then return {-1} end
+if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return {-2} end
+table.insert(meta, 1, 1)
+return meta
 """
 
 _RELEASE = """
@@ -131,6 +147,7 @@ class SessionStore:
         self.prefix = prefix
         self._commit = redis.register_script(_COMMIT)
         self._release = redis.register_script(_RELEASE)
+        self._begin_step = redis.register_script(_BEGIN_STEP)
         self._renew = redis.register_script(_RENEW)
 
     # ------------------------------------------------------------------ keys
@@ -190,11 +207,13 @@ class SessionStore:
         snapshot: BlockSnapshot | None = None,
         stale_blocks: Sequence[int] = (),
         drop_snapshot: bool = False,
+        lease: Lease | None = None,
     ) -> bool:
         """Writes `meta` (whose version is the new one) if Redis still holds `expected_version`, with the memory's
         blocks: all of them (a full snapshot), or those that changed since `expected_version` (a delta, deleting
         `stale_blocks`). Returns False if the session is gone; raises Conflict if another writer committed first,
-        and `DeltaBaseMissing` if a delta's base is not in Redis (write the whole memory instead)."""
+        and `DeltaBaseMissing` if a delta's base is not in Redis (write the whole memory instead). A `lease` given
+        is handed back by the same call (one round trip less per step)."""
         fields = meta.to_redis()
         args: list[Any] = [expected_version, meta.ttl_seconds, len(fields)]
         for key, value in fields.items():
@@ -212,7 +231,13 @@ class SessionStore:
             for key, data in snapshot.blocks.items():
                 args += [str(key), data]
             args += [len(stale_blocks), *(str(k) for k in stale_blocks)]
-        outcome = await self._call(lambda: self._commit(keys=[self._s(meta.id), self._m(meta.id)], args=args))
+        keys = [self._s(meta.id), self._m(meta.id)]
+        if lease is not None:
+            keys.append(self._l(meta.id))
+            args.append(lease.token)
+        outcome = await self._call(lambda: self._commit(keys=keys, args=args))
+        if outcome == 1 and lease is not None:
+            lease.released = True
         if outcome == -2:
             raise Conflict("the session was changed by another request; retry with its latest state")
         if outcome == -3:
@@ -268,9 +293,6 @@ class SessionStore:
     async def count_exact(self, owner: str) -> int:
         return len(await self.list(owner))
 
-    async def exists(self, session_id: str) -> bool:
-        return bool(await self._call(lambda: self.redis.exists(self._s(session_id))))
-
     # ------------------------------------------------------------------ snapshots
 
     async def save_snapshot(self, session_id: str, version: int, snapshot: BlockSnapshot, ttl: int) -> None:
@@ -302,6 +324,26 @@ class SessionStore:
     # ------------------------------------------------------------------ single writer
 
     @asynccontextmanager
+    async def step(
+        self, session_id: str, owner: str, ttl_seconds: float
+    ) -> AsyncIterator[tuple[SessionMeta, Lease]]:
+        """The owner's session's committed metadata, read under its single-writer lease, in one round trip.
+        Raises NotFound (no such session of this owner) before Conflict (another writer holds it)."""
+        lease = Lease(self, session_id, secrets.token_hex(16), ttl_seconds)
+        reply = await self._call(
+            lambda: self._begin_step(
+                keys=[self._s(session_id), self._l(session_id)], args=[owner, lease.token, lease.ttl_ms]
+            )
+        )
+        if reply[0] == -1:
+            raise NotFound(f"no session {session_id!r}", param="session_id")
+        if reply[0] == -2:
+            raise Conflict("another request is working on this session; retry when it has finished")
+        meta = SessionMeta.from_redis(dict(zip(reply[1::2], reply[2::2], strict=True)))
+        async with self._holding(lease):
+            yield meta, lease
+
+    @asynccontextmanager
     async def lease(self, session_id: str, ttl_seconds: float) -> AsyncIterator[Lease]:
         """Holds the session's single-writer lease, or raises Conflict. A holder that dies loses it after
         `ttl_seconds`; a live holder keeps it with `Lease.renew` during long steps."""
@@ -311,14 +353,20 @@ class SessionStore:
         )
         if not acquired:
             raise Conflict("another request is working on this session; retry when it has finished")
-        try:
+        async with self._holding(lease):
             yield lease
+
+    @asynccontextmanager
+    async def _holding(self, lease: Lease) -> AsyncIterator[None]:
+        try:
+            yield
         finally:
-            # Shielded: a cancelled request (a client that left mid-stream) must still hand the lease back.
-            with anyio.CancelScope(shield=True), contextlib.suppress(RedisError, OSError):
-                await self._release(
-                    keys=[self._l(session_id)], args=[lease.token]
-                )  # else it expires by itself
+            if not lease.released:  # a commit may have handed it back already
+                # Shielded: a cancelled request (a client that left mid-stream) must still hand the lease back.
+                with anyio.CancelScope(shield=True), contextlib.suppress(RedisError, OSError):
+                    await self._release(
+                        keys=[self._l(lease.session_id)], args=[lease.token]
+                    )  # else it expires by itself
 
     # ------------------------------------------------------------------ idempotency
 
@@ -372,6 +420,7 @@ class Lease:
     session_id: str
     token: str
     ttl_seconds: float
+    released: bool = False
 
     @property
     def ttl_ms(self) -> int:
