@@ -16,6 +16,8 @@ import hashlib
 import json
 import lzma
 import math
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     serving = model.config.mem_len
     mem_lens = sorted(set(args.mem_lens) | {serving})
     report: dict = {
+        "command": shlex.join(["python", "-m", "txl.evaluate", *(sys.argv[1:] if argv is None else argv)]),
         "model": str(args.model),
         "segment_len": model.config.segment_len,
         "serving_mem_len": serving,
