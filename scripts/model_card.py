@@ -21,7 +21,7 @@ DOCS = ROOT / "docs"
 MODEL_DIR = ROOT / "server" / "txl_server" / "default_model"
 HELD_OUT = {  # what each genre's held-out text is (the split rules live in model/txl/data/sources.py)
     "fiction": (
-        "Chesterton, _The Man Who Was Thursday_ (test; the first 200 kB) and Austen, _Persuasion_ (validation)"
+        "Chesterton, _The Man Who Was Thursday_ (test; the first 100 kB) and Austen, _Persuasion_ (validation)"
     ),
     "technical": "the Python documentation's HOWTOs, `howto/` (test) and FAQs, `faq/` (validation)",
     "encyclopedic": "the WikiText-103 test split's articles (test) and its validation split (validation)",

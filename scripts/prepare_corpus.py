@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     parser.add_argument("--packages", type=Path, default=Path("runs/debs"))
     parser.add_argument("--out", type=Path, default=Path("runs/corpus"))
-    parser.add_argument("--held-out-bytes", type=int, default=200_000)
+    parser.add_argument("--held-out-bytes", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument(
         "--test-slices",
