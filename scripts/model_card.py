@@ -134,6 +134,7 @@ def main() -> None:
     records = [json.loads(line) for line in args.log.read_text().splitlines() if line.strip()]
     evals = [r for r in records if "valid_bpb_by_genre" in r]
     steps = evals[-1]["step"]
+    read = steps * 16 * config["train_tgt_len"]
     params = TxlConfig.from_dict(config).param_count()
     size = sum(p.stat().st_size for p in MODEL_DIR.iterdir()) / 1e6
     serving = report["serving_mem_len"]
@@ -187,7 +188,8 @@ def main() -> None:
         args.train_command,
         "```",
         "",
-        f"{args.wall_time} ({steps:,} steps of 16 streams x {config['train_tgt_len']} bytes). Adam with linear warm-up",
+        f"{args.wall_time} ({steps:,} steps of 16 streams x {config['train_tgt_len']} bytes: {read / 1e6:.1f} MB read,",
+        f"{read / corpus['files']['train.txt']['bytes']:.2f} of an epoch of `train.txt`). Adam with linear warm-up",
         "and cosine decay over a wall-clock budget, gradient clipping at 0.25, bfloat16 autocast for the matrix",
         "products, memory carried across segments without gradient, validation on 16 kB of each held-out genre",
         "every 250 steps. The same `TransfoXLLMHeadModel` code serves and trains (`model/txl/train.py`); the script",
