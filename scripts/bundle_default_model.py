@@ -1,6 +1,6 @@
 """Packs a trained run as the bundled default model: float16 weights (under 25 MB), serving lengths in config.json.
 
-python scripts/bundle_default_model.py runs/books-v1/model --mem-len 1024 --same-length true
+python scripts/bundle_default_model.py runs/books-v2/model --mem-len 512 --same-length false
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Training text: detokenizing the shared corpora and extracting documentation from Debian packages."""
