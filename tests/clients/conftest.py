@@ -38,7 +38,7 @@ def server(tiny_model_dir, redis_server):
         api_keys=API_KEY,
         max_body_bytes=64 * 1024,
         max_text_chars=8 * 1024,
-        max_tokens=256,
+        max_tokens=512,
         max_stop_strings=2,
     )
     with LiveServer(settings) as live:

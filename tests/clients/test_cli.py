@@ -105,6 +105,19 @@ def test_generate_streams_a_new_session_then_continues_it(server, env, sdk):
     assert removed.returncode == 0 and "session" not in removed.stderr
 
 
+def test_generate_samples_with_temperature_0_8_and_top_p_0_95_by_default(server, env, sdk):
+    """The CLI's defaults are the ones that read well with the bundled model (docs/clients.md), and a seed makes
+    them reproducible: the same tokens as the SDK asked for those settings explicitly."""
+    result = run("generate", "The whale", "--max-tokens", "40", "--seed", "11", "--rm", env=env)
+    assert result.returncode == 0, result.stderr
+    expected = sdk.generate(
+        sdk.create_session().id, "The whale", max_tokens=40, temperature=0.8, top_p=0.95, seed=11
+    )
+    assert result.stdout == expected.text + ("" if expected.text.endswith("\n") else "\n")
+    different = sdk.generate(sdk.create_session().id, "The whale", max_tokens=40, temperature=1.0, seed=11)
+    assert different.text != expected.text  # the defaults are not the server's own (temperature 1, top-p 1)
+
+
 def test_a_long_prompt_shows_its_progress_and_does_not_time_out(server, env, sdk):
     """`head -c 50000 moby.txt | txl --timeout 5 generate -`: reading the prompt takes the server longer than the
     timeout, but it reports its progress meanwhile: the CLI draws it and waits."""
@@ -123,7 +136,7 @@ def test_a_real_timeout_says_timed_out_not_conflict_and_changes_nothing(server, 
     runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
     with Gate(runner, "run") as gate:  # the server takes its time, and says nothing
         result = run("--timeout", "1", "generate", "more", "--session", session.id, env=env)
-        assert gate.entered.is_set()
+        assert gate.entered.is_set(), result.stderr
     assert result.returncode == 1
     assert result.stderr.startswith("txl: error: timed out: no answer from http://127.0.0.1:")
     assert "within 1 s (wait longer with --timeout SECONDS)" in result.stderr

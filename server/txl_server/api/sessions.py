@@ -77,7 +77,8 @@ class AppendResponse(BaseModel):
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     text: str = Field("", description="Text to add before generating")
-    max_tokens: int = Field(16, ge=0, description="Tokens to generate (fewer if a stop string appears)")
+    # 256: a few sentences of a byte-level model (the bundled one), a paragraph of a word-level one.
+    max_tokens: int = Field(256, ge=0, description="Tokens to generate (fewer if a stop string appears)")
     temperature: float = Field(1.0, ge=0, le=100, description="0: greedy")
     top_k: int = Field(0, ge=0, description="0: no limit")
     top_p: float = Field(1.0, gt=0, le=1)

@@ -164,10 +164,10 @@ function stopStrings() {
 
 function samplingBody() {
   const body = {
-    max_tokens: numberOr("max-tokens", 64),
+    max_tokens: numberOr("max-tokens", 300),
     temperature: numberOr("temperature", 1),
     top_k: numberOr("top-k", 0),
-    top_p: numberOr("top-p", 1),
+    top_p: numberOr("top-p", 0.95),
   };
   const seed = numberOr("seed", null);
   if (seed !== null) body.seed = seed;

@@ -22,7 +22,7 @@ HELP = "commands: /fork (switch to a fork)  /reset (new session)  /info (session
 
 def add_chat(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session", metavar="ID", help="chat on this session (default: a new one)")
-    add_sampling(parser, max_tokens=100)
+    add_sampling(parser, max_tokens=300)
 
 
 def chat(args: argparse.Namespace) -> int:

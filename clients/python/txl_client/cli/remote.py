@@ -23,7 +23,7 @@ def add_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rm", action="store_true", help="delete the new session afterwards")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (no streamed text)")
     add_progress(parser, "how far the server is in reading a long prompt")
-    add_sampling(parser, max_tokens=100)
+    add_sampling(parser, max_tokens=300)
 
 
 def add_progress(parser: argparse.ArgumentParser, what: str) -> None:
