@@ -91,15 +91,15 @@ async def burst(
 
 
 def run(quick: bool = False) -> Section:
+    threads = worker_threads(Settings())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # before the section: its machine line names the threads
     section = Section(
         "batching", "One batched step: the engine against the model's own step", "python -m bench batching"
     )
     section.note(__doc__.split("\n\n", 1)[1].strip())
     model, tokenizer, label = bundled_model()
     length, steps = model.config.mem_len, 8 if quick else 32
-    threads = worker_threads(Settings())
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
     segment = model.config.segment_len
     text = b"It was the best of times, it was the worst of times, it was the age of wisdom. " * 30
     prompts = [[10, *text[i : i + BURST_BYTES]] for i in range(BURST)]

@@ -21,13 +21,24 @@ SECTIONS = DOCS / "benchmarks"
 def machine() -> str:
     """One line naming where absolute times came from."""
     cpu = platform.processor() or platform.machine()
+    flags: set[str] = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+            if cpu and flags:
                 break
     except OSError:
         pass
+    # The same model name comes with and without AVX-512 on these machines, and it changes matmul rates 4x.
+    if "avx512_bf16" in flags:
+        cpu += " (AVX-512, bf16)"
+    elif "avx512f" in flags:
+        cpu += " (AVX-512)"
+    elif "avx2" in flags:
+        cpu += " (AVX2)"
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (
         f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads){gpu}"
@@ -69,6 +80,8 @@ class Section:
     notes: list[str] = field(default_factory=list)
     tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
+    # Named when the section starts: a suite that sets its own thread count restores it before rendering.
+    machine: str = field(default_factory=machine)
 
     def table(self, caption: str, header: list[str], rows: list[list[object]]) -> None:
         self.tables.append((caption, header, [[_fmt(c) for c in row] for row in rows]))
@@ -83,7 +96,7 @@ class Section:
         print(text)
 
     def markdown(self) -> str:
-        out = [f"## {self.title}", "", f"Command: `{self.command}`. Machine: {machine()}.", ""]
+        out = [f"## {self.title}", "", f"Command: `{self.command}`. Machine: {self.machine}.", ""]
         for text in self.notes:
             out += [text, ""]
         for caption, header, rows in self.tables:

@@ -110,10 +110,16 @@ def _dense_if_half_on_cpu(x: Tensor) -> Tensor:
     return _scratch.copy(x)
 
 
-def attention_probs(score: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """Masked softmax over keys. Half precision: computed in float32 (long rows of close scores)."""
+def attention_probs(
+    score: Tensor, mask: Tensor | None, dtype: torch.dtype, *, in_place: bool = False
+) -> Tensor:
+    """Masked softmax over keys. Half precision: computed in float32 (long rows of close scores).
+
+    in_place: the caller's scores are its own scratch (inference), so masking overwrites them instead of
+    writing a copy (one pass over the largest tensor of a prompt segment's attention saved)."""
     if mask is not None:
-        score = score.masked_fill(mask, torch.finfo(score.dtype).min)
+        fill = torch.finfo(score.dtype).min
+        score = score.masked_fill_(mask, fill) if in_place else score.masked_fill(mask, fill)
     return torch.softmax(score, dim=-1, dtype=torch.float32).to(dtype)
 
 
@@ -283,7 +289,8 @@ def group_attention(
     query = rows_first(q_content).reshape(heads * batch, qlen, d_head)
     score = torch.baddbmm(bd.reshape(heads * batch, qlen, slots), query, row_keys.transpose(1, 2))
     score = score.view(heads, batch, qlen, slots)
-    prob = attention_probs(score, group.mask, values.dtype).view(heads * batch, qlen, slots)  # [H*B, T, L]
+    prob = attention_probs(score, group.mask, values.dtype, in_place=True)  # [H, B, T, L]
+    prob = prob.view(heads * batch, qlen, slots)
     out = torch.bmm(prob, row_values)  # [H*B, T, Dh]
     return out.view(heads, batch * qlen, d_head).transpose(0, 1)  # [B*T, H, Dh]
 

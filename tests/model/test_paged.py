@@ -90,6 +90,29 @@ def test_ragged_rows_feed_different_numbers_of_tokens_in_one_forward():
         assert rows[i].length == memory.length
 
 
+def test_a_large_group_is_split_into_cache_sized_tiles_without_changing_results(monkeypatch):
+    """On CPU a group of prompt segments whose scores would outgrow the cache runs as several parts: the same
+    numbers as the whole group, and at most CPU_SCORE_BYTES of scores per part."""
+    from txl import paged_step
+
+    model = tiny_model(seed=13, mem_len=20)
+    pool = BlockPool(model.memory_layout(), block_size=4)
+    memories = [_fed(model, pool, n, mem_len=20, seed=20 + i)[0] for i, n in enumerate([0, 5, 20, 11, 20])]
+    rows, queries = [m.rows[0] for m in memories], [6] * len(memories)
+    tokens = torch.randint(0, VOCAB, (sum(queries),), generator=torch.Generator().manual_seed(5))
+    outputs, steps = {}, {}
+    for budget in (1 << 40, 2 * model.config.n_head * 6 * 28 * 4):  # whole; two rows of 28 key slots
+        monkeypatch.setattr(paged_step, "CPU_SCORE_BYTES", budget)
+        steps[budget] = paged_step.PagedStep(pool, rows, queries, [20] * len(rows), same_length=False)
+        with torch.inference_mode():
+            hidden, _ = model.transformer.forward_rows(tokens, queries, rows, [20] * len(rows), pool)
+            outputs[budget] = model.log_probs(hidden)
+    whole, tiled = steps.values()
+    assert len(whole.groups) == 1 and [g.rows for g in tiled.groups] == [2, 2, 1]
+    whole_out, tiled_out = outputs.values()
+    torch.testing.assert_close(tiled_out, whole_out, rtol=0, atol=1e-6)
+
+
 def test_a_fork_shares_blocks_and_both_branches_continue_exactly():
     model = tiny_model(seed=13, mem_len=40)
     pool = BlockPool(model.memory_layout(), block_size=4)
