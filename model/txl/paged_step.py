@@ -138,8 +138,8 @@ class PagedStep:
         scores are written, masked, normalised and read back, and a group of prompt segments beyond the cache
         ran those passes at memory speed (4 segments of 128 at mem 512 took 1.14x as long together as one by
         one). A GPU takes the group whole: its scores never leave for host memory, and fewer launches count."""
-        if device.type != "cpu" or len(members) == 1:
-            return [members]
+        if device.type != "cpu" or queries == 1 or len(members) == 1:
+            return [members]  # decoding rows: a query's scores are one row of keys, never a large tensor
         bs = self.pool.block_size
         widest = max(self.row_steps[r].ids.size for r in members) * bs
         per_row = self.pool.layout.n_head * queries * widest * 4  # bytes of float32 scores

@@ -36,15 +36,23 @@ static inline float bf16_to_f32(uint16_t x) {
             if (first < starts[b]) first = starts[b];                                                        \
             const T *kh = keys + h * NB * bs * Dh;                                                           \
             const T *vh = values + h * NB * bs * Dh;                                                         \
+            /* Table positions first..p, block by block: the block's base address once per block (a division \
+             * per key cost more than the dot product), then its slots in order. */                           \
+            const int64_t first_block = first / bs, last_block = p / bs;                                     \
             float best = -INFINITY;                                                                          \
-            for (int64_t j = first; j <= p; j++) {                                                           \
-                const T *k = kh + (table[b * S + j / bs] * bs + j % bs) * Dh;                                \
-                float acc = 0.0f;                                                                            \
-                _Pragma("omp simd reduction(+ : acc)") for (int64_t d = 0; d < Dh; d++) acc +=               \
-                    qv[d] * LOAD(k[d]);                                                                      \
-                acc += bdv[P - 1 - (p - j)];                                                                 \
-                scratch[j - first] = acc;                                                                    \
-                if (acc > best) best = acc;                                                                  \
+            for (int64_t blk = first_block; blk <= last_block; blk++) {                                      \
+                const int64_t lo = blk == first_block ? first : blk * bs;                                    \
+                const int64_t hi = blk == last_block ? p : blk * bs + bs - 1;                                \
+                const T *kb = kh + table[b * S + blk] * bs * Dh;                                             \
+                for (int64_t j = lo; j <= hi; j++) {                                                         \
+                    const T *k = kb + (j - blk * bs) * Dh;                                                   \
+                    float acc = 0.0f;                                                                        \
+                    _Pragma("omp simd reduction(+ : acc)") for (int64_t d = 0; d < Dh; d++) acc +=           \
+                        qv[d] * LOAD(k[d]);                                                                  \
+                    acc += bdv[P - 1 - p + j];                                                               \
+                    scratch[j - first] = acc;                                                                \
+                    if (acc > best) best = acc;                                                              \
+                }                                                                                            \
             }                                                                                                \
             float total = 0.0f;                                                                              \
             for (int64_t j = first; j <= p; j++) {                                                           \
@@ -54,10 +62,15 @@ static inline float bf16_to_f32(uint16_t x) {
             }                                                                                                \
             const float inv = 1.0f / total;                                                                  \
             for (int64_t d = 0; d < Dh; d++) o[d] = 0.0f;                                                    \
-            for (int64_t j = first; j <= p; j++) {                                                           \
-                const T *v = vh + (table[b * S + j / bs] * bs + j % bs) * Dh;                                \
-                const float w = scratch[j - first] * inv;                                                    \
-                _Pragma("omp simd") for (int64_t d = 0; d < Dh; d++) o[d] += w * LOAD(v[d]);                 \
+            for (int64_t blk = first_block; blk <= last_block; blk++) {                                      \
+                const int64_t lo = blk == first_block ? first : blk * bs;                                    \
+                const int64_t hi = blk == last_block ? p : blk * bs + bs - 1;                                \
+                const T *vb = vh + table[b * S + blk] * bs * Dh;                                             \
+                for (int64_t j = lo; j <= hi; j++) {                                                         \
+                    const T *v = vb + (j - blk * bs) * Dh;                                                   \
+                    const float w = scratch[j - first] * inv;                                                \
+                    _Pragma("omp simd") for (int64_t d = 0; d < Dh; d++) o[d] += w * LOAD(v[d]);             \
+                }                                                                                            \
             }                                                                                                \
         }                                                                                                    \
     }
