@@ -12,10 +12,12 @@ the burst's segments share forwards (up to `max_batch_tokens` tokens each).
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 
 import torch
 import txl
+from txl import paged_step
 from txl.sampling import SamplingParams
 from txl_server.engine.jobs import AdvanceJob, GenerateJob, job_result
 from txl_server.engine.state import ModelState
@@ -90,6 +92,38 @@ async def burst(
     return time.perf_counter() - started
 
 
+def segments_together(
+    model: txl.TransfoXLLMHeadModel, rows: int, rounds: int
+) -> list[tuple[float, float, float]]:
+    """Seconds for `rows` prompt segments at a full memory: one forward each, one forward for all (split into
+    cache-sized parts, as the engine runs it), and one forward for all unsplit. Interleaved rounds."""
+    pool = txl.BlockPool(model.memory_layout())
+    segment, length = model.config.segment_len, model.config.mem_len
+    memory = _random_memory(model, rows, length, pool)
+    tables = [memory.rows[i] for i in range(rows)]
+    mem_lens = [length] * rows
+    tokens = torch.randint(0, model.config.vocab_size, (rows * segment,))
+    forward = model.transformer.forward_rows
+    results = []
+    with torch.inference_mode():
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for i, row in enumerate(tables):
+                forward(tokens[i * segment : (i + 1) * segment], [segment], [row], [length], pool)
+            alone = time.perf_counter() - started
+            timed = []
+            for score_bytes in (paged_step.CPU_SCORE_BYTES, 1 << 60):
+                saved, paged_step.CPU_SCORE_BYTES = paged_step.CPU_SCORE_BYTES, score_bytes
+                try:
+                    started = time.perf_counter()
+                    forward(tokens, [segment] * rows, tables, mem_lens, pool)
+                    timed.append(time.perf_counter() - started)
+                finally:
+                    paged_step.CPU_SCORE_BYTES = saved
+            results.append((alone, timed[0], timed[1]))
+    return results
+
+
 def run(quick: bool = False) -> Section:
     threads = worker_threads(Settings())
     before = torch.get_num_threads()
@@ -151,4 +185,29 @@ def run(quick: bool = False) -> Section:
         [[budget, apart, together, together / apart] for budget, apart, together in bursts],
     )
     section.note("Target: the burst takes at most half the time of the same prompts one after another.")
+    torch.set_num_threads(threads)
+    try:
+        parts = segments_together(model, 4, 3 if quick else 7)
+    finally:
+        torch.set_num_threads(before)
+    alone, tiled, whole = (statistics.median(column) for column in zip(*parts, strict=True))
+    section.table(
+        f"{label}: 4 prompt segments of {segment} tokens at mem_len {length}, seconds (median of "
+        f"{len(parts)} interleaved rounds)",
+        [
+            "one forward each",
+            "one forward, scores in cache-sized parts",
+            "one forward, unsplit",
+            "parts / each",
+            "unsplit / each",
+        ],
+        [[alone, tiled, whole, tiled / alone, whole / alone]],
+    )
+    section.note(
+        "On a CPU a group of prompt segments runs its attention in parts whose scores fit in "
+        f"{paged_step.CPU_SCORE_BYTES >> 20} MiB (`txl.paged_step.CPU_SCORE_BYTES`): unsplit, the scores of several "
+        "segments outgrow the cache and each pass over them (write, mask, softmax, read) runs at memory speed. "
+        "The difference is largest in a process whose heap is still cold (fresh score tensors fault their pages "
+        "in); here the measurement follows the engine rounds above, whose heap is warm."
+    )
     return section
