@@ -22,7 +22,7 @@ from txl.sampling import SamplingParams
 from txl_server.engine.jobs import AdvanceJob, GenerateJob, job_result
 from txl_server.engine.state import ModelState
 from txl_server.engine.worker import Worker
-from txl_server.runtime import default_batch_tokens, worker_threads
+from txl_server.runtime import default_batch_tokens, device_pool, worker_threads
 from txl_server.settings import Settings
 
 from .common import Section
@@ -149,6 +149,9 @@ def run(quick: bool = False) -> Section:
                 max_batch_size=SESSIONS,
                 max_batch_tokens=budget,
                 max_queued=4096,
+                # Sized up front to the device budget, as the server's is: no round pays for the pool growing
+                # (a growable pool copies itself when it does).
+                pool=device_pool(model, Settings()),
             )
             worker.start()
             try:
