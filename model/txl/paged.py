@@ -20,6 +20,7 @@ Pools are driven by one thread at a time (the one stepping); reference counts ma
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
 import threading
 from dataclasses import dataclass
@@ -71,7 +72,10 @@ class BlockPool:
         self._refs = np.zeros(blocks, dtype=np.int64)
         self._refs[NULL_BLOCK] = 1  # pinned
         self._filled = np.zeros(blocks, dtype=np.int64)
-        self._free = list(range(blocks - 1, 0, -1))  # a stack: low ids are handed out first
+        # A min-heap: the lowest free ids are handed out first, so that memories allocated after others were freed
+        # get ascending, mostly adjacent blocks. A stack handed a freed batch back in reverse order, and reading a
+        # row's blocks backwards through memory made 64 decoding sessions a fifth slower on every other round.
+        self._free = list(range(1, blocks))
         self._reserved = 0
 
     def _allocate_tensors(self, blocks: int) -> None:
@@ -145,7 +149,7 @@ class BlockPool:
             if reservation is not None:
                 reservation.remaining -= from_reservation
                 self._reserved -= from_reservation
-            ids = np.array([self._free.pop() for _ in range(n)], dtype=np.int64)
+            ids = np.array([heapq.heappop(self._free) for _ in range(n)], dtype=np.int64)
             self._refs[ids] = 1
             self._filled[ids] = 0
         index = torch.from_numpy(ids).to(self.keys.device)
@@ -171,7 +175,7 @@ class BlockPool:
             self.hidden[:, :old].copy_(hidden)
         self._refs = np.concatenate([self._refs, np.zeros(new - old, dtype=np.int64)])
         self._filled = np.concatenate([self._filled, np.zeros(new - old, dtype=np.int64)])
-        self._free = list(range(new - 1, old - 1, -1)) + self._free
+        self._free.extend(range(old, new))  # larger than every id before them: still a heap
         self.generation += 1
 
     def incref(self, ids: np.ndarray) -> None:
@@ -184,7 +188,8 @@ class BlockPool:
             return
         with self._lock:
             np.subtract.at(self._refs, ids, 1)
-            self._free.extend(ids[self._refs[ids] == 0].tolist())
+            for block in ids[self._refs[ids] == 0].tolist():
+                heapq.heappush(self._free, block)
 
     def refcount(self, block: int) -> int:
         return int(self._refs[block])

@@ -205,6 +205,21 @@ def test_a_reused_block_never_shows_its_previous_contents():
     assert torch.count_nonzero(pool.keys[:, :, last_block, 3:]) == 0  # past the end: zeros, not old data
 
 
+def test_blocks_freed_together_come_back_lowest_first_in_ascending_order():
+    """A memory allocated after others were freed gets ascending blocks (read in address order), not the freed
+    batch in reverse, which made every other round of 64 decoding sessions a fifth slower."""
+    model = tiny_model(seed=17, mem_len=8)
+    pool = BlockPool(model.memory_layout(), block_size=4, blocks=64)
+    first = [pool.allocate(5) for _ in range(3)]
+    assert np.concatenate(first).tolist() == list(range(1, 16))
+    for ids in first:
+        pool.decref(ids)
+    again = pool.allocate(8)
+    assert again.tolist() == list(range(1, 9))
+    pool.decref(again[::2])  # holes: 1, 3, 5, 7 free again, beside 9.. never used
+    assert pool.allocate(6).tolist() == [1, 3, 5, 7, 9, 10]
+
+
 def test_a_thousand_memories_come_and_go_without_leaking_a_block():
     model = tiny_model(seed=16, mem_len=8)
     pool = BlockPool(model.memory_layout(), block_size=4)
