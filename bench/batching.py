@@ -170,6 +170,7 @@ def run(quick: bool = False) -> Section:
 
     try:
         rates, bursts = asyncio.run(measure())
+        parts = segments_together(model, 4, 3 if quick else 7)
     finally:
         torch.set_num_threads(before)
     best = max(rates, key=lambda r: r[0] / r[1])
@@ -188,11 +189,6 @@ def run(quick: bool = False) -> Section:
         [[budget, apart, together, together / apart] for budget, apart, together in bursts],
     )
     section.note("Target: the burst takes at most half the time of the same prompts one after another.")
-    torch.set_num_threads(threads)
-    try:
-        parts = segments_together(model, 4, 3 if quick else 7)
-    finally:
-        torch.set_num_threads(before)
     alone, tiled, whole = (statistics.median(column) for column in zip(*parts, strict=True))
     section.table(
         f"{label}: 4 prompt segments of {segment} tokens at mem_len {length}, seconds (median of "

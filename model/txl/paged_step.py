@@ -134,10 +134,11 @@ class PagedStep:
         ]
 
     def _tiles(self, members: list[int], queries: int, device: torch.device) -> list[list[int]]:
-        """Splits a group on CPU so that each part's attention scores [H, B, T, L] stay within a few MiB: the
-        scores are written, masked, normalised and read back, and a group of prompt segments beyond the cache
-        ran those passes at memory speed (4 segments of 128 at mem 512 took 1.14x as long together as one by
-        one). A GPU takes the group whole: its scores never leave for host memory, and fewer launches count."""
+        """Splits a group on CPU so that each part's attention scores [H, B, T, L] stay within CPU_SCORE_BYTES:
+        the scores are written, masked, normalised and read back, and beyond the cache those passes run at memory
+        speed (`python -m bench batching`: 4 segments of 128 at mem 512 in one unsplit forward took up to 1.6x as
+        long as one by one, in parts 0.9x). A GPU takes the group whole: its scores never leave for host memory,
+        and fewer launches count."""
         if device.type != "cpu" or queries == 1 or len(members) == 1:
             return [members]  # decoding rows: a query's scores are one row of keys, never a large tensor
         bs = self.pool.block_size

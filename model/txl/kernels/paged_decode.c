@@ -21,6 +21,12 @@ static inline float bf16_to_f32(uint16_t x) {
     return f;
 }
 
+/* The table positions of block blk that a query at p sees from `first` on: [*lo, *hi]. */
+static inline void block_span(int64_t blk, int64_t first, int64_t p, int64_t bs, int64_t *lo, int64_t *hi) {
+    *lo = blk * bs > first ? blk * bs : first;
+    *hi = blk * bs + bs - 1 < p ? blk * bs + bs - 1 : p;
+}
+
 #define DEFINE_KERNEL(NAME, T, LOAD)                                                                        \
     void NAME(const float *q, const float *bd, const T *keys, const T *values, const int64_t *table,         \
               const int64_t *starts, const int64_t *klens, const int64_t *windows, float *out, int64_t B,     \
@@ -41,8 +47,8 @@ static inline float bf16_to_f32(uint16_t x) {
             const int64_t first_block = first / bs, last_block = p / bs;                                     \
             float best = -INFINITY;                                                                          \
             for (int64_t blk = first_block; blk <= last_block; blk++) {                                      \
-                const int64_t lo = blk == first_block ? first : blk * bs;                                    \
-                const int64_t hi = blk == last_block ? p : blk * bs + bs - 1;                                \
+                int64_t lo, hi;                                                                              \
+                block_span(blk, first, p, bs, &lo, &hi);                                                     \
                 const T *kb = kh + table[b * S + blk] * bs * Dh;                                             \
                 for (int64_t j = lo; j <= hi; j++) {                                                         \
                     const T *k = kb + (j - blk * bs) * Dh;                                                   \
@@ -63,8 +69,8 @@ static inline float bf16_to_f32(uint16_t x) {
             const float inv = 1.0f / total;                                                                  \
             for (int64_t d = 0; d < Dh; d++) o[d] = 0.0f;                                                    \
             for (int64_t blk = first_block; blk <= last_block; blk++) {                                      \
-                const int64_t lo = blk == first_block ? first : blk * bs;                                    \
-                const int64_t hi = blk == last_block ? p : blk * bs + bs - 1;                                \
+                int64_t lo, hi;                                                                              \
+                block_span(blk, first, p, bs, &lo, &hi);                                                     \
                 const T *vb = vh + table[b * S + blk] * bs * Dh;                                             \
                 for (int64_t j = lo; j <= hi; j++) {                                                         \
                     const T *v = vb + (j - blk * bs) * Dh;                                                   \

@@ -165,7 +165,7 @@ function stopStrings() {
 function samplingBody() {
   const body = {
     max_tokens: numberOr("max-tokens", 300),
-    temperature: numberOr("temperature", 1),
+    temperature: numberOr("temperature", 0.8),
     top_k: numberOr("top-k", 0),
     top_p: numberOr("top-p", 0.95),
   };
