@@ -65,7 +65,7 @@ async def engine_rate(worker: Worker, model: txl.TransfoXLLMHeadModel, length: i
     """Tokens/s of SESSIONS generations at once through the engine, from first token to last."""
     memory = await worker.call(lambda: _random_memory(model, SESSIONS, length, worker.pool))
     hidden = torch.randn(SESSIONS, model.config.d_model, generator=torch.Generator().manual_seed(3))
-    states = [ModelState(memory.row(i), hidden[i], (), length) for i in range(SESSIONS)]
+    states = [ModelState(memory.row(i), hidden[i], ()) for i in range(SESSIONS)]
     del memory
     jobs = [GenerateJob(s, [], steps, SamplingParams(temperature=1.0, seed=i)) for i, s in enumerate(states)]
     stamps: list[float] = []

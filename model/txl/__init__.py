@@ -22,6 +22,7 @@ from .config import TxlConfig, UnsupportedConfigError
 from .memory import HiddenMemory, Memory, MemoryLayout, peak_positions
 from .model import TransfoXLLMHeadModel, TransfoXLModel
 from .paged import BlockPool, PoolExhausted
+from .window import WindowRule
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "TxlConfig",
     "UnsupportedCheckpointError",
     "UnsupportedConfigError",
+    "WindowRule",
     "__version__",
     "build_model",
     "load_pretrained",

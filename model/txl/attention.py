@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .kernels import DecodeKernel, decode_kernel
 from .linear import linear
-from .paged_step import PagedStep, QueryGroup, StaticDecodeStep
+from .paged_step import GroupIndices, PagedStep, QueryGroup, StaticDecodeStep
 
 # project_kv(hidden [B, L, D]) -> (keys, values), each [B, H, L, Dh]: a layer's projection of memory hidden states.
 ProjectKV = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -201,9 +201,15 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
         q_content, q_position = self._queries(q)
         positions = pos_table[:, pos_table.size(1) - step.n_pos :]  # [H, P, Dh], distances P-1..0
         attn_vec = torch.empty_like(q)  # [N, H, Dh]
-        for group in step.groups:
+        for g, group in enumerate(step.groups):
             out = group_attention(
-                q_content, q_position, group, step.pool.keys[layer], step.pool.values[layer], positions
+                q_content,
+                q_position,
+                group,
+                partial(step.indices, g),
+                step.pool.keys[layer],
+                step.pool.values[layer],
+                positions,
             )
             attn_vec.index_copy_(0, group.token_index, out)
         return self._output(x, attn_vec.view(n_tokens, self.n_head * self.d_head))
@@ -261,12 +267,19 @@ def _decode_kernel(queries: int, keys: Tensor) -> DecodeKernel | None:
 
 
 def group_attention(
-    q_content: Tensor, q_position: Tensor, group: QueryGroup, keys: Tensor, values: Tensor, positions: Tensor
+    q_content: Tensor,
+    q_position: Tensor,
+    group: QueryGroup,
+    indices: Callable[[], GroupIndices],
+    keys: Tensor,
+    values: Tensor,
+    positions: Tensor,
 ) -> Tensor:
     """Attention of one query group over its rows' blocks (the reference computation, plain torch).
 
     q_content, q_position [N, H, Dh] (scaled, biased); keys, values: this layer's pool [H, blocks, bs, Dh];
-    positions [H, P, Dh] (distances P-1..0). Returns [B*T, H, Dh] in the group's token order.
+    positions [H, P, Dh] (distances P-1..0); `indices()` the group's index tensors (derived by the step once per
+    forward, for the torch path only). Returns [B*T, H, Dh] in the group's token order.
     """
     heads, _, _, d_head = keys.shape
     batch, qlen, slots = group.rows, group.queries, group.key_slots
@@ -281,21 +294,24 @@ def group_attention(
         query = q_content.index_select(0, group.token_index).float()  # [B, H, Dh]
         out = kernel(query, by_distance.float(), keys, values, group)
         return out.to(keys.dtype)
-    bd = _positional_scores(rows_first(q_position), positions, group)  # [H, B, T, L]
+    index = indices()
+    bd = _positional_scores(rows_first(q_position), positions, group, index)  # [H, B, T, L]
     # The rows' blocks side by side: [H*n_blocks, bs*Dh] rows -> [H*B*S, bs*Dh] = [H*B, L, Dh]
     rows = keys.size(0) * keys.size(1)
-    row_keys = keys.reshape(rows, -1).index_select(0, group.head_rows).view(heads * batch, slots, d_head)
-    row_values = values.reshape(rows, -1).index_select(0, group.head_rows).view(heads * batch, slots, d_head)
+    row_keys = keys.reshape(rows, -1).index_select(0, index.head_rows).view(heads * batch, slots, d_head)
+    row_values = values.reshape(rows, -1).index_select(0, index.head_rows).view(heads * batch, slots, d_head)
     query = rows_first(q_content).reshape(heads * batch, qlen, d_head)
     score = torch.baddbmm(bd.reshape(heads * batch, qlen, slots), query, row_keys.transpose(1, 2))
     score = score.view(heads, batch, qlen, slots)
-    prob = attention_probs(score, group.mask, values.dtype, in_place=True)  # [H, B, T, L]
+    prob = attention_probs(score, index.mask, values.dtype, in_place=True)  # [H, B, T, L]
     prob = prob.view(heads * batch, qlen, slots)
     out = torch.bmm(prob, row_values)  # [H*B, T, Dh]
     return out.view(heads, batch * qlen, d_head).transpose(0, 1)  # [B*T, H, Dh]
 
 
-def _positional_scores(q_position: Tensor, positions: Tensor, group: QueryGroup) -> Tensor:
+def _positional_scores(
+    q_position: Tensor, positions: Tensor, group: QueryGroup, indices: GroupIndices
+) -> Tensor:
     """BD for every (query, key slot): q_position [H, B*T, Dh], positions [H, P, Dh] (distances P-1..0) ->
     [H, B, T, L].
 
@@ -309,7 +325,7 @@ def _positional_scores(q_position: Tensor, positions: Tensor, group: QueryGroup)
     first_queries = group.first_query_positions
     if first_queries is None:
         by_distance = torch.bmm(q_position, _dense_if_half_on_cpu(positions).transpose(1, 2))
-        index = group.bd_index.expand(heads, batch, qlen, slots)
+        index = indices.bd_index.expand(heads, batch, qlen, slots)
         return by_distance.view(heads, batch, qlen, n_pos).gather(3, index)
     # Element (h, b, i, j) sits at column P-1-(p_b+i-j) of row (b, i): a view with a row stride of P-1. The
     # buffer is padded on both sides so that the columns of hidden slots (before the row's first position,

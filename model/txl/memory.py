@@ -37,6 +37,7 @@ from .paged import (
     gather_positions,
     peak_blocks,
 )
+from .window import WindowRule
 
 __all__ = ["HiddenMemory", "Memory", "MemoryLayout", "peak_positions"]
 
@@ -48,7 +49,7 @@ class Memory:
     may hold different lengths.
     """
 
-    __slots__ = ("mem_len", "pool", "rows")
+    __slots__ = ("grid", "mem_len", "pool", "rows")
 
     def __init__(
         self,
@@ -57,19 +58,40 @@ class Memory:
         mem_len: int,
         rows: Sequence[PagedRow] | None = None,
         batch_size: int = 1,
+        grid: int | None = None,
     ) -> None:
         if mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+        if grid is not None and grid < 1:
+            raise ValueError(f"grid must be >= 1, got {grid}")
         self.pool = pool
         self.mem_len = mem_len
+        # Windows on an absolute segment grid (see txl.window): the memory is then a function of its tokens
+        # alone, however they were cut into steps. None: HF's windows, which follow the steps as fed.
+        self.grid = grid
         self.rows: tuple[PagedRow, ...] = tuple(rows) if rows is not None else (EMPTY_ROW,) * batch_size
 
     @classmethod
     def empty(
-        cls, layout: MemoryLayout, *, batch_size: int = 1, mem_len: int, keep_hidden: bool = False
+        cls,
+        layout: MemoryLayout,
+        *,
+        batch_size: int = 1,
+        mem_len: int,
+        keep_hidden: bool = False,
+        grid: int | None = None,
     ) -> Memory:
         """A memory holding nothing, in the process-wide pool for `layout`."""
-        return cls(default_pool(layout, keep_hidden=keep_hidden), mem_len=mem_len, batch_size=batch_size)
+        pool = default_pool(layout, keep_hidden=keep_hidden)
+        return cls(pool, mem_len=mem_len, batch_size=batch_size, grid=grid)
+
+    def rule(self, same_length: bool) -> WindowRule:
+        """The window rule this memory's steps follow, for a model with `same_length`."""
+        return WindowRule(self.mem_len, same_length, self.grid)
+
+    def like(self, rows: Sequence[PagedRow]) -> Memory:
+        """A memory of the same pool and window rule holding `rows`."""
+        return Memory(self.pool, mem_len=self.mem_len, rows=rows, grid=self.grid)
 
     # ------------------------------------------------------------------ reading
 
@@ -88,6 +110,11 @@ class Memory:
     @property
     def lengths(self) -> list[int]:
         return [row.length for row in self.rows]
+
+    @property
+    def fed(self) -> list[int]:
+        """Per row, the positions fed over its life (the rows hold the last `lengths` of them)."""
+        return [row.fed for row in self.rows]
 
     @property
     def length(self) -> int:
@@ -137,7 +164,7 @@ class Memory:
 
     def __repr__(self) -> str:
         return (
-            f"Memory(batch={self.batch_size}, lengths={self.lengths}, mem_len={self.mem_len}, "
+            f"Memory(batch={self.batch_size}, lengths={self.lengths}, mem_len={self.mem_len}, grid={self.grid}, "
             f"dtype={self.layout.dtype}, device={self.layout.device}, nbytes={self.nbytes})"
         )
 
@@ -145,19 +172,23 @@ class Memory:
 
     def row(self, index: int) -> Memory:
         """Row `index` alone (no copy)."""
-        return Memory(self.pool, mem_len=self.mem_len, rows=[self.rows[index]])
+        return self.like([self.rows[index]])
 
     @classmethod
     def stack(cls, memories: Sequence[Memory]) -> Memory:
-        """The rows of several memories of one pool and mem_len, as one memory (no copy)."""
+        """The rows of several memories of one pool, mem_len and grid, as one memory (no copy)."""
         first = memories[0]
-        if any(m.pool is not first.pool or m.mem_len != first.mem_len for m in memories):
-            raise ValueError("only memories of one pool and one mem_len stack")
-        return cls(first.pool, mem_len=first.mem_len, rows=[row for m in memories for row in m.rows])
+        if any(
+            m.pool is not first.pool or (m.mem_len, m.grid) != (first.mem_len, first.grid) for m in memories
+        ):
+            raise ValueError("only memories of one pool, one mem_len and one grid stack")
+        return first.like([row for m in memories for row in m.rows])
 
-    def with_mem_len(self, mem_len: int) -> Memory:
+    def with_mem_len(self, mem_len: int, *, same_length: bool = False) -> Memory:
         """The same memory governed by another `mem_len`; shrinking drops the oldest positions (no copy)."""
-        return Memory(self.pool, mem_len=mem_len, rows=[_last(row, mem_len, self.pool) for row in self.rows])
+        rule = WindowRule(mem_len, same_length, self.grid)
+        rows = [_last(row, rule.keep(row.fed), self.pool) for row in self.rows]
+        return Memory(self.pool, mem_len=mem_len, rows=rows, grid=self.grid)
 
     def to_pool(self, pool: BlockPool) -> Memory:
         """A copy in another pool (another device or dtype: tier moves), block for block."""
@@ -166,7 +197,7 @@ class Memory:
         rows = []
         for row in self.rows:
             if row.table is None:
-                rows.append(EMPTY_ROW)
+                rows.append(PagedRow(None, fed=row.fed))
                 continue
             source = torch.from_numpy(row.ids).to(self.pool.keys.device)
             ids = pool.allocate(row.ids.size)
@@ -180,8 +211,8 @@ class Memory:
             for block in ids:
                 pool.set_filled(int(block), pool.block_size)  # nothing appends into a copy in place
             pool.set_filled(int(ids[-1]), row.end - (ids.size - 1) * pool.block_size)
-            rows.append(PagedRow(table, row.start, row.length))
-        return Memory(pool, mem_len=self.mem_len, rows=rows)
+            rows.append(PagedRow(table, row.start, row.length, row.fed))
+        return Memory(pool, mem_len=self.mem_len, rows=rows, grid=self.grid)
 
     def compact(
         self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
@@ -210,8 +241,12 @@ class Memory:
         *,
         mem_len: int,
         pool: BlockPool | None = None,
+        grid: int | None = None,
+        fed: int | None = None,
+        keep: int | None = None,
     ) -> Memory:
-        """Inverse of `to_tensors`; checks every shape against the layout. Keeps at most `mem_len` positions."""
+        """Inverse of `to_tensors`; checks every shape against the layout. Keeps at most `keep` positions (default
+        `mem_len`); `fed`: the positions each row was fed over its life (default: as many as it holds)."""
         try:
             first = tensors["keys.0"]
         except KeyError as exc:
@@ -236,9 +271,12 @@ class Memory:
         pool = pool if pool is not None else default_pool(layout, keep_hidden=keep_hidden)
         if pool.keep_hidden != keep_hidden:
             raise ValueError("the pool's hidden-state setting does not match the tensors")
-        keep = min(length, mem_len)
+        keep = min(length, mem_len if keep is None else keep)
+        fed = length if fed is None else fed
+        if fed < length:
+            raise ValueError(f"a memory of {length} positions cannot have been fed {fed}")
         if keep == 0:
-            return cls(pool, mem_len=mem_len, batch_size=batch)
+            return cls(pool, mem_len=mem_len, rows=[PagedRow(None, fed=fed)] * batch, grid=grid)
         bs = pool.block_size
         n_blocks = pool.blocks_for(keep)
         padded = n_blocks * bs
@@ -266,8 +304,8 @@ class Memory:
             for block in ids:
                 pool.set_filled(int(block), bs)
             pool.set_filled(int(ids[-1]), keep - (n_blocks - 1) * bs)
-            rows.append(PagedRow(table, 0, keep))
-        return cls(pool, mem_len=mem_len, rows=rows)
+            rows.append(PagedRow(table, 0, keep, fed))
+        return cls(pool, mem_len=mem_len, rows=rows, grid=grid)
 
 
 def _last(row: PagedRow, keep: int, pool: BlockPool) -> PagedRow:
@@ -275,11 +313,11 @@ def _last(row: PagedRow, keep: int, pool: BlockPool) -> PagedRow:
     if keep >= row.length:
         return row
     if keep == 0 or row.table is None:
-        return EMPTY_ROW
+        return PagedRow(None, fed=row.fed)
     start = row.end - keep
     drop = start // pool.block_size
     table = row.table if drop == 0 else BlockTable(pool, row.ids[drop:])
-    return PagedRow(table, start - drop * pool.block_size, keep)
+    return PagedRow(table, start - drop * pool.block_size, keep, row.fed)
 
 
 def _zero_outside(pool: BlockPool, ids: np.ndarray, start: int, end: int) -> None:

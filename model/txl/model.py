@@ -25,6 +25,7 @@ from .memory import HiddenMemory, Memory, MemoryLayout
 from .paged import BlockPool, PagedRow, Reservation, default_pool
 from .paged_step import PagedStep, StaticDecodeStep
 from .positional import PositionalEmbedding, attention_mask
+from .window import WindowRule
 
 AnyMemory = Memory | HiddenMemory
 
@@ -86,6 +87,7 @@ class TransfoXLModel(nn.Module):
         # Inference cache of positional keys: per layer [H, N, Dh], rows for distances N-1..0.
         self._pos_table: list[Tensor] = []
         self._pos_table_key: tuple = ()
+        self._pos_reserved = 0
 
     @property
     def attentions(self) -> list[RelPartialLearnableMultiHeadAttn]:
@@ -97,14 +99,24 @@ class TransfoXLModel(nn.Module):
         c = self.config
         return MemoryLayout(c.n_layer, c.n_head, c.d_head, c.d_model, weight.dtype, weight.device)
 
+    def reserve_positions(self, klen: int) -> list[Tensor]:
+        """Sizes the positional table for key lengths up to `klen` now, once: a server reserves the longest any
+        step will ask for, so the table is never reallocated while it serves (a CUDA graph that captured it would
+        read freed memory). Returns the tables."""
+        self._pos_reserved = max(self._pos_reserved, klen)
+        return self.positional_tables(klen)
+
     def positional_tables(self, klen: int) -> list[Tensor]:
-        """Per layer, W_r R for distances N-1..0 ([H, N, Dh], N >= klen): a table grown on demand."""
+        """Per layer, W_r R for distances N-1..0 ([H, N, Dh], N >= klen): a table grown on demand (new tensors;
+        whoever holds the old ones keeps valid ones) and remade when the weights change."""
         attentions = self.attentions
         weights = [attn.r_net.weight for attn in attentions]
         key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
         if key != self._pos_table_key or not self._pos_table or self._pos_table[0].size(1) < klen:
             size = max(
-                klen, 2 * self._pos_table[0].size(1) if self._pos_table and key == self._pos_table_key else 0
+                klen,
+                self._pos_reserved,
+                2 * self._pos_table[0].size(1) if self._pos_table and key == self._pos_table_key else 0,
             )
             with torch.no_grad():
                 pos_emb = self.pos_emb.for_keys(size, self.config.clamp_len).to(weights[0].dtype)  # [N, D]
@@ -138,12 +150,12 @@ class TransfoXLModel(nn.Module):
         if any(m.pool is not pool for m in memories):
             raise ValueError("memories stepped together must live in one pool")
         rows = [row for m in memories for row in m.rows]
-        mem_lens = [m.mem_len for m in memories for _ in m.rows]
+        rules = [m.rule(self.config.same_length) for m in memories for _ in m.rows]
         batch, qlen = tokens.shape
-        hidden, results = self.forward_rows(tokens.reshape(-1), [qlen] * batch, rows, mem_lens, pool)
+        hidden, results = self.forward_rows(tokens.reshape(-1), [qlen] * batch, rows, rules, pool)
         out: list[AnyMemory] = []
         for m in memories:
-            out.append(Memory(pool, mem_len=m.mem_len, rows=results[: m.batch_size]))
+            out.append(m.like(results[: m.batch_size]))
             results = results[m.batch_size :]
         return hidden.view(batch, qlen, -1), out
 
@@ -153,27 +165,32 @@ class TransfoXLModel(nn.Module):
         tokens: Tensor,
         queries: Sequence[int],
         rows: Sequence[PagedRow],
-        mem_lens: Sequence[int],
+        rules: Sequence[WindowRule],
         pool: BlockPool,
         reservation: Reservation | None = None,
     ) -> tuple[Tensor, list[PagedRow]]:
         """One forward over rows of a pool: row r feeds queries[r] tokens (packed in `tokens` [N], row by row)
-        after its memory `rows[r]`, keeping the last mem_lens[r] positions.
+        after its memory `rows[r]`, its queries' windows and what it keeps given by rules[r] (txl.window).
 
         Returns the last layer's output [N, D] and each row's memory after the step. Inference only.
         """
         if pool.layout != self.memory_layout():
             raise ValueError(f"the memory pool holds {pool.layout}, the model needs {self.memory_layout()}")
-        step = PagedStep(
-            pool, rows, queries, mem_lens, same_length=self.config.same_length, reservation=reservation
-        )
+        step = PagedStep(pool, rows, queries, rules, reservation=reservation)
         return self.forward_step(tokens, step), step.results
 
     @torch.no_grad()
-    def forward_step(self, tokens: Tensor, step: PagedStep | StaticDecodeStep) -> Tensor:
-        """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed)."""
+    def forward_step(
+        self, tokens: Tensor, step: PagedStep | StaticDecodeStep, tables: Sequence[Tensor] | None = None
+    ) -> Tensor:
+        """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed).
+
+        `tables`: per layer, positional keys covering at least `step.n_pos` distances (default: the model's own
+        table); a captured graph passes the tables it captured, which it keeps alive."""
+        step.begin()
         hidden = self.drop(self.word_emb(tokens))  # [N, D]
-        tables = self.positional_tables(step.n_pos)
+        if tables is None:
+            tables = self.positional_tables(step.n_pos)
         for i, layer in enumerate(self.layers):
             hidden = cast(RelPartialLearnableDecoderLayer, layer).forward_paged(hidden, step, i, tables[i])
         return hidden
@@ -288,16 +305,18 @@ class TransfoXLLMHeadModel(nn.Module):
         mem_len: int | None = None,
         keep_hidden: bool = False,
         pool: BlockPool | None = None,
+        grid: int | None = None,
     ) -> Memory:
         """A memory holding nothing (unlike HF's `mems=None`, which starts from mem_len zero vectors), in `pool`
-        (default: the process-wide pool for this model's layout)."""
+        (default: the process-wide pool for this model's layout). `grid`: fix every query's window on an absolute
+        segment grid, so that the memory is a function of its tokens however they are cut into steps
+        (`txl.window`; `config.segment_len` is the grid the model was trained on); None: HF's windows."""
         if pool is None:
             pool = default_pool(self.memory_layout(), keep_hidden=keep_hidden)
         elif pool.keep_hidden != keep_hidden:
             raise ValueError("the pool's hidden-state setting does not match keep_hidden")
-        return Memory(
-            pool, batch_size=batch_size, mem_len=self.config.mem_len if mem_len is None else mem_len
-        )
+        mem_len = self.config.mem_len if mem_len is None else mem_len
+        return Memory(pool, batch_size=batch_size, mem_len=mem_len, grid=grid)
 
     @torch.no_grad()
     def memory_from_hidden(

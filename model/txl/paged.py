@@ -273,11 +273,19 @@ class BlockTable:
 
 @dataclass(frozen=True, slots=True)
 class PagedRow:
-    """One sequence's memory: positions [start, start + length) of the concatenated blocks of `table`."""
+    """One sequence's memory: positions [start, start + length) of the concatenated blocks of `table`, the last
+    `length` of the `fed` positions the sequence has been fed (its absolute positions are fed - length .. fed - 1)."""
 
     table: BlockTable | None
     start: int = 0
     length: int = 0
+    fed: int = -1  # -1: as many as it holds (a memory whose history is unknown)
+
+    def __post_init__(self) -> None:
+        if self.fed < 0:
+            object.__setattr__(self, "fed", self.length)
+        elif self.fed < self.length:
+            raise ValueError(f"a row cannot hold {self.length} positions of {self.fed} fed")
 
     @property
     def ids(self) -> np.ndarray:
@@ -299,7 +307,8 @@ class RowStep:
     start: int  # offset of the memory's first position in ids[0]
     mem_length: int  # positions before this step's
     new: int  # positions this step writes
-    result: PagedRow  # the memory after the step: the last <= mem_len positions
+    result: PagedRow  # the memory after the step: the last <= keep positions
+    position: int  # absolute position of the first new token (positions fed before this step)
 
     @property
     def ids(self) -> np.ndarray:
@@ -313,10 +322,11 @@ class RowStep:
 
 
 def plan_row(
-    pool: BlockPool, row: PagedRow, new: int, mem_len: int, reservation: Reservation | None = None
+    pool: BlockPool, row: PagedRow, new: int, keep: int, reservation: Reservation | None = None
 ) -> RowStep:
     """Makes room for `new` positions after `row` (claiming, copying on write, allocating) and describes the
-    step. A step that fails leaves what it claimed or allocated unused (freed with its tables)."""
+    step, whose memory keeps at most `keep` positions (`WindowRule.keep`). A step that fails leaves what it
+    claimed or allocated unused (freed with its tables)."""
     bs = pool.block_size
     ids = row.ids
     end = row.end
@@ -341,15 +351,16 @@ def plan_row(
     unchanged = not guards and row.table is not None
     step_table = row.table if unchanged else BlockTable(pool, ids)
     assert step_table is not None
-    keep = min(mem_len, row.length + new)
+    keep = min(keep, row.length + new)
     new_start = end + new - keep
+    fed = row.fed + new
     if keep == 0:
-        result = EMPTY_ROW
+        result = PagedRow(None, fed=fed)
     else:
         drop = new_start // bs
         table = step_table if drop == 0 else BlockTable(pool, ids[drop:])
-        result = PagedRow(table, new_start - drop * bs, keep)
-    return RowStep(step_table, row.start, row.length, new, result)
+        result = PagedRow(table, new_start - drop * bs, keep, fed)
+    return RowStep(step_table, row.start, row.length, new, result, row.fed)
 
 
 def peak_blocks(mem_len: int, new: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:

@@ -8,13 +8,12 @@ together), over the blocks of each row.
 Relative positions. Query i of a row sits at offset p = start + mem_length + i of its block table; key slot j
 is at distance d = p - j. The positional term BD for that pair is (q + v) . W_r R[d]: computed for every
 distance at once (one product against the positional table, columns for distances P-1..0), then picked per
-slot with `bd_index` = P-1-d. Slots outside the row's window (before its first position, after the query, or
-beyond `mem_len` with same_length) are masked.
+slot with `bd_index` = P-1-d. Slots outside the query's window (before the row's first position, after the
+query, or at a distance its `txl.window.WindowRule` hides) are masked.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,24 +22,31 @@ import torch
 from torch import Tensor
 
 from .paged import NULL_BLOCK, BlockPool, PagedRow, Reservation, RowStep, plan_row
+from .window import WindowRule
 
 # Attention scores of one query group on CPU: about an L2 cache's worth (see PagedStep._tiles).
 CPU_SCORE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
-class QueryGroup:
-    """Rows feeding `queries` tokens each, attended in one computation.
+class GroupIndices:
+    """Index tensors the torch attention path derives from a group's per-row inputs."""
 
-    The index tensors attention needs are derived on the device from the per-row ones, when first used (so that
-    a captured CUDA graph recomputes them from its input buffers)."""
+    head_rows: Tensor  # [H*B*S] long: rows of a layer's pool viewed as [H*n_blocks, bs*Dh], head-major
+    mask: Tensor  # [B, T, L] bool: True where a key slot is hidden from a query
+    bd_index: Tensor  # [B, T, L] long: the column of the positional scores for each (query, key slot)
+
+
+@dataclass(frozen=True)
+class QueryGroup:
+    """Rows feeding `queries` tokens each, attended in one computation: the per-row inputs, as device tensors."""
 
     queries: int  # T: new tokens per row
     token_index: Tensor  # [B*T] long: each query's index in the step's flat tokens, row-major
     table: Tensor  # [B, S] long: block ids, padded with the null block
     starts: Tensor  # [B] long: offset of each row's first position in its first block
     key_lengths: Tensor  # [B] long: positions each row's last query sees (memory + new)
-    windows: Tensor  # [B] long: same_length window (mem_len, at least 1), or a bound no distance reaches
+    windows: Tensor  # [B, T] long: each query sees keys at distance < its window (txl.window)
     n_pos: int  # P: distances the positional scores cover
     block_size: int
     n_head: int
@@ -56,36 +62,23 @@ class QueryGroup:
     def key_slots(self) -> int:
         return self.table.size(1) * self.block_size
 
-    @functools.cached_property
-    def head_rows(self) -> Tensor:
-        """[H*B*S] long: the rows of a layer's pool viewed as [H*n_blocks, bs*Dh], head-major. index_select
-        along the first dimension copies whole contiguous rows (a block of one head) at full bandwidth; along
-        the blocks dimension of [H, n_blocks, bs, Dh] it was 5x slower."""
-        heads = torch.arange(self.n_head, device=self.table.device)[:, None] * self.n_blocks
-        return (heads + self.table.reshape(1, -1)).reshape(-1)
-
-    @functools.cached_property
-    def _distance(self) -> Tensor:
-        """[B, T, L] long: distance from each query to each key slot (negative: after the query)."""
+    def derive(self) -> GroupIndices:
+        """The torch path's index tensors, computed now from the inputs' current values. Never cached on the
+        group: a CUDA graph captures this computation, so that each replay derives them from the buffers it
+        was given (indices computed once, at capture, would keep pointing at the warm-up's rows)."""
         device = self.table.device
+        # index_select along the first dimension copies whole contiguous rows (a block of one head) at full
+        # bandwidth; along the blocks dimension of [H, n_blocks, bs, Dh] it was 5x slower.
+        heads = torch.arange(self.n_head, device=device)[:, None] * self.n_blocks
+        head_rows = (heads + self.table.reshape(1, -1)).reshape(-1)  # [H*B*S]
         query = torch.arange(self.queries, device=device)[None, :, None]  # [1, T, 1]
         key = torch.arange(self.key_slots, device=device)[None, None, :]  # [1, 1, L]
         # The first query sees the memory and itself: it sits at start + key_length - T.
         position = (self.starts + self.key_lengths - self.queries)[:, None, None] + query  # [B, T, 1]
-        return position - key
-
-    @functools.cached_property
-    def mask(self) -> Tensor:
-        """[B, T, L] bool: True where a key slot is hidden from a query (before the row's first position, after
-        the query, or beyond its same_length window)."""
-        key = torch.arange(self.key_slots, device=self.table.device)[None, None, :]
-        distance = self._distance
-        return (key < self.starts[:, None, None]) | (distance < 0) | (distance >= self.windows[:, None, None])
-
-    @functools.cached_property
-    def bd_index(self) -> Tensor:
-        """[B, T, L] long: the column of the positional scores (distances P-1..0) for each (query, key slot)."""
-        return (self.n_pos - 1 - self._distance).clamp(0, self.n_pos - 1)
+        distance = position - key  # [B, T, L]; negative: after the query
+        mask = (key < self.starts[:, None, None]) | (distance < 0) | (distance >= self.windows[:, :, None])
+        bd_index = (self.n_pos - 1 - distance).clamp(0, self.n_pos - 1)
+        return GroupIndices(head_rows, mask, bd_index)
 
 
 class PagedStep:
@@ -96,9 +89,8 @@ class PagedStep:
         pool: BlockPool,
         rows: Sequence[PagedRow],
         queries: Sequence[int],
-        mem_lens: Sequence[int],
+        rules: Sequence[WindowRule],
         *,
-        same_length: bool,
         reservation: Reservation | None = None,
     ) -> None:
         if not rows:
@@ -109,8 +101,8 @@ class PagedStep:
         device = pool.layout.device
         bs = pool.block_size
         self.row_steps: list[RowStep] = [
-            plan_row(pool, row, q, mem_len, reservation)
-            for row, q, mem_len in zip(rows, queries, mem_lens, strict=True)
+            plan_row(pool, row, q, rule.keep(row.fed + q), reservation)
+            for row, q, rule in zip(rows, queries, rules, strict=True)
         ]
         offsets = np.cumsum([0, *queries])
         self.n_tokens = int(offsets[-1])
@@ -128,10 +120,11 @@ class PagedStep:
         for r, q in enumerate(queries):
             by_size.setdefault(q, []).append(r)
         self.groups = [
-            self._group(part, q, offsets, mem_lens, same_length)
+            self._group(part, q, offsets, rules)
             for q, members in by_size.items()
             for part in self._tiles(members, q, device)
         ]
+        self._indices: dict[int, GroupIndices] = {}
 
     def _tiles(self, members: list[int], queries: int, device: torch.device) -> list[list[int]]:
         """Splits a group on CPU so that each part's attention scores [H, B, T, L] stay within CPU_SCORE_BYTES:
@@ -153,12 +146,7 @@ class PagedStep:
         return [rs.result for rs in self.row_steps]
 
     def _group(
-        self,
-        members: list[int],
-        queries: int,
-        offsets: np.ndarray,
-        mem_lens: Sequence[int],
-        same_length: bool,
+        self, members: list[int], queries: int, offsets: np.ndarray, rules: Sequence[WindowRule]
     ) -> QueryGroup:
         device = self.pool.layout.device
         bs = self.pool.block_size
@@ -170,9 +158,13 @@ class PagedStep:
         token_index = np.concatenate([np.arange(offsets[r], offsets[r] + queries) for r in members])
         starts = np.array([rs.start for rs in steps], dtype=np.int64)
         key_lengths = np.array([rs.mem_length + rs.new for rs in steps], dtype=np.int64)
-        # A window of 0 would hide every key; as in the single-sequence mask it is taken as 1.
+        # No window need reach beyond the positional scores: n_pos + 1 stands for "unbounded".
         windows = np.array(
-            [max(mem_lens[r], 1) if same_length else self.n_pos + 1 for r in members], dtype=np.int64
+            [
+                [min(rules[r].window(rs.position + t), self.n_pos + 1) for t in range(queries)]
+                for r, rs in zip(members, steps, strict=True)
+            ],
+            dtype=np.int64,
         )
         return QueryGroup(
             queries,
@@ -188,6 +180,16 @@ class PagedStep:
             (starts + key_lengths - queries).tolist(),
         )
 
+    def begin(self) -> None:
+        """A forward over this step starts (its groups' inputs never change: indices are derived once)."""
+
+    def indices(self, group: int) -> GroupIndices:
+        """Group `group`'s index tensors for the torch attention path, derived on first use."""
+        found = self._indices.get(group)
+        if found is None:
+            found = self._indices[group] = self.groups[group].derive()
+        return found
+
     def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
         """Stores this layer's keys/values [N, H, Dh] (and input [N, D]) of the new positions in the pool."""
         _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
@@ -196,7 +198,8 @@ class PagedStep:
 class StaticDecodeStep:
     """A decoding step (one new token per row) whose inputs live in buffers that never move: what a CUDA graph
     captures. `load` fills them for the rows of one iteration; rows beyond those are padding, which read and
-    write only `scratch_block` (a block no memory holds)."""
+    write only `scratch_block` (a block no memory holds). Everything derived from the buffers is derived inside
+    the forward (`begin`, `indices`), so that a captured graph derives it again from each replay's rows."""
 
     def __init__(
         self,
@@ -205,14 +208,13 @@ class StaticDecodeStep:
         rows: int,
         max_blocks: int,
         n_pos: int,
-        same_length: bool,
         scratch_block: int,
     ) -> None:
         device = pool.layout.device
         self.pool = pool
         self.capacity = rows
+        self.max_blocks = max_blocks
         self.n_pos = n_pos
-        self.same_length = same_length
         self.scratch_block = scratch_block
         self.row_steps: list[RowStep] = []
         self.write_blocks = torch.full((rows,), scratch_block, dtype=torch.long, device=device)
@@ -223,13 +225,14 @@ class StaticDecodeStep:
             torch.full((rows, max_blocks), scratch_block, dtype=torch.long, device=device),
             torch.zeros(rows, dtype=torch.long, device=device),
             torch.ones(rows, dtype=torch.long, device=device),
-            torch.ones(rows, dtype=torch.long, device=device),
+            torch.ones((rows, 1), dtype=torch.long, device=device),
             n_pos,
             pool.block_size,
             pool.layout.n_head,
             pool.n_blocks,
         )
         self.groups = [group]
+        self._indices: dict[int, GroupIndices] = {}
         # One host array for every per-row input, copied to the device in one transfer.
         self._host = torch.zeros((rows, 5 + max_blocks), dtype=torch.long, pin_memory=device.type == "cuda")
 
@@ -237,7 +240,12 @@ class StaticDecodeStep:
     def results(self) -> list[PagedRow]:
         return [rs.result for rs in self.row_steps]
 
-    def load(self, row_steps: Sequence[RowStep], mem_lens: Sequence[int]) -> None:
+    def fits(self, row_step: RowStep) -> bool:
+        """Whether a planned row fits the buffers: its blocks, and its distances within the positional scores
+        (a longer row, e.g. a memory restored after the server's largest mem_len was lowered, runs eagerly)."""
+        return row_step.ids.size <= self.max_blocks and row_step.mem_length + row_step.new <= self.n_pos
+
+    def load(self, row_steps: Sequence[RowStep], rules: Sequence[WindowRule]) -> None:
         """The rows of this iteration (planned with `plan_row`, one new token each), padded to capacity."""
         if len(row_steps) > self.capacity:
             raise ValueError(f"{len(row_steps)} rows do not fit a step of {self.capacity}")
@@ -248,13 +256,15 @@ class StaticDecodeStep:
         host[:, 2] = 1  # key length
         host[:, 3] = 1  # window
         host[:, 5:] = self.scratch_block
-        for i, (rs, mem_len) in enumerate(zip(row_steps, mem_lens, strict=True)):
+        for i, (rs, rule) in enumerate(zip(row_steps, rules, strict=True)):
+            if rs.new != 1 or not self.fits(rs):
+                raise ValueError(
+                    "a row longer than the step was built for (or not one new token) runs eagerly"
+                )
             (position,) = rs.write_positions
-            if rs.ids.size > host.shape[1] - 5:
-                raise ValueError("a row's memory spans more blocks than the step was built for")
             host[i, 0], host[i, 1] = rs.ids[position // bs], position % bs
             host[i, 2] = rs.mem_length + rs.new
-            host[i, 3] = max(mem_len, 1) if self.same_length else self.n_pos + 1
+            host[i, 3] = min(rule.window(rs.position), self.n_pos + 1)
             host[i, 4] = rs.start
             host[i, 5 : 5 + rs.ids.size] = rs.ids
             host[i, 5 + rs.ids.size :] = NULL_BLOCK
@@ -262,10 +272,21 @@ class StaticDecodeStep:
         self.write_blocks.copy_(device[:, 0])
         self.write_slots.copy_(device[:, 1])
         group.key_lengths.copy_(device[:, 2])
-        group.windows.copy_(device[:, 3])
+        group.windows.copy_(device[:, 3:4])
         group.starts.copy_(device[:, 4])
         group.table.copy_(device[:, 5:])
         self.row_steps = list(row_steps)
+
+    def begin(self) -> None:
+        """A forward starts: what was derived from the previous rows is dropped (inside a captured graph this runs
+        once, at capture, and the derivation it leads to is replayed from the buffers each time)."""
+        self._indices = {}
+
+    def indices(self, group: int) -> GroupIndices:
+        found = self._indices.get(group)
+        if found is None:
+            found = self._indices[group] = self.groups[group].derive()
+        return found
 
     def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
         _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)

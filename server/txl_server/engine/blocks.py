@@ -84,6 +84,7 @@ def snapshot_blocks(state: ModelState, since: int | None = None) -> BlockSnapsho
     header = {
         "format": FORMAT,
         "mem_len": memory.mem_len,
+        "grid": memory.grid,
         "fed": state.fed,
         "tail": list(state.tail),
         "length": row.length,
@@ -106,8 +107,12 @@ def state_from_blocks(
     blocks: dict[int, bytes],
     layout: MemoryLayout,
     pool: BlockPool,
+    *,
+    grid: int | None = None,
 ) -> ModelState:
-    """Inverse of `snapshot_blocks` (every block present), into `pool`; ValueError if anything does not fit."""
+    """Inverse of `snapshot_blocks` (every block present), into `pool`; ValueError if anything does not fit.
+    `grid`: the window grid of blocks whose header does not record one (written before windows were fixed on a
+    grid)."""
     try:
         if int(header["format"]) != FORMAT:
             raise ValueError(f"unknown block format {header['format']}")
@@ -119,6 +124,10 @@ def state_from_blocks(
         length, start, first = int(header["length"]), int(header["start"]), int(header["first"])
         mem_len, fed = int(header["mem_len"]), int(header["fed"])
         tail = tuple(int(t) for t in header["tail"])
+        if "grid" in header:
+            grid = int(header["grid"]) if header["grid"] is not None else None
+        if grid is not None and grid < 1:
+            raise ValueError("the window grid must be positive")
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed memory header: {exc}") from exc
     if bs != pool.block_size:
@@ -141,7 +150,9 @@ def state_from_blocks(
         last_hidden = torch.frombuffer(bytearray(hidden), dtype=torch.uint8).view(dtype)
         last_hidden = last_hidden.to(dtype=layout.dtype, device=layout.device)
     if n == 0:
-        return ModelState(Memory(pool, mem_len=mem_len), last_hidden, tail, fed)
+        return ModelState(
+            Memory(pool, mem_len=mem_len, rows=[PagedRow(None, fed=fed)], grid=grid), last_hidden, tail
+        )
     data = torch.stack(parts).to(dtype=layout.dtype, device=pool.keys.device)  # [n, L, 2, H, bs, Dh]
     ids = pool.allocate(n)
     table = BlockTable(pool, ids, owned=True)
@@ -151,5 +162,5 @@ def state_from_blocks(
     for block in ids:
         pool.set_filled(int(block), bs)
     pool.set_filled(int(ids[-1]), start + length - (n - 1) * bs)
-    memory = Memory(pool, mem_len=mem_len, rows=[PagedRow(table, start, length)])
-    return ModelState(memory, last_hidden, tail, fed)
+    memory = Memory(pool, mem_len=mem_len, rows=[PagedRow(table, start, length, fed)], grid=grid)
+    return ModelState(memory, last_hidden, tail)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from txl import BlockPool, Memory, TransfoXLLMHeadModel
+from txl import BlockPool, TransfoXLLMHeadModel
 from txl.paged import BlockTable, plan_row, resting_blocks
 from txl.paged_step import StaticDecodeStep
 from txl.sampling import RowParams, sample_rows
@@ -53,7 +53,8 @@ def _top_k_bucket(rows: Sequence[DecodeRow], vocab: int) -> int:
 
 @dataclass
 class _Graph:
-    """One captured decoding iteration and the buffers it reads and writes."""
+    """One captured decoding iteration and the buffers it reads and writes. It keeps alive everything its body
+    reads that it does not own (the positional tables), so that nothing it captured is ever freed under it."""
 
     step: StaticDecodeStep
     hidden_in: Tensor  # [B, D]
@@ -61,6 +62,7 @@ class _Graph:
     tokens: Tensor  # [B] out
     logprobs: Tensor  # [B] out
     hidden_out: Tensor  # [B, D] out
+    tables: list[Tensor]  # per layer, the positional keys the body reads
     replay: Callable[[], None]
 
 
@@ -71,28 +73,46 @@ class DecodeGraphs:
         pool: BlockPool,
         *,
         max_batch_size: int,
-        max_mem_len: int,
+        max_positions: int,
         capture: bool,
     ) -> None:
+        """`max_positions`: the most positions a memory holds between steps (its window rule's
+        `max_positions` at the server's largest mem_len); rows beyond it run eagerly."""
         self.model = model
         self.pool = pool
         self.capture = capture
         self.sizes = buckets(max_batch_size)
         self.vocab = model.config.vocab_size
         # A row attends over at most its memory and its new token: blocks and distances to cover.
-        self.max_blocks = resting_blocks(max_mem_len + 1, pool.block_size) + 1
-        self.n_pos = max_mem_len + 1
+        self.max_blocks = resting_blocks(max_positions + 1, pool.block_size) + 1
+        self.n_pos = max_positions + 1
         self._scratch = BlockTable(pool, pool.allocate(1), owned=True)
         self._graphs: dict[tuple[int, int, bool], _Graph] = {}
         self._generation = pool.generation
         self._memory_pool = torch.cuda.graph_pool_handle() if capture else None
 
     def supports(self, rows: Sequence[DecodeRow]) -> bool:
-        """Whether these rows can run as a graph: not too many, none asking for top log-probs."""
-        return len(rows) <= self.sizes[-1] and not any(r.top_logprobs for r in rows)
+        """Whether these rows can run as a graph: not too many, none asking for top log-probs, each within the
+        distances and blocks the buffers cover (known before planning: a step never changes a row's block count
+        but by the blocks its new position needs)."""
+        if len(rows) > self.sizes[-1] or any(r.top_logprobs for r in rows):
+            return False
+        bs = self.pool.block_size
+        return all(
+            r.memory.rows[0].length + 1 <= self.n_pos
+            and -(-(r.memory.rows[0].end + 1) // bs) <= self.max_blocks
+            for r in rows
+        )
 
     @torch.inference_mode()
     def run(self, rows: Sequence[DecodeRow]) -> list[DecodeOut]:
+        same_length = self.model.config.same_length
+        rules = [r.memory.rule(same_length) for r in rows]
+        # Planned first: planning may allocate blocks, and a growable pool then reallocates its tensors.
+        steps = [
+            plan_row(self.pool, r.memory.rows[0], 1, rule.keep(r.memory.rows[0].fed + 1))
+            for r, rule in zip(rows, rules, strict=True)
+        ]
         if self.pool.generation != self._generation:  # the pool was reallocated: captured addresses are stale
             self._graphs.clear()
             self._generation = self.pool.generation
@@ -101,8 +121,7 @@ class DecodeGraphs:
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = self._build(*key)
-        steps = [plan_row(self.pool, r.memory.rows[0], 1, r.memory.mem_len) for r in rows]
-        graph.step.load(steps, [r.memory.mem_len for r in rows])
+        graph.step.load(steps, rules)
         n = len(rows)
         graph.hidden_in[:n].copy_(torch.stack([r.last_hidden for r in rows]))
         graph.hidden_in[n:].zero_()
@@ -122,7 +141,7 @@ class DecodeGraphs:
         ids, logprobs = host[:n].long().tolist(), host[n:].tolist()
         out = []
         for i, (row, rs) in enumerate(zip(rows, steps, strict=True)):
-            memory = Memory(self.pool, mem_len=row.memory.mem_len, rows=[rs.result])
+            memory = row.memory.like([rs.result])
             out.append(DecodeOut(ids[i], logprobs[i], None, memory, graph.hidden_out[i].clone()))
         graph.step.row_steps = []  # the buffers keep no memory alive
         return out
@@ -134,7 +153,6 @@ class DecodeGraphs:
             rows=size,
             max_blocks=self.max_blocks,
             n_pos=self.n_pos,
-            same_length=self.model.config.same_length,
             scratch_block=int(self._scratch.ids[0]),
         )
         padding = _padding(size, self.vocab, device)
@@ -155,12 +173,14 @@ class DecodeGraphs:
             torch.zeros(size, dtype=torch.float32, device=device),
             torch.zeros((size, self.model.config.d_model), dtype=dtype, device=device),
         )
-        self.model.transformer.positional_tables(self.n_pos)  # grown now: a capture must not allocate it
+        # The tables the body reads, held by the graph: a later eager step that needs a longer table makes new
+        # tensors, and these stay valid (and allocated) for as long as the graph is.
+        tables = list(self.model.transformer.positional_tables(self.n_pos))
 
         def body() -> None:
             log_probs = self.model.log_probs(hidden_in)  # [B, V]
             tokens, logprobs = sample_rows(log_probs, params)
-            hidden = self.model.transformer.forward_step(tokens, step)  # [B, D]
+            hidden = self.model.transformer.forward_step(tokens, step, tables)  # [B, D]
             outputs[0].copy_(tokens)
             outputs[1].copy_(logprobs)
             outputs[2].copy_(hidden)
@@ -169,18 +189,23 @@ class DecodeGraphs:
         if self.capture:
             replay = self._capture(body)
             log.info("captured a decoding graph: %d rows, top_k %d, top_p %s", size, max_top_k, any_top_p)
-        return _Graph(step, hidden_in, params, *outputs, replay)
+        return _Graph(step, hidden_in, params, *outputs, tables, replay)
 
     def _capture(self, body: Callable[[], None]) -> Callable[[], None]:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisation, autotuning
-            for _ in range(2):
+        device = self.pool.keys.device
+        # Under the pool's device: the side stream, the capture and the kernels' launches belong to it, whatever
+        # device is current on this thread (cuda:1 served from a thread whose current device is cuda:0).
+        with torch.cuda.device(device):
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisation, autotuning
+                for _ in range(2):
+                    body()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: CUDA work other threads do meanwhile (tier moves, snapshots) does not invalidate it.
+            with torch.cuda.graph(graph, pool=self._memory_pool, capture_error_mode="thread_local"):
                 body()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._memory_pool):
-            body()
         return graph.replay
 
 

@@ -23,9 +23,6 @@ from txl.scoring import shifted
 if TYPE_CHECKING:
     from .graphs import DecodeGraphs
 
-if TYPE_CHECKING:
-    pass
-
 # (token id, log-prob) of the most likely tokens at one position, best first.
 TopLogprobs = tuple[tuple[int, float], ...]
 
@@ -91,14 +88,13 @@ class ModelRunner:
         tokens = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [N]
         rows = [r.memory for r in decode] + [c.memory for c in chunks]
         queries = [1] * len(decode) + [len(c.tokens) for c in chunks]
+        same_length = model.config.same_length
         hidden, results = model.transformer.forward_rows(
-            tokens, queries, [m.rows[0] for m in rows], [m.mem_len for m in rows], self.pool
+            tokens, queries, [m.rows[0] for m in rows], [m.rule(same_length) for m in rows], self.pool
         )  # [N, D]
         offsets = np.cumsum([0, *queries])
         last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]
-        memories = [
-            Memory(self.pool, mem_len=m.mem_len, rows=[r]) for m, r in zip(rows, results, strict=True)
-        ]
+        memories = [m.like([r]) for m, r in zip(rows, results, strict=True)]
         chunk_outs = self._chunks(
             chunks, hidden, offsets[len(decode) :], last[len(decode) :], memories[len(decode) :]
         )

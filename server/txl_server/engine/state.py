@@ -9,6 +9,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import Tensor
 from txl import BlockPool, Memory, MemoryLayout
+from txl.window import WindowRule
 
 # Detokenization may depend on the last few tokens of the context (word-level spacing).
 TAIL_TOKENS = 8
@@ -18,10 +19,14 @@ TAIL_TOKENS = 8
 class ModelState:
     """Immutable: a step returns a new state; the old one stays valid (rollback is keeping the old one)."""
 
-    memory: Memory  # keys/values of the last <= mem_len positions
+    memory: Memory  # keys/values of the last positions (one row): as many as its window rule keeps
     last_hidden: Tensor | None  # [D]: the last position's output, which predicts the next token (None: empty)
     tail: tuple[int, ...]  # the last few token ids
-    fed: int = 0  # positions fed over the session's life: the memory holds the last `memory.length` of them
+
+    @property
+    def fed(self) -> int:
+        """Positions fed over the session's life: the memory holds the last `memory.length` of them."""
+        return self.memory.rows[0].fed
 
     @property
     def nbytes(self) -> int:
@@ -38,14 +43,16 @@ class ModelState:
         return cls(memory, None, ())
 
     def advanced(self, memory: Memory, last_hidden: Tensor, tokens: list[int]) -> ModelState:
-        return ModelState(memory, last_hidden, (*self.tail, *tokens)[-TAIL_TOKENS:], self.fed + len(tokens))
+        if memory.rows[0].fed != self.fed + len(tokens):
+            raise ValueError("the memory was not advanced by these tokens")
+        return ModelState(memory, last_hidden, (*self.tail, *tokens)[-TAIL_TOKENS:])
 
     def moved(self, pool: BlockPool) -> ModelState:
         """A copy in another pool (tier moves between the device and the host): same values."""
         memory = self.memory.to_pool(pool)
         device = pool.layout.device
         hidden = None if self.last_hidden is None else self.last_hidden.to(device, copy=True)
-        return ModelState(memory, hidden, self.tail, self.fed)
+        return ModelState(memory, hidden, self.tail)
 
     # ------------------------------------------------------------------ serialisation (snapshots, Redis tier)
 
@@ -57,6 +64,7 @@ class ModelState:
         layout = self.memory.layout
         meta = {
             "mem_len": str(self.memory.mem_len),
+            "grid": str(self.memory.grid or 0),
             "fed": str(self.fed),
             "tail": json.dumps(list(self.tail)),
             "layout": json.dumps([layout.n_layer, layout.n_head, layout.d_head, layout.d_model]),
@@ -65,15 +73,26 @@ class ModelState:
         return save_safetensors({k: v.cpu() for k, v in tensors.items()}, metadata=meta)
 
     @classmethod
-    def from_bytes(cls, data: bytes, layout: MemoryLayout, pool: BlockPool | None = None) -> ModelState:
+    def from_bytes(
+        cls,
+        data: bytes,
+        layout: MemoryLayout,
+        pool: BlockPool | None = None,
+        *,
+        grid: int | None = None,
+        same_length: bool = False,
+    ) -> ModelState:
         """Inverse of `to_bytes` (into `pool`, default the layout's process-wide pool); raises ValueError if the
-        snapshot does not fit the model's layout."""
+        snapshot does not fit the model's layout. `grid`: the window grid of a snapshot that does not record one
+        (made before windows were fixed on a grid)."""
         try:
             tensors = load_safetensors(data)
             meta = _metadata(data)
             mem_len = int(meta["mem_len"])
             tail = tuple(int(t) for t in json.loads(meta["tail"]))
             fed = int(meta.get("fed", 0))
+            if "grid" in meta:
+                grid = int(meta["grid"]) or None
         except Exception as exc:
             raise ValueError(f"not a session snapshot: {exc}") from exc
         expected = [layout.n_layer, layout.n_head, layout.d_head, layout.d_model]
@@ -85,8 +104,13 @@ class ModelState:
         if last_hidden is not None:
             last_hidden = last_hidden.to(dtype=layout.dtype, device=layout.device)
         tensors = {k: v.to(dtype=layout.dtype, device=layout.device) for k, v in tensors.items()}
-        memory = Memory.from_tensors(layout, tensors, mem_len=mem_len, pool=pool)
-        return cls(memory, last_hidden, tail, max(fed, memory.length))
+        length = tensors["keys.0"].size(2) if "keys.0" in tensors else 0
+        fed = max(fed, length)
+        keep = WindowRule(mem_len, same_length, grid).keep(fed)
+        memory = Memory.from_tensors(
+            layout, tensors, mem_len=mem_len, pool=pool, grid=grid, fed=fed, keep=keep
+        )
+        return cls(memory, last_hidden, tail)
 
 
 def snapshot_metadata(data: bytes) -> dict[str, str]:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from txl import BlockPool, TransfoXLLMHeadModel
 from txl.tokenizers import Tokenizer
+from txl.window import WindowRule
 
 from ..errors import Overloaded, Unavailable
 from .graphs import DecodeGraphs
@@ -118,13 +119,25 @@ class Worker:
             max_batch_size=max_batch_size,
             max_batch_tokens=max_batch_tokens or max(2 * segment_len, max_batch_size + segment_len),
         )
+        # Every session's windows sit on the grid the model was trained with: a session's state is then a
+        # function of its tokens, however they arrive (txl.window).
+        self.grid = model.config.segment_len
+        largest = WindowRule(
+            max_mem_len if max_mem_len is not None else model.config.mem_len,
+            model.config.same_length,
+            self.grid,
+        )
+        self.max_positions = largest.max_positions
+        # The positional table sized once for the longest key length any step asks for (a memory at its
+        # largest and a whole segment), so that serving never reallocates it.
+        model.transformer.reserve_positions(self.max_positions + segment_len)
         decode_graphs = None
         if graphs:  # CUDA graphs for decoding iterations (on a CPU: the same static buffers, run eagerly)
             decode_graphs = DecodeGraphs(
                 model,
                 self.pool,
                 max_batch_size=max_batch_size,
-                max_mem_len=max_mem_len if max_mem_len is not None else model.config.mem_len,
+                max_positions=self.max_positions,
                 capture=self.pool.layout.device.type == "cuda",
             )
         self.runner = ModelRunner(model, self.pool, decode_graphs)
@@ -164,6 +177,10 @@ class Worker:
         job = CallJob(function)
         self.submit(job)
         return await job.result()
+
+    def empty_state(self, mem_len: int) -> ModelState:
+        """A state holding nothing, in this worker's pool, its windows on the server's grid."""
+        return ModelState.empty(self.model.empty_memory(mem_len=mem_len, pool=self.pool, grid=self.grid))
 
     @property
     def active_jobs(self) -> int:

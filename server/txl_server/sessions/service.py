@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from txl import BlockPool, TransfoXLLMHeadModel, peak_positions
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
+from txl.window import WindowRule
 
 from ..engine.blocks import BlockSnapshot, block_keys, snapshot_blocks, state_from_blocks
 from ..engine.jobs import (
@@ -159,7 +160,7 @@ class SessionService:
         ttl = self._ttl(ttl_seconds)
         await self._admit_session(owner, mem_len)
         tokens = self.tokenizer.encode(text)
-        empty = ModelState.empty(self.model.empty_memory(mem_len=mem_len, pool=self.pool))
+        empty = self.worker.empty_state(mem_len)
         result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
         assert isinstance(result, AdvanceResult)
         meta = await self._register(owner, result.state, len(tokens), ttl, dict(metadata or {}))
@@ -465,7 +466,10 @@ class SessionService:
     async def _load(self, data: bytes) -> ModelState:
         """An exported snapshot's state, in the device's pool (written on the worker thread)."""
         layout = self.model.memory_layout()
-        return await self.worker.call(lambda: ModelState.from_bytes(data, layout, self.pool))
+        same_length, grid = self.model.config.same_length, self.worker.grid
+        return await self.worker.call(
+            lambda: ModelState.from_bytes(data, layout, self.pool, grid=grid, same_length=same_length)
+        )
 
     async def _restore(self, stored: StoredMemory) -> ModelState:
         """A memory read back from Redis, in the device's pool (written on the worker thread)."""
@@ -474,13 +478,17 @@ class SessionService:
         assert stored.header is not None
         header, hidden, blocks = stored.header, stored.hidden, stored.blocks
         layout = self.model.memory_layout()
-        return await self.worker.call(lambda: state_from_blocks(header, hidden, blocks, layout, self.pool))
+        grid = self.worker.grid
+        return await self.worker.call(
+            lambda: state_from_blocks(header, hidden, blocks, layout, self.pool, grid=grid)
+        )
 
     def _admit(self, mem_len: int) -> None:
         """Refuses a session that could never run: its memory at its largest (full, with the room segment by
         segment ingestion keeps) does not fit the device budget."""
         per_position = self.model.memory_layout().bytes_per_position()
-        needed = peak_positions(mem_len, self.segment_len) * per_position
+        held = WindowRule(mem_len, self.model.config.same_length, self.worker.grid).max_positions
+        needed = peak_positions(held, self.segment_len) * per_position
         if needed > self.cache.budget(DEVICE):
             raise Overloaded(
                 f"a session with mem_len {mem_len} needs {needed} bytes, more than the device budget allows",

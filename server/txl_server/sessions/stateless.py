@@ -79,7 +79,7 @@ class StatelessService:
         self.observer = observer or SessionObserver()
 
     def _empty(self) -> ModelState:
-        return ModelState.empty(self.model.empty_memory(mem_len=self.mem_len, pool=self.worker.pool))
+        return self.worker.empty_state(self.mem_len)
 
     async def score(
         self,
