@@ -363,6 +363,25 @@ def plan_row(
     return RowStep(step_table, row.start, row.length, new, result, row.fed)
 
 
+def new_blocks(pool: BlockPool, row: PagedRow, new: int, claimed: set[int] | None = None) -> int:
+    """The fresh blocks `plan_row` will take from the pool to add `new` positions after `row`: the blocks past its
+    table, and a copy of its last block if another sequence already appended into it (or will, earlier in the
+    same step: `claimed` collects the partly filled blocks the step's rows extend in place)."""
+    bs = pool.block_size
+    more = max(math.ceil((row.end + new) / bs) - row.ids.size, 0)
+    tail_used = row.end % bs
+    if not tail_used:
+        return more
+    last = int(row.ids[-1])
+    with pool._lock:
+        extends = pool._filled[last] == tail_used
+    if extends and (claimed is None or last not in claimed):
+        if claimed is not None:
+            claimed.add(last)
+        return more
+    return more + 1
+
+
 def peak_blocks(mem_len: int, new: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """The most blocks one sequence's memory spans while a step of `new` positions runs on it (its memory full,
     starting at the worst offset in its first block)."""

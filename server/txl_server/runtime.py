@@ -75,15 +75,25 @@ def worker_threads(settings: Settings) -> int:
     return max(1, cores - 1) if torch.device(settings.device).type == "cpu" else max(1, min(cores, 4))
 
 
-def device_pool(model: TransfoXLLMHeadModel, settings: Settings) -> BlockPool:
-    """The device's memory pool, sized to the device budget up front (a GPU then never reallocates it).
+def device_pool(model: TransfoXLLMHeadModel, settings: Settings, *, max_batch_tokens: int) -> BlockPool:
+    """The device's memory pool, allocated once, up front: the device budget (sessions at rest) and room for one
+    iteration's new blocks beside it (a step's blocks exist before the memory tiers move other sessions out at
+    its commit).
 
-    It may still grow past the budget while steps run (a step's new blocks exist before the memory tiers move
-    other sessions out at its commit); sessions at rest stay within the budget."""
+    On a GPU it never grows (vLLM allocates its KV cache once too): captured graphs hold its address, and doubling
+    a pool sized near the GPU's memory would fail in the middle of a step. When it is full, the worker runs what
+    fits, asks the session tiers to move idle sessions off the device, and preempts the newest work if that is not
+    enough. On a CPU it grows on demand by default (`TXL_FIXED_POOL` chooses)."""
     layout = model.memory_layout()
-    block_bytes = settings.block_size * layout.bytes_per_position()
+    block_size = settings.block_size
+    block_bytes = block_size * layout.bytes_per_position()
+    one_iteration = max_batch_tokens // block_size + 2 * settings.max_batch_size
+    fixed = settings.fixed_pool if settings.fixed_pool is not None else model.device.type == "cuda"
     return BlockPool(
-        layout, block_size=settings.block_size, blocks=settings.device_memory_bytes // block_bytes + 2
+        layout,
+        block_size=block_size,
+        blocks=settings.device_memory_bytes // block_bytes + one_iteration + 2,
+        growable=not fixed,
     )
 
 
@@ -122,14 +132,15 @@ class Runtime:
             loaded if loaded is not None else await asyncio.to_thread(load_model, settings)
         )
         segment_len = settings.segment_len or model.config.segment_len
+        max_batch_tokens = settings.max_batch_tokens or default_batch_tokens(model.device, segment_len)
         self.worker = Worker(
             model,
             tokenizer,
             segment_len=segment_len,
             max_batch_size=settings.max_batch_size,
-            max_batch_tokens=settings.max_batch_tokens or default_batch_tokens(model.device, segment_len),
+            max_batch_tokens=max_batch_tokens,
             max_queued=settings.max_queued_jobs,
-            pool=device_pool(model, settings),
+            pool=device_pool(model, settings, max_batch_tokens=max_batch_tokens),
             graphs=settings.cuda_graphs if settings.cuda_graphs is not None else model.device.type == "cuda",
             max_mem_len=settings.mem_lens(model.config.mem_len)[1],
             observer=self.worker_observer,
@@ -186,4 +197,8 @@ class Runtime:
             await asyncio.to_thread(self.embedded_redis.stop)
 
     async def ready(self) -> bool:
+        """Redis answers and the device works (a CUDA error that poisoned the context is not recovered from:
+        failing readiness lets an orchestrator restart the process)."""
+        if self.worker is not None and self.worker.device_error is not None:
+            return False
         return self.service is not None and await self.service.store.ping()

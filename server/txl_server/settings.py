@@ -46,7 +46,9 @@ class Settings(BaseSettings):
     # Tokens per forward: decoding rows plus prompt/append/scoring segments beside them (chunked prefill).
     # Default: 256 on a CPU, 2048 on a GPU.
     max_batch_tokens: int | None = Field(None, ge=1, le=65536)
-    block_size: int = Field(16, ge=1, le=256)  # positions per block of the memory pool
+    block_size: int = Field(16, ge=1, le=256)  # positions per block of the memory pool: a power of two
+    # A memory pool allocated once that never grows (admission and preemption when full); default: on CUDA.
+    fixed_pool: bool | None = None
     # Decoding iterations as CUDA graphs; default: on with a CUDA device. (On a CPU: the graphs' static
     # buffers, run eagerly; for tests.)
     cuda_graphs: bool | None = None
@@ -100,6 +102,14 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None  # one "sha256:<hex>" (or plain key) per line
     log_prompts: bool = False
     log_level: str = "info"
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two_block_size(cls, value: int) -> int:
+        # The GPU decode kernel walks a block with tl.arange(0, block_size), which takes powers of two only.
+        if value & (value - 1):
+            raise ValueError(f"block_size must be a power of two (1, 2, 4, ..., 256), got {value}")
+        return value
 
     @field_validator("dtype")
     @classmethod

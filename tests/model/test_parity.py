@@ -31,8 +31,8 @@ CONFIGS = {
 }
 
 
-def _run_txl(model: txl.TransfoXLLMHeadModel, tokens: torch.Tensor, segments: list[int]):
-    memory = model.empty_memory(tokens.size(0), keep_hidden=True)
+def _run_txl(model: txl.TransfoXLLMHeadModel, tokens: torch.Tensor, segments: list[int], grid=None):
+    memory = model.empty_memory(tokens.size(0), keep_hidden=True, grid=grid)
     outputs = []
     start = 0
     for length in segments:
@@ -71,6 +71,21 @@ def test_matches_reference_over_one_and_three_segments(name, safe, tmp_path):
         # The memory, exported in HF's hidden-state form, is HF's mems.
         for ours_layer, theirs_layer in zip(memory.hidden_states(), mems, strict=True):
             torch.testing.assert_close(ours_layer, theirs_layer.transpose(0, 1), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["adaptive-div2", "same-length", "pre-lnorm"])
+def test_windows_on_the_grid_are_the_reference_fed_segment_by_segment(name, tmp_path):
+    """With windows on a grid of 7 (txl.window), any cut of the text is HF's function fed in segments of 7 from
+    the start (the paper's evaluation setting)."""
+    reference = hf_model(seed=len(name), **CONFIGS[name])
+    model = txl.load_pretrained(save_hf(reference, tmp_path / "ckpt", safe=True))
+    tokens = torch.randint(
+        0, reference.config.vocab_size, (2, 21), generator=torch.Generator().manual_seed(8)
+    )
+    theirs, _ = _run_hf(reference, tokens, [7, 7, 7])
+    for segments in ([21], [7, 7, 7], [8, 5, 8], [1] * 21):
+        ours, _ = _run_txl(model, tokens, segments, grid=7)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
 
 def test_imported_hf_mems_continue_identically(tmp_path):

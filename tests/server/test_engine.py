@@ -63,8 +63,9 @@ async def test_append_logprob_is_the_models_log_probability(runtime):
 
 
 async def test_a_session_at_rest_holds_only_the_blocks_of_its_window_and_continues_exactly(runtime):
-    """A long text is ingested segment by segment; the session at rest holds just the blocks its last mem_len
-    positions span, and it continues exactly as the same text fed to the model directly."""
+    """A long text is ingested segment by segment; the session at rest holds just the blocks of the positions
+    its next query's window reaches (its last mem_len, and those of its grid segment so far), and it continues
+    exactly as the same text fed to the model directly."""
     service = runtime.service
     text = (
         "The quick brown fox jumps over the lazy dog. " * 6
@@ -72,13 +73,17 @@ async def test_a_session_at_rest_holds_only_the_blocks_of_its_window_and_continu
     meta = await service.create(OWNER, text=text)
     state = service.cache.peek(meta.id).state
     pool = state.memory.pool
-    assert state.memory.length == meta.mem_len
-    assert state.memory.allocated_nbytes <= resting_blocks(meta.mem_len, pool.block_size) * pool.block_nbytes
+    grid = runtime.worker.grid
+    assert state.memory.length == meta.mem_len + (len(text) + 1) % grid
+    assert (
+        state.memory.allocated_nbytes
+        <= resting_blocks(state.memory.length, pool.block_size) * pool.block_nbytes
+    )
     # The same text fed to the model directly: the next tokens' log-probabilities agree exactly.
     model = service.model
     ids = [service.start_id, *text.encode()]
     with torch.inference_mode():
-        memory = model.empty_memory(1, mem_len=meta.mem_len)
+        memory = model.empty_memory(1, mem_len=meta.mem_len, grid=grid)
         for start in range(0, len(ids), service.segment_len):
             hidden, memory = model(torch.tensor([ids[start : start + service.segment_len]]), memory)
     torch.testing.assert_close(state.memory.keys(0), memory.keys(0), rtol=0, atol=0)

@@ -151,7 +151,11 @@ async def run_job(worker: Worker, job: Job) -> AsyncGenerator[Any, None]:
         async for event in job.events():
             if isinstance(event, ErrorEvent):
                 finished = True
-                raise event.error
+                error = event.error
+                del (
+                    event
+                )  # else its traceback, through this frame, keeps the event and the error alive in a cycle
+                raise error
             if isinstance(event, DoneEvent):
                 finished = True
                 yield event.result

@@ -10,6 +10,8 @@ pool from outside a step (restoring a session to the device) runs here too, betw
 
 from __future__ import annotations
 
+import gc
+import itertools
 import logging
 import math
 import secrets
@@ -22,7 +24,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from txl import BlockPool, TransfoXLLMHeadModel
+from txl import BlockPool, PoolExhausted, TransfoXLLMHeadModel
+from txl.paged import new_blocks
 from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 
@@ -48,6 +51,12 @@ from .text import GenerationText
 
 log = logging.getLogger(__name__)
 
+# With a pool that may not grow: how long nothing may run for lack of blocks before a job is preempted, and how
+# long the loop waits between looks meanwhile.
+PREEMPT_AFTER_SECONDS = 2.0
+STARVED_WAIT_SECONDS = 0.01
+COLLECT_INTERVAL_SECONDS = 0.1
+
 
 class WorkerObserver:
     """Hooks for metrics; the defaults do nothing."""
@@ -61,6 +70,9 @@ class WorkerObserver:
     def on_cancel(self) -> None: ...
 
 
+_arrivals = itertools.count()
+
+
 @dataclass(eq=False)
 class _Ingest:
     """A job feeding its input segment by segment: an AdvanceJob, or a GenerateJob's prompt."""
@@ -71,6 +83,7 @@ class _Ingest:
     score: bool  # log p of every input token
     top_k: int  # with score: the k most likely tokens at each position
     cursor: int = 0
+    arrival: int = field(default_factory=lambda: next(_arrivals))  # the youngest is preempted first
     # Scoring, kept on the device until the job ends: one tensor of log-probs per segment.
     logprobs: list[Tensor] = field(default_factory=list)
     top: list[TopLogprobs | None] = field(default_factory=list)
@@ -91,6 +104,7 @@ class _Decode:
     token_ids: list[int] = field(default_factory=list)
     sampled_logprobs: list[float] = field(default_factory=list)
     held: TokenEvent | None = None  # the last token's event, kept while text may still be released after it
+    arrival: int = field(default_factory=lambda: next(_arrivals))
 
 
 class Worker:
@@ -142,6 +156,14 @@ class Worker:
             )
         self.runner = ModelRunner(model, self.pool, decode_graphs)
         self.observer = observer or WorkerObserver()
+        # Called (on this thread) with the blocks an iteration lacks when a pool that may not grow is full: the
+        # session service then moves idle sessions off the device. Work that still cannot run is preempted.
+        self.on_pool_pressure: Callable[[int], None] | None = None
+        self._starved_since: float | None = None
+        self._collected_at = 0.0
+        # Set when a step fails with an error of the device itself (a CUDA error poisons the whole context):
+        # the server then reports not ready, so that an orchestrator restarts it.
+        self.device_error: str | None = None
         self._cv = threading.Condition()
         self._inbox: list[Job] = []
         self._ingesting: deque[_Ingest] = deque()
@@ -214,15 +236,89 @@ class Worker:
             self._admit(job)
         self._drop_cancelled()
         self.observer.on_queue(len(self._inbox), self.active_jobs)
-        iteration = self.scheduler.next(self._decoding, self._ingesting)
+        iteration = self._fit(self.scheduler.next(self._decoding, self._ingesting))
         if iteration:
             self._step(iteration)
+        elif self._decoding or self._ingesting:  # waiting for blocks: others' commits and evictions free them
+            with self._cv:
+                self._cv.wait(STARVED_WAIT_SECONDS)
         self.observer.on_queue(len(self._inbox), self.active_jobs)
+
+    # ------------------------------------------------------------------ admission to a pool that never grows
+
+    def _fit(self, iteration: Iteration[_Decode, _Ingest]) -> Iteration[_Decode, _Ingest]:
+        """The part of the iteration whose new blocks the pool has (all of it where the pool may grow). What is
+        left out waits for a later iteration; if nothing can run, idle sessions are asked to leave the device
+        (`on_pool_pressure`), and if that does not free enough within PREEMPT_AFTER_SECONDS, the youngest job is
+        preempted with a retryable error (as vLLM preempts its newest requests), so that the others finish."""
+        if self.pool.growable or not iteration:
+            self._starved_since = None
+            return iteration
+        fitted, lacking = self._fitting(iteration)
+        now = time.monotonic()
+        if not fitted and now - self._collected_at >= COLLECT_INTERVAL_SECONDS:
+            # Blocks are freed when the last table holding them goes; one held by a reference cycle (a failed
+            # request's traceback) goes only when the cycle collector runs.
+            self._collected_at = now
+            gc.collect()
+            fitted, lacking = self._fitting(iteration)
+        if lacking and self.on_pool_pressure is not None:
+            self.on_pool_pressure(lacking)
+        if fitted:
+            self._starved_since = None
+        elif self._starved_since is None:
+            self._starved_since = now
+        elif now - self._starved_since >= PREEMPT_AFTER_SECONDS:
+            self._preempt_youngest()
+            self._starved_since = None
+        return fitted
+
+    def _fitting(self, iteration: Iteration[_Decode, _Ingest]) -> tuple[Iteration[_Decode, _Ingest], int]:
+        """The rows of `iteration` whose new blocks are free now (in order), and the blocks the others need."""
+        free = self.pool.available_blocks
+        claimed: set[int] = set()  # blocks a row of this iteration extends in place: others sharing them copy
+        lacking = 0
+        decode: list[_Decode] = []
+        chunks: list[tuple[_Ingest, int]] = []
+        for task in iteration.decode:
+            need = new_blocks(self.pool, task.state.memory.rows[0], 1, claimed)
+            if need <= free:
+                decode.append(task)
+                free -= need
+            else:
+                lacking += need
+        for ingest, n in iteration.chunks:
+            need = new_blocks(self.pool, ingest.state.memory.rows[0], n, claimed)
+            if need <= free:
+                chunks.append((ingest, n))
+                free -= need
+            else:
+                lacking += need
+        return Iteration(decode, chunks), lacking
+
+    def _preempt_youngest(self) -> None:
+        tasks: list[_Ingest | _Decode] = [*self._ingesting, *self._decoding]
+        if not tasks:
+            return
+        youngest = max(tasks, key=lambda t: t.arrival)
+        log.warning("the device's memory pool is full: preempting the newest request")
+        error = Overloaded("the device's memory is full; retry shortly", retry_after=1.0)
+        if isinstance(youngest, _Ingest):
+            self._fail([], [youngest], error)
+        else:
+            self._fail([youngest], [], error)
 
     def _admit(self, job: Job) -> None:
         if isinstance(job, CallJob):
             try:
                 result = job.function()
+            except PoolExhausted as exc:  # restoring a session to a full device: retryable
+                log.info("no room on the device: %s", exc)
+                if self.on_pool_pressure is not None:
+                    self.on_pool_pressure(1)
+                job.emit(
+                    ErrorEvent(Overloaded("the device's memory is full; retry shortly", retry_after=1.0))
+                )
             except Exception as exc:  # the caller gets the error
                 job.emit(ErrorEvent(exc))
             else:
@@ -298,6 +394,9 @@ class Worker:
             decoded, fed = self.runner.run(decode_rows, chunk_rows)
         except Exception as exc:
             log.exception("a step failed")
+            if is_device_error(exc) and self.device_error is None:
+                self.device_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log.error("the device failed (%s): reporting not ready", self.device_error)
             self._fail([t for t in iteration.decode], [t for t, _ in iteration.chunks], exc)
             return
         seconds = time.perf_counter() - started
@@ -401,6 +500,14 @@ class Worker:
             prompt.top if prompt is not None and prompt.top_k else None,
         )
         task.job.emit(DoneEvent(result))
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """An error of the accelerator itself (an illegal address, a launch failure, ECC), after which its context
+    cannot be trusted: not an error of the request."""
+    return isinstance(exc, torch.AcceleratorError) or (
+        isinstance(exc, RuntimeError) and str(exc).startswith(("CUDA error", "CUDA driver error"))
+    )
 
 
 class CancelledByClient(Exception):

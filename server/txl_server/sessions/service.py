@@ -131,6 +131,9 @@ class SessionService:
         )
         self._tier_lock = asyncio.Lock()
         self._expiry: dict[str, float] = {}
+        self._loop = asyncio.get_running_loop()
+        self._relieving = False
+        worker.on_pool_pressure = self._on_pool_pressure
 
     # ------------------------------------------------------------------ reading
 
@@ -519,20 +522,45 @@ class SessionService:
             victim = self.cache.victim(tier)
             if victim is None:
                 return
-            entry = self.cache.peek(victim)
-            assert entry is not None
-            if tier == DEVICE:
-                moved = await asyncio.to_thread(entry.state.moved, self.host_pool)
-                host_needs = self.cache.added_bytes(HOST, moved)
-                await self._make_room(HOST, host_needs)
-                if self.cache.peek(victim) is not entry:  # changed while we copied: look again
-                    continue
-                if self.cache.used(HOST) + host_needs <= self.cache.budget(HOST):
-                    self.cache.replace(victim, moved, HOST)
-                    self.observer.on_tier_move(DEVICE, HOST)
-                    await self._set_tier(victim, HOST)
-                    continue
-            await self._spill(victim, entry)
+            await self._move_down(victim, tier)
+
+    async def _move_down(self, victim: str, tier: str) -> None:
+        """Moves one session out of `tier`: from the device to the host if the host has room, else out of this
+        process. Holds the lock."""
+        entry = self.cache.peek(victim)
+        assert entry is not None
+        if tier == DEVICE:
+            moved = await asyncio.to_thread(entry.state.moved, self.host_pool)
+            host_needs = self.cache.added_bytes(HOST, moved)
+            await self._make_room(HOST, host_needs)
+            if self.cache.peek(victim) is not entry:  # changed while we copied: the caller looks again
+                return
+            if self.cache.used(HOST) + host_needs <= self.cache.budget(HOST):
+                self.cache.replace(victim, moved, HOST)
+                self.observer.on_tier_move(DEVICE, HOST)
+                await self._set_tier(victim, HOST)
+                return
+        await self._spill(victim, entry)
+
+    def _on_pool_pressure(self, blocks: int) -> None:
+        """The worker (on its thread) lacks `blocks` free blocks of a pool that never grows: idle sessions leave
+        the device until it has them (one relief at a time)."""
+        if not self._relieving:
+            self._relieving = True
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._relieve_pool(blocks)))
+
+    async def _relieve_pool(self, blocks: int) -> None:
+        try:
+            async with self._tier_lock:
+                while self.pool.available_blocks < blocks:
+                    victim = self.cache.victim(DEVICE)
+                    if victim is None:
+                        return
+                    await self._move_down(victim, DEVICE)
+        except Exception as exc:  # Redis away while spilling: the worker asks again
+            log.warning("could not move sessions off the device: %s", exc)
+        finally:
+            self._relieving = False
 
     async def _spill(self, victim: str, entry: Entry) -> None:
         """Out of this process: to Redis (persistence on), else dropped (the session answers 410 gone)."""
