@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from txl_server.engine.blocks import snapshot_blocks
+from txl_server.engine.blocks import BlockIndex, snapshot
 from txl_server.runtime import Runtime
 from txl_server.settings import Persistence, Settings
 
@@ -35,7 +35,7 @@ async def measure(persistence: Persistence, appends: int) -> tuple[float, float,
             meta = await service.create(OWNER, text=text)
             entry = service.cache.peek(meta.id)
             assert entry is not None
-            whole = snapshot_blocks(entry.state).nbytes
+            whole = snapshot(entry.state, BlockIndex()).nbytes
             block = entry.state.memory.pool.block_nbytes
             redis = service.store.redis
             seconds, sent = [], []

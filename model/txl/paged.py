@@ -72,6 +72,9 @@ class BlockPool:
         self._refs = np.zeros(blocks, dtype=np.int64)
         self._refs[NULL_BLOCK] = 1  # pinned
         self._filled = np.zeros(blocks, dtype=np.int64)
+        # How many times each block was handed out: (block, incarnation) names one content for the block's life,
+        # so that what was made of a block (e.g. its copy in Redis) is never mistaken for its next owner's.
+        self._incarnations = np.zeros(blocks, dtype=np.int64)
         # A min-heap: the lowest free ids are handed out first, so that memories allocated after others were freed
         # get ascending, mostly adjacent blocks. A stack handed a freed batch back in reverse order, and reading a
         # row's blocks backwards through memory made 64 decoding sessions a fifth slower on every other round.
@@ -152,6 +155,7 @@ class BlockPool:
             ids = np.array([heapq.heappop(self._free) for _ in range(n)], dtype=np.int64)
             self._refs[ids] = 1
             self._filled[ids] = 0
+            self._incarnations[ids] += 1
         index = torch.from_numpy(ids).to(self.keys.device)
         self.keys.index_fill_(2, index, 0)
         self.values.index_fill_(2, index, 0)
@@ -175,6 +179,7 @@ class BlockPool:
             self.hidden[:, :old].copy_(hidden)
         self._refs = np.concatenate([self._refs, np.zeros(new - old, dtype=np.int64)])
         self._filled = np.concatenate([self._filled, np.zeros(new - old, dtype=np.int64)])
+        self._incarnations = np.concatenate([self._incarnations, np.zeros(new - old, dtype=np.int64)])
         self._free.extend(range(old, new))  # larger than every id before them: still a heap
         self.generation += 1
 
@@ -193,6 +198,11 @@ class BlockPool:
 
     def refcount(self, block: int) -> int:
         return int(self._refs[block])
+
+    def incarnations(self, ids: np.ndarray) -> np.ndarray:
+        """How many times each of `ids` has been handed out (see `_incarnations`)."""
+        with self._lock:
+            return self._incarnations[ids].copy()
 
     def claim(self, block: int, offset: int, n: int) -> bool:
         """Claims positions [offset, offset + n) of `block` for writing, if nothing was written at `offset` or

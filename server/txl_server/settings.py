@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     device_memory_bytes: int = Field(2 * 1024**3, ge=0)
     host_memory_bytes: int = Field(4 * 1024**3, ge=0)
     persistence: Persistence = Persistence.EVICT
+    # Versions of each session kept (rewind, forks at a version, Responses chaining); 0 keeps only the newest.
+    keep_versions: int = Field(32, ge=0, le=1024)
 
     # ---- redis
     redis_url: str | None = None  # None: start a private redis-server for this process

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from safetensors.torch import load, save
 from txl.sampling import SamplingParams
-from txl_server.engine.blocks import snapshot_blocks
+from txl_server.engine.blocks import BlockIndex, snapshot
 from txl_server.engine.state import snapshot_metadata
 from txl_server.engine.worker import WorkerObserver
 from txl_server.settings import Persistence
@@ -121,7 +121,7 @@ async def test_a_small_append_sends_redis_only_the_blocks_it_changed(make_settin
         service = rt.service
         meta = await service.create(OWNER, text="It was the best of times, it was the worst of times. " * 12)
         state = service.cache.peek(meta.id).state
-        whole = snapshot_blocks(state).nbytes
+        whole = snapshot(state, BlockIndex()).nbytes
         block = state.memory.pool.block_nbytes
         redis = service.store.redis
         before = (await redis.info("stats"))["total_net_input_bytes"]

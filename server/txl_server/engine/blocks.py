@@ -1,20 +1,25 @@
-"""A session's memory as blocks, the form Redis keeps: a commit writes only the blocks that changed.
+"""A session's memory as the store (Redis) keeps it: blocks shared by reference, written once.
 
-A session's positions are numbered from its first token. Its memory's blocks are aligned to that numbering (a
-block covers positions [key, key + block_size), `key` its first), so the block holding position p keeps its key
-for the session's whole life: a commit that adds positions rewrites the block they start in and writes the new
-ones after it; the blocks that slid out of the window are deleted; every other block is already in Redis. Each
-block is one value of a few hundred KiB to a few MiB (every layer's keys and values of its positions), never the
-whole memory in one value.
+A stored version of a memory is a header (the window: how many positions, where they start in the first block,
+how many were fed, the layout) and the ids of its blocks in table order; each block is one value of a few hundred
+KiB to a few MiB (every layer's keys and values of its positions), never the whole memory in one value. Blocks are
+shared the way the pool shares them: a session's versions, its forks, the sessions started from a preloaded
+memory all list the same block ids, and a commit writes only the blocks the store does not hold yet (usually the
+one its new positions start in and those after it).
 
-Positions of a block outside the session's window (before its first position, after its last) are written as
-zeros: a block carries nothing of another session.
+What the store holds is tracked per pool block (`BlockIndex`): a pool block, in one incarnation (between its
+allocation and its release), with one span of valid positions, is one stored block. A block's positions outside
+the span are written as zeros: a block carries nothing of another session, nor of a sibling fork's later text.
+
+Older stores wrote position-keyed blocks per session (format 2) or one safetensors value (format 1); both still
+load (`legacy_state`, `ModelState.from_bytes`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,61 +30,128 @@ from txl.paged import BlockTable, PagedRow
 
 from .state import ModelState
 
-FORMAT = 2
+FORMAT = 3
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# A stored block, as the index knows it: (pool, block id, incarnation, first valid position, end of the valid ones).
+BlockKey = tuple[int, int, int, int, int]
 
-@dataclass(frozen=True)
-class BlockSnapshot:
-    header: dict[str, Any]  # what the blocks are: format, layout, window, tail
-    hidden: bytes | None  # the last hidden state
-    blocks: dict[int, bytes]  # key (first position) -> every layer's keys and values of its positions
-    full: bool  # all the memory's blocks (else only those holding positions at or after `since`)
+
+@dataclass
+class StoredVersion:
+    """One version of a memory to write: its header (block ids included), last hidden state, and the data of the
+    blocks the store does not hold yet."""
+
+    header: dict[str, Any]
+    hidden: bytes | None
+    new_blocks: dict[str, bytes]
+    # What the index learns once the store has them: each new block's key and id.
+    learned: list[tuple[BlockKey, str]] = field(default_factory=list)
+
+    @property
+    def block_ids(self) -> list[str]:
+        return list(self.header["blocks"])
 
     @property
     def nbytes(self) -> int:
-        return sum(len(b) for b in self.blocks.values()) + len(self.hidden or b"")
+        """Bytes this write sends: new blocks, the hidden state and the header."""
+        return (
+            sum(len(b) for b in self.new_blocks.values()) + len(self.hidden or b"") + len(self.header_json())
+        )
 
     def header_json(self) -> str:
         return json.dumps(self.header, separators=(",", ":"))
+
+
+class BlockIndex:
+    """Which pool blocks the store already holds, and under which id. Entries of a block that was released (its
+    incarnation moved on) are dead and never match again; `prune` drops them."""
+
+    def __init__(self) -> None:
+        self._ids: dict[BlockKey, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get(self, key: BlockKey) -> str | None:
+        return self._ids.get(key)
+
+    def learn(self, pairs: list[tuple[BlockKey, str]]) -> None:
+        self._ids.update(pairs)
+
+    def forget(self, ids: set[str]) -> None:
+        """Drops the entries of blocks the store turned out not to hold (expired)."""
+        self._ids = {k: v for k, v in self._ids.items() if v not in ids}
+
+    def prune(self, pools: list[BlockPool]) -> None:
+        """Drops the entries of released blocks (of `pools`; entries of other pools are kept)."""
+        live: dict[BlockKey, str] = {}
+        by_id = {id(p): p for p in pools}
+        for key, value in self._ids.items():
+            pool = by_id.get(key[0])
+            if pool is None or int(pool.incarnations(np.array([key[1]]))[0]) == key[2]:
+                live[key] = value
+        self._ids = live
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def block_keys(state: ModelState) -> list[int]:
-    """The key of each block of the state's memory, in table order."""
+def _spans(row: PagedRow, block_size: int) -> list[tuple[int, int]]:
+    """The valid positions [lo, hi) of each block of `row`'s table."""
+    n = row.ids.size
+    return [
+        (row.start if i == 0 else 0, row.end - i * block_size if i == n - 1 else block_size) for i in range(n)
+    ]
+
+
+def block_keys(state: ModelState) -> list[BlockKey]:
+    """The index key of each block of the state's memory, in table order."""
     row = state.memory.rows[0]
-    bs = state.memory.pool.block_size
-    first = state.fed - row.length - row.start
-    return [first + i * bs for i in range(row.ids.size)]
+    pool = state.memory.pool
+    incarnations = pool.incarnations(row.ids) if row.ids.size else np.zeros(0, dtype=np.int64)
+    return [
+        (id(pool), int(block), int(inc), lo, hi)
+        for block, inc, (lo, hi) in zip(row.ids, incarnations, _spans(row, pool.block_size), strict=True)
+    ]
 
 
-def snapshot_blocks(state: ModelState, since: int | None = None) -> BlockSnapshot:
-    """The state's blocks holding a position at or after `since` (None: all), with the header and hidden state."""
+def new_block_id() -> str:
+    return secrets.token_hex(12)
+
+
+def snapshot(state: ModelState, index: BlockIndex, *, full: bool = False) -> StoredVersion:
+    """The state as a version to store: the ids of its blocks, with the data of those `index` does not know
+    (all of them with `full`)."""
     memory = state.memory
     if memory.batch_size != 1:
         raise ValueError("a session's memory has one row")
     pool, row = memory.pool, memory.rows[0]
-    bs = pool.block_size
     keys = block_keys(state)
-    wanted = [i for i, key in enumerate(keys) if since is None or key + bs > since]
-    blocks: dict[int, bytes] = {}
+    ids: list[str] = []
+    wanted: list[int] = []
+    learned: list[tuple[BlockKey, str]] = []
+    for i, key in enumerate(keys):
+        known = None if full else index.get(key)
+        if known is None:
+            known = new_block_id()
+            wanted.append(i)
+            learned.append((key, known))
+        ids.append(known)
+    new_blocks: dict[str, bytes] = {}
     if wanted:
-        ids = torch.from_numpy(row.ids[wanted]).to(pool.keys.device)
+        device_ids = torch.from_numpy(row.ids[wanted]).to(pool.keys.device)
         # [L, H, n, bs, Dh] twice -> [n, L, 2, H, bs, Dh]: one block's bytes contiguous
-        data = torch.stack([pool.keys[:, :, ids], pool.values[:, :, ids]], dim=2).permute(3, 0, 2, 1, 4, 5)
-        data = data.contiguous().cpu()
+        data = torch.stack([pool.keys[:, :, device_ids], pool.values[:, :, device_ids]], dim=2)
+        data = data.permute(3, 0, 2, 1, 4, 5).contiguous().cpu()
         for j, i in enumerate(wanted):
-            lo = row.start if i == 0 else 0
-            hi = row.end - i * bs if i == row.ids.size - 1 else bs
+            _, _, _, lo, hi = keys[i]
             block = data[j]
-            if lo > 0 or hi < bs:
-                block[..., :lo, :] = 0
-                block[..., hi:, :] = 0
-            blocks[keys[i]] = block.view(torch.uint8).numpy().tobytes()
+            block[..., :lo, :] = 0
+            block[..., hi:, :] = 0
+            new_blocks[ids[i]] = block.view(torch.uint8).numpy().tobytes()
     layout = memory.layout
     header = {
         "format": FORMAT,
@@ -89,19 +161,122 @@ def snapshot_blocks(state: ModelState, since: int | None = None) -> BlockSnapsho
         "tail": list(state.tail),
         "length": row.length,
         "start": row.start,
-        "first": keys[0] if keys else 0,
-        "blocks": len(keys),
-        "block_size": bs,
+        "block_size": pool.block_size,
         "layout": [layout.n_layer, layout.n_head, layout.d_head, layout.d_model],
         "dtype": _dtype_name(layout.dtype),
+        "blocks": ids,
     }
     hidden = None
     if state.last_hidden is not None:
         hidden = state.last_hidden.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
-    return BlockSnapshot(header, hidden, blocks, since is None)
+    return StoredVersion(header, hidden, new_blocks, learned)
 
 
-def state_from_blocks(
+@dataclass(frozen=True)
+class _Window:
+    mem_len: int
+    grid: int | None
+    fed: int
+    tail: tuple[int, ...]
+    length: int
+    start: int
+    block_size: int
+    dtype: torch.dtype
+
+
+def _window(header: dict[str, Any], layout: MemoryLayout, grid: int | None) -> _Window:
+    try:
+        if list(header["layout"]) != [layout.n_layer, layout.n_head, layout.d_head, layout.d_model]:
+            raise ValueError("the memory was made by a model of another shape")
+        if "grid" in header:
+            grid = int(header["grid"]) if header["grid"] is not None else None
+        window = _Window(
+            int(header["mem_len"]),
+            grid,
+            int(header["fed"]),
+            tuple(int(t) for t in header["tail"]),
+            int(header["length"]),
+            int(header["start"]),
+            int(header["block_size"]),
+            _DTYPES[header["dtype"]],
+        )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"malformed memory header: {exc}") from exc
+    if window.grid is not None and window.grid < 1:
+        raise ValueError("the window grid must be positive")
+    if not 0 <= window.start < max(window.block_size, 1) or window.length < 0 or window.fed < window.length:
+        raise ValueError("inconsistent memory header")
+    return window
+
+
+def _hidden(hidden: bytes | None, layout: MemoryLayout, dtype: torch.dtype) -> Tensor | None:
+    if hidden is None:
+        return None
+    if len(hidden) != layout.d_model * torch.empty((), dtype=dtype).element_size():
+        raise ValueError("the stored last hidden state does not have the model's width")
+    return (
+        torch.frombuffer(bytearray(hidden), dtype=torch.uint8)
+        .view(dtype)
+        .to(device=layout.device, dtype=layout.dtype)
+    )
+
+
+def _into_pool(parts: list[Tensor], window: _Window, layout: MemoryLayout, pool: BlockPool) -> PagedRow:
+    """Blocks [L, 2, H, bs, Dh] each, in table order -> a row of `pool` holding the window's positions."""
+    n = len(parts)
+    if n == 0:
+        return PagedRow(None, fed=window.fed)
+    bs = pool.block_size
+    data = torch.stack(parts).to(dtype=layout.dtype, device=pool.keys.device)  # [n, L, 2, H, bs, Dh]
+    ids = pool.allocate(n)
+    table = BlockTable(pool, ids, owned=True)
+    index = torch.from_numpy(ids).to(pool.keys.device)
+    pool.keys[:, :, index] = data[:, :, 0].permute(1, 2, 0, 3, 4)
+    pool.values[:, :, index] = data[:, :, 1].permute(1, 2, 0, 3, 4)
+    for block in ids:
+        pool.set_filled(int(block), bs)  # nothing appends into a restored block in place but its last
+    pool.set_filled(int(ids[-1]), window.start + window.length - (n - 1) * bs)
+    return PagedRow(table, window.start, window.length, window.fed)
+
+
+def _blocks(raw: list[bytes], window: _Window, layout: MemoryLayout) -> list[Tensor]:
+    shape = (layout.n_layer, 2, layout.n_head, window.block_size, layout.d_head)
+    size = int(np.prod(shape)) * torch.empty((), dtype=window.dtype).element_size()
+    if any(len(b) != size for b in raw):
+        raise ValueError("a stored block has the wrong size")
+    return [torch.frombuffer(bytearray(b), dtype=torch.uint8).view(window.dtype).view(shape) for b in raw]
+
+
+def restore(
+    header: dict[str, Any],
+    hidden: bytes | None,
+    blocks: list[bytes],
+    layout: MemoryLayout,
+    pool: BlockPool,
+    index: BlockIndex,
+    *,
+    grid: int | None = None,
+) -> ModelState:
+    """A stored version (its blocks' data in table order) as a state in `pool`; the index learns that the store
+    holds the new pool blocks. ValueError if anything does not fit. `grid`: the window grid of a header that does
+    not record one."""
+    if int(header.get("format", 0)) != FORMAT:
+        raise ValueError(f"unknown block format {header.get('format')}")
+    window = _window(header, layout, grid)
+    if window.block_size != pool.block_size:
+        raise ValueError(f"stored blocks hold {window.block_size} positions, this server's {pool.block_size}")
+    ids = list(header["blocks"])
+    n = -(-(window.start + window.length) // window.block_size)
+    if len(ids) != n or len(blocks) != n:
+        raise ValueError("the stored version lists the wrong number of blocks")
+    row = _into_pool(_blocks(blocks, window, layout), window, layout, pool)
+    memory = Memory(pool, mem_len=window.mem_len, rows=[row], grid=window.grid)
+    state = ModelState(memory, _hidden(hidden, layout, window.dtype), window.tail)
+    index.learn(list(zip(block_keys(state), ids, strict=True)))
+    return state
+
+
+def legacy_state(
     header: dict[str, Any],
     hidden: bytes | None,
     blocks: dict[int, bytes],
@@ -110,57 +285,25 @@ def state_from_blocks(
     *,
     grid: int | None = None,
 ) -> ModelState:
-    """Inverse of `snapshot_blocks` (every block present), into `pool`; ValueError if anything does not fit.
-    `grid`: the window grid of blocks whose header does not record one (written before windows were fixed on a
-    grid)."""
+    """A memory stored by an older server in format 2 (blocks keyed by their first position, every block
+    present), into `pool`."""
+    if int(header.get("format", 0)) != 2:
+        raise ValueError(f"unknown block format {header.get('format')}")
+    window = _window(header, layout, grid)
+    if window.block_size != pool.block_size:
+        raise ValueError(f"stored blocks hold {window.block_size} positions, this server's {pool.block_size}")
     try:
-        if int(header["format"]) != FORMAT:
-            raise ValueError(f"unknown block format {header['format']}")
-        expected = [layout.n_layer, layout.n_head, layout.d_head, layout.d_model]
-        if list(header["layout"]) != expected:
-            raise ValueError("the memory was made by a model of another shape")
-        dtype = _DTYPES[header["dtype"]]
-        bs, n = int(header["block_size"]), int(header["blocks"])
-        length, start, first = int(header["length"]), int(header["start"]), int(header["first"])
-        mem_len, fed = int(header["mem_len"]), int(header["fed"])
-        tail = tuple(int(t) for t in header["tail"])
-        if "grid" in header:
-            grid = int(header["grid"]) if header["grid"] is not None else None
-        if grid is not None and grid < 1:
-            raise ValueError("the window grid must be positive")
+        n, first = int(header["blocks"]), int(header["first"])
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed memory header: {exc}") from exc
-    if bs != pool.block_size:
-        raise ValueError(f"stored blocks hold {bs} positions, this server's {pool.block_size}")
-    if not 0 <= start < max(bs, 1) or length < 0 or n != -(-(start + length) // bs) or fed < length:
+    if n != -(-(window.start + window.length) // window.block_size):
         raise ValueError("inconsistent memory header")
-    shape = (layout.n_layer, 2, layout.n_head, bs, layout.d_head)
-    size = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
-    parts: list[Tensor] = []
+    raw = []
     for i in range(n):
-        raw = blocks.get(first + i * bs)
-        if raw is None or len(raw) != size:
-            raise ValueError(f"block {first + i * bs} is missing or has the wrong size")
-        parts.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).view(shape))
-    last_hidden = None
-    if hidden is not None:
-        width = layout.d_model * torch.empty((), dtype=dtype).element_size()
-        if len(hidden) != width:
-            raise ValueError("the stored last hidden state does not have the model's width")
-        last_hidden = torch.frombuffer(bytearray(hidden), dtype=torch.uint8).view(dtype)
-        last_hidden = last_hidden.to(dtype=layout.dtype, device=layout.device)
-    if n == 0:
-        return ModelState(
-            Memory(pool, mem_len=mem_len, rows=[PagedRow(None, fed=fed)], grid=grid), last_hidden, tail
-        )
-    data = torch.stack(parts).to(dtype=layout.dtype, device=pool.keys.device)  # [n, L, 2, H, bs, Dh]
-    ids = pool.allocate(n)
-    table = BlockTable(pool, ids, owned=True)
-    index = torch.from_numpy(ids).to(pool.keys.device)
-    pool.keys[:, :, index] = data[:, :, 0].permute(1, 2, 0, 3, 4)
-    pool.values[:, :, index] = data[:, :, 1].permute(1, 2, 0, 3, 4)
-    for block in ids:
-        pool.set_filled(int(block), bs)
-    pool.set_filled(int(ids[-1]), start + length - (n - 1) * bs)
-    memory = Memory(pool, mem_len=mem_len, rows=[PagedRow(table, start, length, fed)], grid=grid)
-    return ModelState(memory, last_hidden, tail)
+        block = blocks.get(first + i * window.block_size)
+        if block is None:
+            raise ValueError(f"block {first + i * window.block_size} is missing")
+        raw.append(block)
+    row = _into_pool(_blocks(raw, window, layout), window, layout, pool)
+    memory = Memory(pool, mem_len=window.mem_len, rows=[row], grid=window.grid)
+    return ModelState(memory, _hidden(hidden, layout, window.dtype), window.tail)

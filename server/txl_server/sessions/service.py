@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,7 +24,7 @@ from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 
-from ..engine.blocks import BlockSnapshot, block_keys, snapshot_blocks, state_from_blocks
+from ..engine.blocks import BlockIndex, legacy_state, restore, snapshot
 from ..engine.jobs import (
     AdvanceJob,
     AdvanceResult,
@@ -41,7 +41,16 @@ from ..engine.worker import Worker
 from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
 from ..settings import Persistence, Settings
 from .cache import DEVICE, HOST, Entry, MemoryCache
-from .store import DeltaBaseMissing, Lease, SessionMeta, SessionStore, StoredMemory, now
+from .store import (
+    BlocksMissing,
+    Lease,
+    MemoryWrite,
+    SessionMeta,
+    SessionStore,
+    StoredMemory,
+    VersionSummary,
+    now,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -131,6 +140,8 @@ class SessionService:
         )
         self._tier_lock = asyncio.Lock()
         self._expiry: dict[str, float] = {}
+        # Which pool blocks Redis already holds: a commit writes only the others (engine/blocks.py).
+        self.index = BlockIndex()
         self._loop = asyncio.get_running_loop()
         self._relieving = False
         worker.on_pool_pressure = self._on_pool_pressure
@@ -188,10 +199,14 @@ class SessionService:
             version=1,
             metadata=metadata,
         )
-        snapshot = await self._snapshot(state) if self._persist_always else None
+        summary = VersionSummary(1, tokens, stamp, "create")
+        write = await self._memory_write(state, summary) if self._persist_always else None
 
         async def register() -> None:
-            await self.store.create(meta, snapshot)
+            if write is None:
+                await self.store.create(meta)
+            else:
+                await self._stored(lambda w: self.store.create(meta, w), write, state)
             await self._place(meta, state)
 
         await to_the_end(register())
@@ -366,7 +381,7 @@ class SessionService:
         self, meta: SessionMeta, state: ModelState, tokens_added: int, *, base: ModelState, lease: Lease
     ) -> SessionMeta:
         """Commits `state`, computed from `base` (the committed version): with persistence `always`, only the
-        blocks holding positions `base` did not have are written, and those that slid out are deleted."""
+        blocks Redis does not hold yet are written."""
         new = dataclasses.replace(
             meta,
             tokens=meta.tokens + tokens_added,
@@ -375,26 +390,21 @@ class SessionService:
             last_used=now(),
             tier=DEVICE,
         )
-        if self._persist_always:
-            delta = await self._snapshot(state, since=base.fed)
-            stale = sorted(set(block_keys(base)) - set(block_keys(state)))
+        summary = VersionSummary(new.version, new.tokens, new.last_used, "append")
+        write = await self._memory_write(state, summary) if self._persist_always else None
 
         async def commit() -> None:
-            if not self._persist_always:
-                # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
+            if write is None:
+                # In "evict" mode an older stored memory may sit in Redis: drop it with the commit, it is stale.
                 committed = await self.store.commit(
-                    new, expected_version=meta.version, drop_snapshot=True, lease=lease
+                    new, expected_version=meta.version, drop_memory=True, lease=lease
                 )
             else:
-                try:
-                    committed = await self.store.commit(
-                        new, expected_version=meta.version, snapshot=delta, stale_blocks=stale, lease=lease
-                    )
-                except DeltaBaseMissing:  # e.g. persistence was off when the base was committed
-                    full = await self._snapshot(state)
-                    committed = await self.store.commit(
-                        new, expected_version=meta.version, snapshot=full, lease=lease
-                    )
+                committed = await self._stored(
+                    lambda w: self.store.commit(new, expected_version=meta.version, write=w, lease=lease),
+                    write,
+                    state,
+                )
             if not committed:
                 raise NotFound(f"no session {meta.id!r}", param="session_id")
             await self._place(new, state)
@@ -435,9 +445,27 @@ class SessionService:
     def _persist_always(self) -> bool:
         return self.settings.persistence is Persistence.ALWAYS
 
-    async def _snapshot(self, state: ModelState, since: int | None = None) -> BlockSnapshot:
-        """The state's blocks (those holding positions at or after `since`; None: all), read off the loop."""
-        return await asyncio.to_thread(snapshot_blocks, state, since)
+    async def _memory_write(
+        self, state: ModelState, summary: VersionSummary, *, full: bool = False
+    ) -> MemoryWrite:
+        """The state as a version to store: the blocks Redis does not hold yet (all with `full`), read off the
+        loop."""
+        stored = await asyncio.to_thread(snapshot, state, self.index, full=full)
+        return MemoryWrite(stored, summary, self.settings.keep_versions)
+
+    async def _stored(
+        self, call: Callable[[MemoryWrite], Awaitable[T]], write: MemoryWrite, state: ModelState
+    ) -> T:
+        """Runs a store write; if Redis lacks blocks the index thought it held (they expired), writes every block
+        again. The index then learns the blocks written."""
+        try:
+            result = await call(write)
+        except BlocksMissing as exc:
+            self.index.forget(exc.ids)
+            write = await self._memory_write(state, write.summary, full=True)
+            result = await call(write)
+        self.index.learn(write.stored.learned)
+        return result
 
     async def _state(self, meta: SessionMeta) -> ModelState:
         """The session's memory at its committed version, brought to the device tier."""
@@ -451,7 +479,10 @@ class SessionService:
             return entry.state
         if entry is not None:  # a stale copy (another replica committed since): never served
             self.cache.drop(meta.id)
-        stored = await self.store.load_snapshot(meta.id)
+        try:
+            stored = await self.store.load_memory(meta.id)
+        except BlocksMissing as exc:
+            raise Gone("this session's stored memory has expired", param="session_id") from exc
         if stored is None or stored.version != meta.version:
             raise Gone(
                 "this session's memory was dropped to make room (persistence is off); create a new session",
@@ -479,12 +510,15 @@ class SessionService:
         if stored.legacy is not None:
             return await self._load(stored.legacy)
         assert stored.header is not None
-        header, hidden, blocks = stored.header, stored.hidden, stored.blocks
-        layout = self.model.memory_layout()
-        grid = self.worker.grid
-        return await self.worker.call(
-            lambda: state_from_blocks(header, hidden, blocks, layout, self.pool, grid=grid)
-        )
+        header, hidden = stored.header, stored.hidden
+        layout, pool, grid, index = self.model.memory_layout(), self.pool, self.worker.grid, self.index
+        if stored.legacy_blocks:
+            blocks = stored.legacy_blocks
+            return await self.worker.call(
+                lambda: legacy_state(header, hidden, blocks, layout, pool, grid=grid)
+            )
+        data = stored.blocks
+        return await self.worker.call(lambda: restore(header, hidden, data, layout, pool, index, grid=grid))
 
     def _admit(self, mem_len: int) -> None:
         """Refuses a session that could never run: its memory at its largest (full, with the room segment by
@@ -567,10 +601,15 @@ class SessionService:
         target = "gone"
         if self.settings.persistence is not Persistence.NONE:
             if not self._persist_always:  # "always" already wrote this version at commit
-                snapshot = await self._snapshot(entry.state)
                 meta = await self.store.get(victim)
                 if meta is not None and meta.version == entry.version:
-                    await self.store.save_snapshot(victim, entry.version, snapshot, meta.ttl_seconds)
+                    summary = VersionSummary(meta.version, meta.tokens, meta.last_used, "append")
+                    write = await self._memory_write(entry.state, summary)
+                    await self._stored(
+                        lambda w: self.store.save_memory(victim, entry.version, w, meta.ttl_seconds),
+                        write,
+                        entry.state,
+                    )
             target = "redis"
         if self.cache.peek(victim) is entry:
             self.cache.drop(victim)

@@ -3,9 +3,10 @@
 Keys (all under the configured prefix):
     s:{id}          hash: the session's metadata; expires with the session (Redis TTL)
     t:{owner}       set: the owner's session ids (pruned of expired ones when listed)
-    m:{id}          hash: the session's memory (persistence on), same TTL: `v` its version, `header` (JSON: the
-                    window, layout, tail), `hidden` the last hidden state, `b:{key}` one value per block of
-                    positions (see engine/blocks.py). A commit writes the blocks that changed, not the memory.
+    m:{id}          hash: the session's stored memory (persistence on), same TTL: its kept versions, each a
+                    header listing its blocks (see memory_lua.py and engine/blocks.py)
+    k:{block}       hash: one block of positions, shared by every version, fork and session that lists it; a
+                    commit writes only the blocks the store does not hold yet
     l:{id}          string: the single-writer lease (a random token), expires by itself
     i:{owner}:{key} string: a request's first result under an Idempotency-Key
 
@@ -16,11 +17,12 @@ changes nothing.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -28,52 +30,80 @@ from typing import Any, TypeVar
 import anyio
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
-from redis.typing import EncodableT, FieldT
 
-from ..engine.blocks import BlockSnapshot
+from ..engine.blocks import StoredVersion
 from ..errors import Conflict, NotFound, Unavailable
+from . import memory_lua
 
 T = TypeVar("T")
 
-_COMMIT = """
--- KEYS[1] s:{id} (metadata), KEYS[2] m:{id} (memory). ARGV: expected version, ttl, n, n field/value pairs,
--- then the memory write: mode ('keep' | 'drop' | 'full' | 'delta'), new version, header, hidden state,
--- b, b block key/data pairs, d, d stale block keys.
+_COMMIT = (
+    memory_lua.FUNCTIONS
+    + """
+-- KEYS[1] s:{id} (metadata), KEYS[2] m:{id} (memory), KEYS[3] l:{id} (optional: the lease, handed back).
+-- ARGV: expected version, ttl, n, n field/value pairs, then mode ('keep' | 'drop' | 'write'); for 'write': block
+-- prefix, version, summary, header, hidden, keep, then block id/data pairs; with a lease, its token last.
 local version = redis.call('HGET', KEYS[1], 'version')
-if not version then return -1 end
-if tonumber(version) ~= tonumber(ARGV[1]) then return -2 end
+if not version then return {-1} end
+if tonumber(version) ~= tonumber(ARGV[1]) then return {-2} end
+local ttl = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local at = 4 + 2 * n
 local mode = ARGV[at]
-if mode == 'delta' and redis.call('HGET', KEYS[2], 'v') ~= ARGV[1] then
-    return -3  -- the blocks a delta builds on are not there: the caller writes the whole memory instead
+local last = #ARGV
+if KEYS[3] then last = last - 1 end
+if mode == 'write' then
+    local blocks = {}
+    for i = at + 7, last do table.insert(blocks, ARGV[i]) end
+    local missing = write_version(KEYS[2], ARGV[at + 1], ttl, ARGV[at + 2], ARGV[at + 3], ARGV[at + 4],
+        ARGV[at + 5], tonumber(ARGV[at + 6]), blocks)
+    if missing then return {-3, missing} end
+elseif mode == 'drop' then
+    drop_memory(KEYS[2], ARGV[at + 1])
 end
-local ttl = tonumber(ARGV[2])
 local fields = {}
 for i = 1, 2 * n do fields[i] = ARGV[3 + i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('EXPIRE', KEYS[1], ttl)
-if mode == 'drop' then
-    redis.call('DEL', KEYS[2])
-elseif mode == 'full' or mode == 'delta' then
-    if mode == 'full' then redis.call('DEL', KEYS[2]) end
-    redis.call('HSET', KEYS[2], 'v', ARGV[at + 1], 'header', ARGV[at + 2])
-    if ARGV[at + 3] ~= '' then redis.call('HSET', KEYS[2], 'hidden', ARGV[at + 3]) end
-    local b = tonumber(ARGV[at + 4])
-    for i = 0, b - 1 do
-        redis.call('HSET', KEYS[2], 'b:' .. ARGV[at + 5 + 2 * i], ARGV[at + 6 + 2 * i])
-    end
-    local d_at = at + 5 + 2 * b
-    for i = 1, tonumber(ARGV[d_at]) do
-        redis.call('HDEL', KEYS[2], 'b:' .. ARGV[d_at + i])
-    end
-    redis.call('HDEL', KEYS[2], 'data')
-    redis.call('EXPIRE', KEYS[2], ttl)
-end
--- The writer's lease, handed back with the commit (KEYS[3], if given, with its token as the last argument).
 if KEYS[3] and redis.call('GET', KEYS[3]) == ARGV[#ARGV] then redis.call('DEL', KEYS[3]) end
+return {1}
+"""
+)
+
+_CREATE = (
+    memory_lua.FUNCTIONS
+    + """
+-- KEYS[1] s:{id}, KEYS[2] m:{id}, KEYS[3] t:{owner}. ARGV: ttl, id, n, n field/value pairs, then as _COMMIT's
+-- 'write' (or nothing: no stored memory). {1} created, {-3, id} a listed block is not stored (nothing written).
+local ttl = tonumber(ARGV[1])
+local n = tonumber(ARGV[3])
+local at = 4 + 2 * n
+if ARGV[at] == 'write' then
+    local blocks = {}
+    for i = at + 7, #ARGV do table.insert(blocks, ARGV[i]) end
+    local missing = write_version(KEYS[2], ARGV[at + 1], ttl, ARGV[at + 2], ARGV[at + 3], ARGV[at + 4],
+        ARGV[at + 5], tonumber(ARGV[at + 6]), blocks)
+    if missing then return {-3, missing} end
+end
+local fields = {}
+for i = 1, 2 * n do fields[i] = ARGV[3 + i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('SADD', KEYS[3], ARGV[2])
+return {1}
+"""
+)
+
+_DELETE = (
+    memory_lua.FUNCTIONS
+    + """
+-- KEYS[1] s:{id}, KEYS[2] m:{id}, KEYS[3] l:{id}, KEYS[4] t:{owner}. ARGV: block prefix, id.
+drop_memory(KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('SREM', KEYS[4], ARGV[2])
 return 1
 """
+)
 
 _BEGIN_STEP = """
 -- KEYS[1] s:{id}, KEYS[2] l:{id}. ARGV: owner, lease token, lease ms. The session's metadata under a new lease,
@@ -146,6 +176,11 @@ class SessionStore:
         self.redis = redis
         self.prefix = prefix
         self._commit = redis.register_script(_COMMIT)
+        self._create = redis.register_script(_CREATE)
+        self._delete = redis.register_script(_DELETE)
+        self._load = redis.register_script(memory_lua.LOAD)
+        self._save = redis.register_script(memory_lua.SAVE)
+        self._drop = redis.register_script(memory_lua.DROP)
         self._release = redis.register_script(_RELEASE)
         self._begin_step = redis.register_script(_BEGIN_STEP)
         self._renew = redis.register_script(_RENEW)
@@ -164,6 +199,10 @@ class SessionStore:
     def _l(self, session_id: str) -> str:
         return f"{self.prefix}l:{session_id}"
 
+    @property
+    def block_prefix(self) -> str:
+        return f"{self.prefix}k:"
+
     def _i(self, owner: str, key: str) -> str:
         return f"{self.prefix}i:{owner}:{key}"
 
@@ -181,19 +220,33 @@ class SessionStore:
         except (RedisError, OSError):
             return False
 
-    async def create(self, meta: SessionMeta, snapshot: BlockSnapshot | None = None) -> None:
-        async def run() -> None:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(self._s(meta.id), mapping=meta.to_redis())
-                pipe.expire(self._s(meta.id), meta.ttl_seconds)
-                pipe.sadd(self._t(meta.owner), meta.id)
-                if snapshot is not None:
-                    pipe.delete(self._m(meta.id))
-                    pipe.hset(self._m(meta.id), mapping=_memory_fields(meta.version, snapshot))
-                    pipe.expire(self._m(meta.id), meta.ttl_seconds)
-                await pipe.execute()
+    async def create(self, meta: SessionMeta, write: MemoryWrite | None = None) -> None:
+        """Registers a new session (and its first stored version). Raises BlocksMissing if `write` lists a block
+        the store does not hold (nothing is written then)."""
+        fields = meta.to_redis()
+        args: list[Any] = [meta.ttl_seconds, meta.id, len(fields)]
+        for key, value in fields.items():
+            args += [key, value]
+        args += self._write_args(write)
+        keys = [self._s(meta.id), self._m(meta.id), self._t(meta.owner)]
+        _check_missing(await self._call(lambda: self._create(keys=keys, args=args)))
 
-        await self._call(run)
+    def _write_args(self, write: MemoryWrite | None) -> list[Any]:
+        if write is None:
+            return ["keep"]
+        stored = write.stored
+        args: list[Any] = [
+            "write",
+            self.block_prefix,
+            str(write.summary.version),
+            write.summary.to_json(),
+            stored.header_json(),
+            stored.hidden or b"",
+            max(1, write.keep),
+        ]
+        for block, data in stored.new_blocks.items():
+            args += [block, data]
+        return args
 
     async def get(self, session_id: str) -> SessionMeta | None:
         raw = await self._call(lambda: self.redis.hgetall(self._s(session_id)))
@@ -204,45 +257,34 @@ class SessionStore:
         meta: SessionMeta,
         *,
         expected_version: int,
-        snapshot: BlockSnapshot | None = None,
-        stale_blocks: Sequence[int] = (),
-        drop_snapshot: bool = False,
+        write: MemoryWrite | None = None,
+        drop_memory: bool = False,
         lease: Lease | None = None,
     ) -> bool:
-        """Writes `meta` (whose version is the new one) if Redis still holds `expected_version`, with the memory's
-        blocks: all of them (a full snapshot), or those that changed since `expected_version` (a delta, deleting
-        `stale_blocks`). Returns False if the session is gone; raises Conflict if another writer committed first,
-        and `DeltaBaseMissing` if a delta's base is not in Redis (write the whole memory instead). A `lease` given
-        is handed back by the same call (one round trip less per step)."""
+        """Writes `meta` (whose version is the new one) if Redis still holds `expected_version`, with the new
+        stored version (`write`: its header and the blocks the store does not hold yet), or dropping the stored
+        memory (`drop_memory`: it is stale). Returns False if the session is gone; raises Conflict if another
+        writer committed first, and BlocksMissing if `write` lists a block the store does not hold (nothing is
+        written then). A `lease` given is handed back by the same call (one round trip less per step)."""
         fields = meta.to_redis()
         args: list[Any] = [expected_version, meta.ttl_seconds, len(fields)]
         for key, value in fields.items():
             args += [key, value]
-        if snapshot is None:
-            args += ["drop" if drop_snapshot else "keep"]
+        if write is None:
+            args += ["drop", self.block_prefix] if drop_memory else ["keep"]
         else:
-            args += [
-                "full" if snapshot.full else "delta",
-                str(meta.version),
-                snapshot.header_json(),
-                snapshot.hidden or b"",
-                len(snapshot.blocks),
-            ]
-            for key, data in snapshot.blocks.items():
-                args += [str(key), data]
-            args += [len(stale_blocks), *(str(k) for k in stale_blocks)]
+            args += self._write_args(write)
         keys = [self._s(meta.id), self._m(meta.id)]
         if lease is not None:
             keys.append(self._l(meta.id))
             args.append(lease.token)
-        outcome = await self._call(lambda: self._commit(keys=keys, args=args))
-        if outcome == 1 and lease is not None:
+        reply = await self._call(lambda: self._commit(keys=keys, args=args))
+        _check_missing(reply)
+        if reply[0] == 1 and lease is not None:
             lease.released = True
-        if outcome == -2:
+        if reply[0] == -2:
             raise Conflict("the session was changed by another request; retry with its latest state")
-        if outcome == -3:
-            raise DeltaBaseMissing(meta.id)
-        return outcome == 1
+        return bool(reply[0] == 1)
 
     async def touch_tier(self, session_id: str, tier: str) -> None:
         """Records where the memory now lives (no version change: tiers do not change what a session is)."""
@@ -254,13 +296,10 @@ class SessionStore:
         await self._call(run)
 
     async def delete(self, meta: SessionMeta) -> None:
-        async def run() -> None:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(self._s(meta.id), self._m(meta.id), self._l(meta.id))
-                pipe.srem(self._t(meta.owner), meta.id)
-                await pipe.execute()
-
-        await self._call(run)
+        """Deletes the session, its stored versions and their references to blocks (blocks other sessions or
+        memories list stay)."""
+        keys = [self._s(meta.id), self._m(meta.id), self._l(meta.id), self._t(meta.owner)]
+        await self._call(lambda: self._delete(keys=keys, args=[self.block_prefix, meta.id]))
 
     async def list(self, owner: str) -> list[SessionMeta]:
         """The owner's live sessions, oldest first; ids of expired ones are pruned from the index."""
@@ -293,33 +332,60 @@ class SessionStore:
     async def count_exact(self, owner: str) -> int:
         return len(await self.list(owner))
 
-    # ------------------------------------------------------------------ snapshots
+    # ------------------------------------------------------------------ stored memories
 
-    async def save_snapshot(self, session_id: str, version: int, snapshot: BlockSnapshot, ttl: int) -> None:
-        """Replaces the stored memory with a whole one (a session leaving the host tier)."""
+    async def save_memory(self, session_id: str, version: int, write: MemoryWrite, ttl: int) -> bool:
+        """Replaces the stored memory with one version (a session leaving this process in persistence "evict"),
+        if the session is still at `version`. Raises BlocksMissing as `commit` does."""
+        args: list[Any] = [self.block_prefix, str(version), ttl, *self._write_args(write)[2:]]
+        keys = [self._s(session_id), self._m(session_id)]
+        reply = await self._call(lambda: self._save(keys=keys, args=args))
+        _check_missing(reply)
+        return bool(reply[0] == 1)
 
-        async def run() -> None:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(self._m(session_id))
-                pipe.hset(self._m(session_id), mapping=_memory_fields(version, snapshot))
-                pipe.expire(self._m(session_id), ttl)
-                await pipe.execute()
+    async def load_memory(self, session_id: str, version: int | None = None) -> StoredMemory | None:
+        """A stored version (default the newest), read atomically: never half of one commit and half of
+        another. None if there is none (or not that version); raises BlocksMissing if a block it lists is gone."""
+        key = self._m(session_id)
+        args = [self.block_prefix, "" if version is None else str(version)]
+        reply = await self._call(lambda: self._load(keys=[key], args=args))
+        status = int(reply[0])
+        if status == 1:
+            header = json.loads(reply[2])
+            hidden = _bytes(reply[3]) or None
+            return StoredMemory(
+                int(_text(reply[1])), header, hidden, [_bytes(b) for b in reply[4:]], None, {}
+            )
+        if status == -2:
+            raise BlocksMissing({_text(reply[1])})
+        if status == -1 or version is not None:
+            return None
+        return await self._load_legacy(session_id)
 
-        await self._call(run)
-
-    async def load_snapshot(self, session_id: str) -> StoredMemory | None:
-        """The stored memory, read in one command (so never half of one commit and half of another)."""
+    async def _load_legacy(self, session_id: str) -> StoredMemory | None:
+        """A memory an older server stored: one safetensors value (format 1) or position-keyed blocks (2)."""
         raw = await self._call(lambda: self.redis.hgetall(self._m(session_id)))
         if not raw:
             return None
         fields = {_text(k): v for k, v in raw.items()}
-        if "data" in fields:  # written before blocks (format 1): one safetensors value
-            return StoredMemory(int(_text(fields["version"])), None, None, {}, _bytes(fields["data"]))
+        if "data" in fields:
+            return StoredMemory(int(_text(fields["version"])), None, None, [], _bytes(fields["data"]), {})
         if "v" not in fields or "header" not in fields:
             return None
         blocks = {int(k[2:]): _bytes(v) for k, v in fields.items() if k.startswith("b:")}
         hidden = _bytes(fields["hidden"]) if "hidden" in fields else None
-        return StoredMemory(int(_text(fields["v"])), json.loads(fields["header"]), hidden, blocks, None)
+        return StoredMemory(int(_text(fields["v"])), json.loads(fields["header"]), hidden, [], None, blocks)
+
+    async def versions(self, session_id: str) -> builtins.list[VersionSummary]:
+        """The stored versions' summaries, oldest first (empty if none is stored)."""
+        raw = await self._call(lambda: self.redis.hget(self._m(session_id), "vs"))
+        if not raw:
+            return []
+        entries = json.loads(raw)
+        return [VersionSummary.from_json(e) for e in entries] if isinstance(entries, list) else []
+
+    async def drop_memory(self, memory_key: str) -> None:
+        await self._call(lambda: self._drop(keys=[self._m(memory_key)], args=[self.block_prefix]))
 
     # ------------------------------------------------------------------ single writer
 
@@ -388,26 +454,62 @@ class SessionStore:
 
 
 @dataclass(frozen=True)
+class VersionSummary:
+    """What the versions list says of one committed step."""
+
+    version: int
+    tokens: int  # tokens of the session's text at this version
+    created_at: float
+    kind: str  # create | append | generate | import | rewind | fork
+    text_tail: str | None = None  # the end of the text this step added
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> VersionSummary:
+        return cls(
+            int(raw["version"]),
+            int(raw["tokens"]),
+            float(raw["created_at"]),
+            str(raw["kind"]),
+            raw.get("text_tail"),
+        )
+
+
+@dataclass(frozen=True)
+class MemoryWrite:
+    """A version to store: its blocks and header, what the versions list says of it, how many versions to keep."""
+
+    stored: StoredVersion
+    summary: VersionSummary
+    keep: int
+
+
+@dataclass(frozen=True)
 class StoredMemory:
-    """A session's memory as Redis holds it: blocks and their header, or (older servers) one safetensors value."""
+    """A version of a memory as Redis holds it: a header and its blocks' data in table order; or what an older
+    server stored (one safetensors value, `legacy`; or position-keyed blocks, `legacy_blocks`)."""
 
     version: int
     header: dict[str, Any] | None
     hidden: bytes | None
-    blocks: dict[int, bytes]
+    blocks: list[bytes]
     legacy: bytes | None
+    legacy_blocks: dict[int, bytes]
 
 
-class DeltaBaseMissing(Exception):
-    """A commit's delta builds on blocks that Redis does not hold (write the whole memory instead)."""
+class BlocksMissing(Exception):
+    """A version lists blocks the store does not hold (they expired): write them (or read elsewhere)."""
+
+    def __init__(self, ids: set[str]) -> None:
+        super().__init__(f"{len(ids)} stored blocks are gone")
+        self.ids = ids
 
 
-def _memory_fields(version: int, snapshot: BlockSnapshot) -> dict[FieldT, EncodableT]:
-    fields: dict[FieldT, EncodableT] = {"v": str(version), "header": snapshot.header_json()}
-    if snapshot.hidden is not None:
-        fields["hidden"] = snapshot.hidden
-    fields.update({f"b:{key}": data for key, data in snapshot.blocks.items()})
-    return fields
+def _check_missing(reply: Any) -> None:
+    if int(reply[0]) == -3:
+        raise BlocksMissing({_text(reply[1])})
 
 
 def _bytes(value: bytes | str) -> bytes:

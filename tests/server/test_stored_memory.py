@@ -1,0 +1,109 @@
+"""Stored memories in a real Redis: versions list blocks shared by reference; a block is written once and goes
+when no kept version of any session lists it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from redis import asyncio as aioredis
+from txl_server.engine.blocks import StoredVersion
+from txl_server.sessions.store import (
+    BlocksMissing,
+    MemoryWrite,
+    SessionMeta,
+    SessionStore,
+    VersionSummary,
+    now,
+)
+
+
+@pytest.fixture
+async def store(redis_server):
+    client = aioredis.from_url(redis_server.url)
+    yield SessionStore(client, prefix=f"test-{uuid.uuid4().hex[:8]}:")
+    await client.aclose()
+
+
+def _meta(session_id: str, version: int = 1) -> SessionMeta:
+    stamp = now()
+    return SessionMeta(session_id, "owner", stamp, stamp, 600, 32, "m", tokens=version, version=version)
+
+
+def _write(version: int, blocks: list[str], new: list[str], keep: int = 32) -> MemoryWrite:
+    header = {"format": 3, "blocks": blocks, "fed": version}
+    stored = StoredVersion(header, b"h%d" % version, {b: f"data-{b}".encode() for b in new})
+    return MemoryWrite(stored, VersionSummary(version, version, now(), "append", f"v{version}"), keep)
+
+
+async def _refs(store: SessionStore, block: str) -> int | None:
+    value = await store.redis.hget(store.block_prefix + block, "n")
+    return None if value is None else int(value)
+
+
+async def _commit(store, session_id, version, blocks, new, keep=32):
+    return await store.commit(
+        _meta(session_id, version), expected_version=version - 1, write=_write(version, blocks, new, keep)
+    )
+
+
+async def test_versions_share_blocks_and_a_block_goes_with_its_last_reference(store):
+    await store.create(_meta("s"), _write(1, ["a", "b"], ["a", "b"]))
+    assert await _commit(store, "s", 2, ["a", "c"], ["c"])
+    assert [await _refs(store, b) for b in "abc"] == [2, 1, 1]
+    first = await store.load_memory("s", 1)
+    assert first.blocks == [b"data-a", b"data-b"] and first.hidden == b"h1" and first.header["fed"] == 1
+    newest = await store.load_memory("s")
+    assert newest.version == 2 and newest.blocks == [b"data-a", b"data-c"]
+    # Keeping two versions: the third pushes the first out, and b (listed only by it) goes.
+    assert await _commit(store, "s", 3, ["a", "d"], ["d"], keep=2)
+    assert [await _refs(store, b) for b in "abcd"] == [2, None, 1, 1]
+    assert await store.load_memory("s", 1) is None
+    assert [v.version for v in await store.versions("s")] == [2, 3]
+    assert (await store.versions("s"))[-1].text_tail == "v3"
+
+
+async def test_a_fork_lists_its_parents_blocks_and_outlives_it(store):
+    await store.create(_meta("p"), _write(1, ["a", "b"], ["a", "b"]))
+    await store.create(_meta("f"), _write(1, ["a", "b"], []))  # nothing written: both blocks listed
+    assert [await _refs(store, b) for b in "ab"] == [2, 2]
+    await store.delete(_meta("p"))
+    assert [await _refs(store, b) for b in "ab"] == [1, 1]
+    assert (await store.load_memory("f")).blocks == [b"data-a", b"data-b"]
+    await store.delete(_meta("f"))
+    assert [await _refs(store, b) for b in "ab"] == [None, None]
+    assert not await store.redis.keys(store.prefix + "*")
+
+
+async def test_a_version_listing_a_block_the_store_lacks_writes_nothing(store):
+    await store.create(_meta("s"), _write(1, ["a"], ["a"]))
+    with pytest.raises(BlocksMissing) as missing:
+        await _commit(store, "s", 2, ["a", "zz"], [])
+    assert missing.value.ids == {"zz"}
+    assert (await store.get("s")).version == 1 and await _refs(store, "a") == 1
+    with pytest.raises(BlocksMissing):
+        await store.create(_meta("t"), _write(1, ["gone"], []))
+    assert await store.get("t") is None
+
+
+async def test_blocks_live_at_least_as_long_as_every_memory_listing_them(store):
+    await store.create(_meta("s"), _write(1, ["a"], ["a"]))
+    long_lived = _meta("l")
+    long_lived.ttl_seconds = 5000
+    await store.create(long_lived, _write(1, ["a"], []))
+    assert await store.redis.ttl(store.block_prefix + "a") > 4000
+    await _commit(store, "s", 2, ["a"], [])  # a shorter-lived commit never shortens it
+    assert await store.redis.ttl(store.block_prefix + "a") > 4000
+
+
+async def test_a_memory_an_older_server_stored_still_loads(store):
+    header = {"format": 2, "blocks": 1, "first": 0}
+    await store.redis.hset(store._m("old"), mapping={"v": "4", "header": json.dumps(header), "b:0": b"x"})
+    legacy = await store.load_memory("old")
+    assert legacy.version == 4 and legacy.legacy_blocks == {0: b"x"} and legacy.header["format"] == 2
+    # Its first commit in the new format replaces it whole.
+    await store.redis.hset(store._s("old"), mapping=_meta("old", 4).to_redis())
+    assert await _commit(store, "old", 5, ["n"], ["n"])
+    assert (await store.load_memory("old")).blocks == [b"data-n"]
+    assert not await store.redis.hexists(store._m("old"), "b:0")
