@@ -8,13 +8,17 @@ class ServiceError(Exception):
     status = 500
     type = "internal"
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code  # a finer reason than the type, for clients to act on (e.g. "version_not_found")
 
     def body(self) -> dict:
-        return {"error": {"type": self.type, "message": self.message, "param": self.param}}
+        error: dict = {"type": self.type, "message": self.message, "param": self.param}
+        if self.code is not None:
+            error["code"] = self.code
+        return {"error": error}
 
 
 class InvalidRequest(ServiceError):

@@ -105,7 +105,10 @@ async def test_no_block_leaks_after_a_thousand_sessions_come_and_go(make_setting
             if i % 97 == 0:
                 await rt.worker.call(lambda: None)
                 held = {
-                    b for e in service.cache._entries.values() for b in e.state.memory.block_ids().tolist()
+                    b
+                    for e in service.cache._entries.values()
+                    for state in e.states()  # the newest and the older versions kept on the device
+                    for b in state.memory.block_ids().tolist()
                 }
                 assert pool.used_blocks - baseline == len(held)
         for session_id in live:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, Header, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
@@ -229,6 +229,7 @@ class ErrorDetail(BaseModel):
     ]
     message: str
     param: str | None
+    code: str | None = Field(None, description="A finer reason, where one helps (e.g. version_not_found)")
 
 
 class ErrorBody(BaseModel):

@@ -56,6 +56,9 @@ class SessionFork(BaseModel):
     metadata: dict[str, Any] | None = Field(
         None, description="Metadata of the new session; default: the parent's"
     )
+    version: int | None = Field(
+        None, ge=1, description="Fork this kept version (GET .../versions); default: the newest"
+    )
 
 
 class SessionList(BaseModel):
@@ -164,10 +167,12 @@ async def fork_session(
     body: SessionFork | None = None,
 ) -> Any:
     metadata = body.metadata if body is not None else None
+    version = body.version if body is not None else None
     check_metadata(settings, metadata)
 
     async def fork() -> dict[str, Any]:
-        return SessionObject.of(await service.fork(tenant, session_id, metadata=metadata)).model_dump()
+        meta = await service.fork(tenant, session_id, metadata=metadata, version=version)
+        return SessionObject.of(meta).model_dump()
 
     return await idempotent.run(fork)
 

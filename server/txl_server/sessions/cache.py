@@ -5,8 +5,10 @@
     beyond  the service writes them to Redis (persistence on) or drops them (the session is then "gone")
 
 Bytes are counted exactly: the pool blocks each state keeps alive, with blocks shared by several sessions (a
-fork shares its parent's past) counted once per tier. The cache only does bookkeeping
-and picks victims; the service moves tensors (off the event loop) and talks to Redis.
+fork shares its parent's past) or versions counted once per tier. Besides its newest state, an entry on the device
+may keep its session's older versions (rewind, forks at a version): they are the first to go when room is needed.
+The cache only does bookkeeping and picks victims; the service moves tensors (off the event loop) and talks to
+Redis.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..engine.state import ModelState
+from .store import VersionSummary
 
 DEVICE, HOST = "device", "host"
 
@@ -24,6 +27,11 @@ class Entry:
     state: ModelState
     version: int
     tier: str
+    older: dict[int, ModelState] = field(default_factory=dict)  # version -> state, kept on the device only
+    summaries: list[VersionSummary] = field(default_factory=list)  # the kept versions, oldest first
+
+    def states(self) -> list[ModelState]:
+        return [self.state, *self.older.values()]
 
 
 @dataclass
@@ -85,28 +93,62 @@ class MemoryCache:
         return self._entries.get(session_id)
 
     def replace(self, session_id: str, state: ModelState, tier: str) -> None:
-        """Moves an entry to another tier (same version), keeping its place in the LRU order."""
+        """Moves an entry's newest state to another tier (same version), keeping its place in the LRU order;
+        its older versions stay behind (dropped)."""
         entry = self._entries[session_id]
-        self._tiers[entry.tier].remove(entry.state)
-        entry.state, entry.tier = state, tier
+        for old in entry.states():
+            self._tiers[entry.tier].remove(old)
+        entry.state, entry.tier, entry.older = state, tier, {}
         self._tiers[tier].add(state)
 
-    def put(self, session_id: str, state: ModelState, version: int, tier: str = DEVICE) -> None:
+    def put(
+        self,
+        session_id: str,
+        state: ModelState,
+        version: int,
+        tier: str = DEVICE,
+        *,
+        older: dict[int, ModelState] | None = None,
+        summaries: list[VersionSummary] | None = None,
+    ) -> None:
         self.drop(session_id)
-        self._entries[session_id] = Entry(state, version, tier)
-        self._tiers[tier].add(state)
+        entry = Entry(state, version, tier, dict(older or {}), list(summaries or []))
+        self._entries[session_id] = entry
+        for kept in entry.states():
+            self._tiers[tier].add(kept)
 
     def drop(self, session_id: str) -> Entry | None:
         entry = self._entries.pop(session_id, None)
         if entry is not None:
-            self._tiers[entry.tier].remove(entry.state)
+            for kept in entry.states():
+                self._tiers[entry.tier].remove(kept)
         return entry
 
-    def added_bytes(self, tier: str, state: ModelState) -> int:
-        """Bytes `state` would add to `tier` (some of its blocks may already be counted there, shared)."""
-        pool, held = state.memory.pool, self._tiers[tier].blocks
-        new_blocks = sum(1 for block in state.memory.block_ids().tolist() if (id(pool), block) not in held)
-        return state.nbytes - state.memory.allocated_nbytes + new_blocks * pool.block_nbytes
+    def drop_older(self, tier: str) -> bool:
+        """Drops the older versions of the least recently used entry in `tier` that keeps any; False if none
+        does."""
+        for entry in self._entries.values():
+            if entry.tier == tier and entry.older:
+                for old in entry.older.values():
+                    self._tiers[tier].remove(old)
+                entry.older = {}
+                return True
+        return False
+
+    def added_bytes(self, tier: str, *states: ModelState) -> int:
+        """Bytes `states` would add to `tier` (some of their blocks may already be counted there, shared)."""
+        held = self._tiers[tier].blocks
+        seen: set[tuple[int, int]] = set()
+        extra = 0
+        for state in states:
+            pool = state.memory.pool
+            extra += state.nbytes - state.memory.allocated_nbytes
+            for block in state.memory.block_ids().tolist():
+                key = (id(pool), block)
+                if key not in held and key not in seen:
+                    seen.add(key)
+                    extra += pool.block_nbytes
+        return extra
 
     def used(self, tier: str) -> int:
         return self._tiers[tier].used

@@ -41,6 +41,7 @@ from ..engine.worker import Worker
 from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
 from ..settings import Persistence, Settings
 from .cache import DEVICE, HOST, Entry, MemoryCache
+from .history import SessionHistory
 from .store import (
     BlocksMissing,
     Lease,
@@ -95,6 +96,15 @@ async def to_the_end(step: Coroutine[Any, Any, T]) -> T:
                 current.uncancel()
 
 
+TEXT_TAIL_CHARS = 80  # of the text a step added, kept in the versions list
+
+
+def version_summary(
+    version: int, tokens: int, created_at: float, kind: str, text: str | None
+) -> VersionSummary:
+    return VersionSummary(version, tokens, created_at, kind, text[-TEXT_TAIL_CHARS:] if text else None)
+
+
 def new_session_id() -> str:
     """32 URL-safe characters holding ~192 random bits. Never starting with '-': command lines (ours included)
     would read such an id as an option, so those draws are discarded (which costs 0.02 bits)."""
@@ -142,6 +152,7 @@ class SessionService:
         self._expiry: dict[str, float] = {}
         # Which pool blocks Redis already holds: a commit writes only the others (engine/blocks.py).
         self.index = BlockIndex()
+        self.history = SessionHistory(self)
         self._loop = asyncio.get_running_loop()
         self._relieving = False
         worker.on_pool_pressure = self._on_pool_pressure
@@ -177,14 +188,25 @@ class SessionService:
         empty = self.worker.empty_state(mem_len)
         result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
         assert isinstance(result, AdvanceResult)
-        meta = await self._register(owner, result.state, len(tokens), ttl, dict(metadata or {}))
+        meta = await self._register(
+            owner, result.state, len(tokens), ttl, dict(metadata or {}), kind="create", text=text
+        )
         self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
     async def _register(
-        self, owner: str, state: ModelState, tokens: int, ttl: int, metadata: dict[str, Any]
+        self,
+        owner: str,
+        state: ModelState,
+        tokens: int,
+        ttl: int,
+        metadata: dict[str, Any],
+        *,
+        kind: str,
+        text: str | None = None,
     ) -> SessionMeta:
-        """A new session at version 1 holding `state`: metadata (and snapshot) to Redis, memory to the device."""
+        """A new session at version 1 holding `state`: metadata (and its stored version) to Redis, memory to the
+        device."""
         stamp = now()
         meta = SessionMeta(
             id=new_session_id(),
@@ -199,7 +221,7 @@ class SessionService:
             version=1,
             metadata=metadata,
         )
-        summary = VersionSummary(1, tokens, stamp, "create")
+        summary = version_summary(1, tokens, stamp, kind, text)
         write = await self._memory_write(state, summary) if self._persist_always else None
 
         async def register() -> None:
@@ -207,7 +229,7 @@ class SessionService:
                 await self.store.create(meta)
             else:
                 await self._stored(lambda w: self.store.create(meta, w), write, state)
-            await self._place(meta, state)
+            await self._place(meta, state, summary=summary)
 
         await to_the_end(register())
         return meta
@@ -232,14 +254,24 @@ class SessionService:
         self._expiry.pop(session_id, None)
 
     async def fork(
-        self, owner: str, session_id: str, *, metadata: dict[str, Any] | None = None
+        self,
+        owner: str,
+        session_id: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        version: int | None = None,
     ) -> SessionMeta:
-        """A new session with the same memory (its blocks shared: a fork costs a table, not a copy)."""
+        """A new session with the same memory as the session's newest version, or as `version` (its blocks
+        shared: a fork costs a table, not a copy)."""
         meta = await self.get(owner, session_id)
         await self._admit_session(owner, meta.mem_len)
-        state = await self._state(meta)
+        if version is None or version == meta.version:
+            state, tokens = await self._state(meta), meta.tokens
+        else:
+            state, summary = await self.history.state_at(meta, version)
+            tokens = summary.tokens
         child_metadata = dict(meta.metadata if metadata is None else metadata)
-        return await self._register(owner, state, meta.tokens, meta.ttl_seconds, child_metadata)
+        return await self._register(owner, state, tokens, meta.ttl_seconds, child_metadata, kind="fork")
 
     # ------------------------------------------------------------------ moving sessions between deployments
 
@@ -285,7 +317,7 @@ class SessionService:
         if any(not 0 <= t < self.tokenizer.vocab_size for t in state.tail):
             raise InvalidRequest("the snapshot's token ids do not fit this model's vocabulary", param="body")
         await self._admit_session(owner, state.mem_len)
-        return await self._register(owner, state, tokens, self._ttl(ttl_seconds), metadata)
+        return await self._register(owner, state, tokens, self._ttl(ttl_seconds), metadata, kind="import")
 
     # ------------------------------------------------------------------ steps
 
@@ -294,7 +326,9 @@ class SessionService:
         async with self._step(owner, session_id) as (meta, state, lease):
             result = await self._run(AdvanceJob(state, tokens), lease)
             assert isinstance(result, AdvanceResult)
-            committed = await self._commit(meta, result.state, len(tokens), base=state, lease=lease)
+            committed = await self._commit(
+                meta, result.state, meta.tokens + len(tokens), lease=lease, kind="append", text=text
+            )
         self.observer.on_tokens("ingested", len(tokens))
         return AppendOutcome(committed, len(tokens), result.logprob)
 
@@ -350,7 +384,12 @@ class SessionService:
                         result = dataclasses.replace(event, prompt_tokens=len(prompt))
             assert result is not None
             committed = await self._commit(
-                meta, result.state, len(prompt) + result.completion_tokens, base=state, lease=lease
+                meta,
+                result.state,
+                meta.tokens + len(prompt) + result.completion_tokens,
+                lease=lease,
+                kind="generate",
+                text=text + result.text,
             )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
@@ -378,19 +417,27 @@ class SessionService:
                 self.cache.unpin(session_id)
 
     async def _commit(
-        self, meta: SessionMeta, state: ModelState, tokens_added: int, *, base: ModelState, lease: Lease
+        self,
+        meta: SessionMeta,
+        state: ModelState,
+        tokens: int,
+        *,
+        lease: Lease,
+        kind: str,
+        text: str | None = None,
     ) -> SessionMeta:
-        """Commits `state`, computed from `base` (the committed version): with persistence `always`, only the
-        blocks Redis does not hold yet are written."""
+        """Commits `state` as the version after `meta`'s, holding `tokens` tokens of text (`kind` and `text`: what
+        the step was and what it added, for the versions list). With persistence `always`, only the blocks Redis
+        does not hold yet are written."""
         new = dataclasses.replace(
             meta,
-            tokens=meta.tokens + tokens_added,
+            tokens=tokens,
             mem_tokens=state.memory.length,
             version=meta.version + 1,
             last_used=now(),
             tier=DEVICE,
         )
-        summary = VersionSummary(new.version, new.tokens, new.last_used, "append")
+        summary = version_summary(new.version, new.tokens, new.last_used, kind, text)
         write = await self._memory_write(state, summary) if self._persist_always else None
 
         async def commit() -> None:
@@ -407,7 +454,7 @@ class SessionService:
                 )
             if not committed:
                 raise NotFound(f"no session {meta.id!r}", param="session_id")
-            await self._place(new, state)
+            await self._place(new, state, summary=summary)
 
         await to_the_end(commit())
         return new
@@ -538,13 +585,34 @@ class SessionService:
     def segment_len(self) -> int:
         return self.worker.segment_len
 
-    async def _place(self, meta: SessionMeta, state: ModelState, *, source: str | None = None) -> None:
+    async def _place(
+        self,
+        meta: SessionMeta,
+        state: ModelState,
+        *,
+        source: str | None = None,
+        summary: VersionSummary | None = None,
+    ) -> None:
         """Puts a session's state on the device tier, first moving least recently used sessions down (device ->
-        host -> Redis or gone) so that no tier goes over its budget, even for a moment."""
+        host -> Redis or gone) so that no tier goes over its budget, even for a moment. A new version
+        (`summary`) keeps the versions before it that the device holds, up to TXL_KEEP_VERSIONS."""
+        keep = max(1, self.settings.keep_versions)
         async with self._tier_lock:
-            self.cache.drop(meta.id)  # its previous state's bytes are free now
-            await self._make_room(DEVICE, self.cache.added_bytes(DEVICE, state))
-            self.cache.put(meta.id, state, meta.version, DEVICE)
+            previous = self.cache.drop(meta.id)  # its previous state's bytes are free now
+            older: dict[int, ModelState] = {}
+            summaries = list(previous.summaries) if previous is not None else []
+            if summary is not None:
+                if previous is not None and previous.version == meta.version - 1:
+                    older = dict(previous.older)
+                    if previous.tier == DEVICE:
+                        older[previous.version] = previous.state
+                else:
+                    summaries = []
+                summaries = [*summaries, summary][-keep:]
+            kept = {s.version for s in summaries}
+            older = {v: s for v, s in older.items() if v in kept}
+            await self._make_room(DEVICE, self.cache.added_bytes(DEVICE, state, *older.values()))
+            self.cache.put(meta.id, state, meta.version, DEVICE, older=older, summaries=summaries)
             self._expiry[meta.id] = meta.expires_at
         if source is not None:
             self.observer.on_tier_move(source, DEVICE)
@@ -553,6 +621,8 @@ class SessionService:
     async def _make_room(self, tier: str, needed: int) -> None:
         """Moves victims out of `tier` until `needed` more bytes fit (or nothing else can move). Holds the lock."""
         while self.cache.used(tier) + needed > self.cache.budget(tier):
+            if self.cache.drop_older(tier):  # older versions go before any session's newest
+                continue
             victim = self.cache.victim(tier)
             if victim is None:
                 return
@@ -587,6 +657,8 @@ class SessionService:
         try:
             async with self._tier_lock:
                 while self.pool.available_blocks < blocks:
+                    if self.cache.drop_older(DEVICE):
+                        continue
                     victim = self.cache.victim(DEVICE)
                     if victim is None:
                         return
@@ -603,7 +675,11 @@ class SessionService:
             if not self._persist_always:  # "always" already wrote this version at commit
                 meta = await self.store.get(victim)
                 if meta is not None and meta.version == entry.version:
-                    summary = VersionSummary(meta.version, meta.tokens, meta.last_used, "append")
+                    summary = (
+                        entry.summaries[-1]
+                        if entry.summaries
+                        else version_summary(meta.version, meta.tokens, meta.last_used, "append", None)
+                    )
                     write = await self._memory_write(entry.state, summary)
                     await self._stored(
                         lambda w: self.store.save_memory(victim, entry.version, w, meta.ttl_seconds),
