@@ -70,6 +70,15 @@ class Metrics(WorkerObserver, SessionObserver):
         )
         self.cancellations = Counter("txl_cancellations", "Jobs cancelled (client gone)", registry=r)
         self.overloaded = Counter("txl_overloaded", "Requests refused with 429", registry=r)
+        self.prefix_lookups = Counter(
+            "txl_prefix_cache_lookups",
+            "Prompts read through the prefix cache, by outcome",
+            ["outcome"],
+            registry=r,
+        )  # hit|miss
+        self.prefix_tokens = Counter(
+            "txl_prefix_cache_tokens", "Prompt positions read, by where from", ["source"], registry=r
+        )  # cache|computed
 
     # ---- WorkerObserver (called from the worker thread; prometheus_client is thread-safe)
     def on_prefill(self, tokens: int, seconds: float) -> None:
@@ -99,3 +108,8 @@ class Metrics(WorkerObserver, SessionObserver):
 
     def on_tokens(self, kind: str, n: int) -> None:
         self.tokens.labels(kind).inc(n)
+
+    def on_prefix_cache(self, cached: int, total: int) -> None:
+        self.prefix_lookups.labels("hit" if cached else "miss").inc()
+        self.prefix_tokens.labels("cache").inc(cached)
+        self.prefix_tokens.labels("computed").inc(total - cached)

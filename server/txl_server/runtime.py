@@ -76,8 +76,8 @@ def worker_threads(settings: Settings) -> int:
 
 
 def device_pool(model: TransfoXLLMHeadModel, settings: Settings, *, max_batch_tokens: int) -> BlockPool:
-    """The device's memory pool, allocated once, up front: the device budget (sessions at rest) and room for one
-    iteration's new blocks beside it (a step's blocks exist before the memory tiers move other sessions out at
+    """The device's memory pool, allocated once, up front: the device budget (sessions at rest), the prefix
+    cache's, and room for one iteration's new blocks beside them (a step's blocks exist before the memory tiers move other sessions out at
     its commit).
 
     On a GPU it never grows (vLLM allocates its KV cache once too): captured graphs hold its address, and doubling
@@ -92,7 +92,9 @@ def device_pool(model: TransfoXLLMHeadModel, settings: Settings, *, max_batch_to
     return BlockPool(
         layout,
         block_size=block_size,
-        blocks=settings.device_memory_bytes // block_bytes + one_iteration + 2,
+        blocks=(settings.device_memory_bytes + settings.prefix_cache_budget) // block_bytes
+        + one_iteration
+        + 2,
         growable=not fixed,
     )
 
@@ -170,6 +172,7 @@ class Runtime:
             worker=self.worker,
             start_id=self.service.start_id,
             mem_len=self.service.default_mem_len,
+            prefix_cache=self.service.prefix_cache,
             observer=self.session_observer,
         )
         self._reaper = asyncio.create_task(self._reap_forever())

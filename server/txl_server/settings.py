@@ -62,6 +62,9 @@ class Settings(BaseSettings):
 
     # ---- memory tiers and persistence
     device_memory_bytes: int = Field(2 * 1024**3, ge=0)
+    # States of recently read prompts at segment boundaries, on the device beside the sessions; None: a quarter of
+    # device_memory_bytes; 0: no prefix cache.
+    prefix_cache_bytes: int | None = Field(None, ge=0)
     host_memory_bytes: int = Field(4 * 1024**3, ge=0)
     persistence: Persistence = Persistence.EVICT
     # Versions of each session kept (rewind, forks at a version, Responses chaining); 0 keeps only the newest.
@@ -141,6 +144,10 @@ class Settings(BaseSettings):
         if fields.count("content") != 1 or not set(fields) <= {"role", "Role", "content"}:
             raise ValueError("chat_template must hold {content} once, and no fields but {role} and {Role}")
         return value
+
+    @property
+    def prefix_cache_budget(self) -> int:
+        return self.device_memory_bytes // 4 if self.prefix_cache_bytes is None else self.prefix_cache_bytes
 
     @property
     def model_dir(self) -> Path:

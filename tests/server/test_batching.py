@@ -100,19 +100,21 @@ async def test_no_block_leaks_after_a_thousand_sessions_come_and_go(make_setting
                 for session_id in live[:20]:
                     await service.delete(OWNER, session_id)
                 live = live[20:]
-            # The pool holds exactly the blocks of the cached sessions: no block is held by nothing. (A call
-            # through the worker first: the iteration that finished a job may still be returning.)
+            # The pool holds exactly the blocks of the cached sessions and prefixes: no block is held by nothing.
+            # (A call through the worker first: the iteration that finished a job may still be returning.)
             if i % 97 == 0:
                 await rt.worker.call(lambda: None)
-                held = {
-                    b
-                    for e in service.cache._entries.values()
-                    for state in e.states()  # the newest and the older versions kept on the device
-                    for b in state.memory.block_ids().tolist()
-                }
+                states = [
+                    s for e in service.cache._entries.values() for s in e.states()
+                ]  # older versions too
+                states += service.prefix_cache.states()
+                held = {b for state in states for b in state.memory.block_ids().tolist()}
+                del states
                 assert pool.used_blocks - baseline == len(held)
+                assert service.prefix_cache.used <= service.prefix_cache.budget
         for session_id in live:
             await service.delete(OWNER, session_id)
+        service.prefix_cache.clear()
         await rt.worker.call(lambda: None)
         assert pool.used_blocks == baseline
 

@@ -283,8 +283,10 @@ async def test_scoring_a_document_ten_times_mem_len_runs_in_constant_memory(runt
     text = ("It is a truth universally acknowledged. " * 40)[: 20 * mem_len]
     progress = []
     scorer = runtime.stateless
-    short = await scorer.score(text[: 10 * mem_len])
-    outcome = await scorer.score(text, token_logprobs=True, progress=lambda d, t: progress.append((d, t)))
+    short = await scorer.score(text[: 10 * mem_len], owner=OWNER)
+    outcome = await scorer.score(
+        text, owner=OWNER, token_logprobs=True, progress=lambda d, t: progress.append((d, t))
+    )
     assert outcome.tokens == len(text) and outcome.bytes == len(text)
     assert progress[-1] == (len(text), len(text)) and len(progress) > 10
     # 10x or 20x mem_len: the memory is bounded by mem_len (plus a segment and the append headroom).

@@ -163,7 +163,8 @@ def test_a_concurrent_rewind_and_append_one_wins(server, http):
 async def test_a_thousand_versions_come_and_go_without_a_leak(make_settings):
     """Budgets count a block once however many versions list it; versions pushed out free what only they held,
     in the pool and in Redis."""
-    async with running(make_settings(persistence=Persistence.ALWAYS, keep_versions=8)) as rt:
+    settings = make_settings(persistence=Persistence.ALWAYS, keep_versions=8, prefix_cache_bytes=0)
+    async with running(settings) as rt:
         service, pool = rt.service, rt.worker.pool
         baseline = pool.used_blocks
         meta = await service.create(OWNER, text="Version zero.")

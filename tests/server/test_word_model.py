@@ -60,7 +60,7 @@ async def test_hf_word_model_directory_serves_generation_and_scoring(make_settin
         assert (
             outcome.result.text.startswith(" ") or outcome.result.text[:1] in ",.;:!?'\n"
         )  # spaced after "times"
-        scored = await runtime.stateless.score("the quick brown fox")
+        scored = await runtime.stateless.score("the quick brown fox", owner="t")
         assert scored.tokens == 4 and scored.logprob < 0
     finally:
         await runtime.stop()

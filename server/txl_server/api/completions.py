@@ -48,6 +48,7 @@ from .completions_protocol import (
     CompletionUsage,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
 )
 from .disconnect import WatchedRoute, watch_connection
 
@@ -95,8 +96,12 @@ async def collect(
             finished[index] = item
     prompt = sum(item.prompt_tokens for item in finished.values())
     completion = sum(item.completion_tokens for item in finished.values())
+    cached = sum(item.cached_tokens for item in finished.values())
     usage = CompletionUsage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
     )
     return sorted(finished.items()), usage
 
@@ -136,7 +141,7 @@ def completion_source(
     if body.session_id is not None:
         source = _session_completion(sources.service, sources.tenant, body, plan)
     else:
-        source = _stateless_completions(sources.stateless, body, plan)
+        source = _stateless_completions(sources.stateless, sources.tenant, body, plan)
     return _timed(source, TokenTiming(sources.metrics))
 
 
@@ -229,9 +234,11 @@ class Finished:
         logprobs: CompletionLogprobs | None,
         prompt_tokens: int,
         completion_tokens: int,
+        cached_tokens: int = 0,
     ) -> None:
         self.text, self.finish_reason, self.logprobs = text, finish_reason, logprobs
         self.prompt_tokens, self.completion_tokens = prompt_tokens, completion_tokens
+        self.cached_tokens = cached_tokens  # of the prompt's, from the prefix cache
 
     def choice(self, index: int) -> CompletionChoice:
         reason: Literal["length", "stop"] = "stop" if self.finish_reason == "stop" else "length"
@@ -281,13 +288,13 @@ class _LogprobsBuilder:
 
 
 async def _stateless_completions(
-    stateless: StatelessService, body: CompletionRequest, plan: Plan
+    stateless: StatelessService, tenant: str, body: CompletionRequest, plan: Plan
 ) -> AsyncGenerator[tuple[int, Any], None]:
     want_logprobs = body.logprobs is not None
     streams = []
     for prompt_text, prompt_ids in plan.prompts:
         state, scores = await stateless.prefill(
-            prompt_ids, logprobs=bool(body.echo and want_logprobs), top_logprobs=plan.top
+            prompt_ids, owner=tenant, logprobs=bool(body.echo and want_logprobs), top_logprobs=plan.top
         )
         for i in range(plan.n):
             generation = stateless.generate(
@@ -351,6 +358,7 @@ async def _choice(
                     logprobs.build() if logprobs is not None else None,
                     len(scores.token_ids),
                     result.completion_tokens,
+                    scores.cached_tokens,
                 )
     finally:
         await generation.aclose()
@@ -400,7 +408,7 @@ async def stream_choices(
     Finished) of `source` (whose first item is `first`), the chunks `choices` makes of it inside `envelope`
     (id, object, created, model); then the usage, if asked for; an error after the first chunk as an error
     event; then `[DONE]`."""
-    usage = [0, 0]
+    usage = [0, 0, 0]
     try:
         item: tuple[int, Any] | None = first
         while item is not None:
@@ -408,11 +416,17 @@ async def stream_choices(
             if isinstance(event, Finished):
                 usage[0] += event.prompt_tokens
                 usage[1] += event.completion_tokens
+                usage[2] += event.cached_tokens
             for choice in choices(index, event):
                 yield sse.event({**envelope, "choices": [choice]})
             item = await anext(source, None)
         if include_usage:
-            counts = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
+            counts = {
+                "prompt_tokens": usage[0],
+                "completion_tokens": usage[1],
+                "total_tokens": usage[0] + usage[1],
+                "prompt_tokens_details": {"cached_tokens": usage[2]},
+            }
             yield sse.event({**envelope, "choices": [], "usage": counts})
     except ServiceError as exc:
         yield sse.event(exc.body())

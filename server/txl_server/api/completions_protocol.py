@@ -64,10 +64,15 @@ class CompletionChoice(BaseModel):
     finish_reason: Literal["length", "stop"] | None
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="Prompt tokens read from the prefix cache instead of computed")
+
+
 class CompletionUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class Completion(BaseModel):

@@ -45,6 +45,9 @@ class ScoreResponse(BaseModel):
     bits_per_byte: float
     token_logprobs: list[float] | None = None
     token_texts: list[str] | None = None
+    cached_tokens: int = Field(
+        0, description="Tokens whose scores came from the prefix cache (the same numbers)"
+    )
 
 
 _BODY_DOC = {
@@ -79,9 +82,9 @@ async def score(
         raise InvalidRequest("text to score is empty", param="text")
     scorer, tokenizer = stateless, stateless.tokenizer
     if not body.stream:
-        outcome = await scorer.score(body.text, token_logprobs=body.token_logprobs)
+        outcome = await scorer.score(body.text, owner=tenant, token_logprobs=body.token_logprobs)
         return _response(outcome, tokenizer, body.token_logprobs)
-    return EventStream(_progress_stream(scorer, body, tokenizer))
+    return EventStream(_progress_stream(scorer, tenant, body, tokenizer))
 
 
 async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: bool) -> ScoreRequest:
@@ -112,11 +115,12 @@ def _response(outcome: ScoreOutcome, tokenizer: Any, with_tokens: bool) -> dict[
         bits_per_byte=outcome.bits_per_byte,
         token_logprobs=outcome.token_logprobs if with_tokens else None,
         token_texts=[tokenizer.token_text(t) for t in outcome.token_ids] if with_tokens else None,
+        cached_tokens=outcome.cached_tokens,
     ).model_dump(exclude_none=True)
 
 
 async def _progress_stream(
-    scorer: StatelessService, body: ScoreRequest, tokenizer: Any
+    scorer: StatelessService, tenant: str, body: ScoreRequest, tokenizer: Any
 ) -> AsyncIterator[str]:
     queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
     throttle = ProgressThrottle()
@@ -125,7 +129,9 @@ async def _progress_stream(
         if throttle.due(done, total):
             queue.put_nowait((done, total))
 
-    task = asyncio.create_task(scorer.score(body.text, token_logprobs=body.token_logprobs, progress=progress))
+    task = asyncio.create_task(
+        scorer.score(body.text, owner=tenant, token_logprobs=body.token_logprobs, progress=progress)
+    )
     try:
         while not task.done() or not queue.empty():
             getter = asyncio.create_task(queue.get())

@@ -36,12 +36,22 @@ class ProgressEvent:
 
 
 @dataclass(frozen=True)
+class Boundary:
+    """The state an AdvanceJob reached at a multiple of its `boundaries` (positions fed), and the log-probs of
+    the tokens it fed since the previous one (float32, on the host; NaN for a first token nothing predicts)."""
+
+    state: ModelState
+    logprobs: list[float]
+
+
+@dataclass(frozen=True)
 class AdvanceResult:
     state: ModelState
     tokens: int
     logprob: float  # summed over the tokens that had a prediction
     token_logprobs: list[float] | None  # NaN for a first token that nothing predicts
     token_top: list[TopLogprobs | None] | None = None
+    boundaries: list[Boundary] = field(default_factory=list)  # with AdvanceJob.boundaries: in order
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,9 @@ class AdvanceJob(Job):
     token_logprobs: bool = False
     top_logprobs: int = 0  # with token_logprobs: also the k most likely tokens at each position
     report_progress: bool = False
+    # > 0: segments end at every multiple of this many positions fed, and the states there are kept
+    # (the prefix cache: sessions/prefix_cache.py)
+    boundaries: int = 0
 
     def __post_init__(self) -> None:
         super().__init__()

@@ -23,6 +23,11 @@ class Ingesting(Protocol):
         """Input tokens not yet fed."""
         ...
 
+    @property
+    def chunk_limit(self) -> int:
+        """The most tokens its next segment may feed (a job may want its segments to end at given positions)."""
+        ...
+
 
 D = TypeVar("D")
 I = TypeVar("I", bound=Ingesting)  # noqa: E741 - mirrors D
@@ -59,7 +64,7 @@ class Scheduler:
         for job in list(ingesting):
             if len(chunks) >= self.max_batch_size:
                 break
-            size = min(self.segment_len, job.pending)
+            size = min(self.segment_len, job.pending, job.chunk_limit)
             if size > budget and chunks:
                 break
             chunks.append((job, size))

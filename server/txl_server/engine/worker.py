@@ -34,6 +34,7 @@ from .graphs import DecodeGraphs
 from .jobs import (
     AdvanceJob,
     AdvanceResult,
+    Boundary,
     CallJob,
     DoneEvent,
     ErrorEvent,
@@ -87,10 +88,20 @@ class _Ingest:
     # Scoring, kept on the device until the job ends: one tensor of log-probs per segment.
     logprobs: list[Tensor] = field(default_factory=list)
     top: list[TopLogprobs | None] = field(default_factory=list)
+    boundaries: int = 0  # > 0: segments end on multiples of it (AdvanceJob.boundaries)
+    # (state, index in `logprobs` of its segments' end) at each boundary reached
+    reached: list[tuple[ModelState, int]] = field(default_factory=list)
 
     @property
     def pending(self) -> int:
         return len(self.tokens) - self.cursor
+
+    @property
+    def chunk_limit(self) -> int:
+        """The most tokens its next segment may feed: up to the next boundary, if it keeps them."""
+        if not self.boundaries:
+            return self.pending
+        return self.boundaries - self.state.fed % self.boundaries
 
 
 @dataclass(eq=False)
@@ -337,7 +348,7 @@ class Worker:
                 job.emit(DoneEvent(AdvanceResult(state, 0, 0.0, [] if job.token_logprobs else None, None)))
                 return
             top_k = job.top_logprobs if job.token_logprobs else 0
-            self._ingesting.append(_Ingest(job, state, job.tokens, True, top_k))
+            self._ingesting.append(_Ingest(job, state, job.tokens, True, top_k, boundaries=job.boundaries))
             return
         decoder = self.tokenizer.decoder(list(state.tail) + job.prompt)
         seed = job.sampling.seed if job.sampling.seed is not None else secrets.randbits(63)
@@ -428,6 +439,8 @@ class Worker:
             task.logprobs.append(out.logprobs)
         if out.top is not None:
             task.top.extend(out.top)
+        if task.boundaries and task.state.fed % task.boundaries == 0:
+            task.reached.append((task.state, len(task.logprobs)))
         if isinstance(task.job, AdvanceJob) and task.job.report_progress:
             task.job.emit(ProgressEvent(task.cursor, len(task.tokens)))
         if task.pending:
@@ -442,6 +455,7 @@ class Worker:
                 total,
                 logprobs if task.job.token_logprobs else None,
                 task.top if task.top_k else None,
+                _boundaries(task, logprobs),
             )
             task.job.emit(DoneEvent(result))
             return
@@ -500,6 +514,18 @@ class Worker:
             prompt.top if prompt is not None and prompt.top_k else None,
         )
         task.job.emit(DoneEvent(result))
+
+
+def _boundaries(task: _Ingest, logprobs: list[float]) -> list[Boundary]:
+    """The states an ingestion reached at its boundaries, each with the log-probs of the tokens it fed since the
+    one before (segments end on boundaries, so those are whole segments' log-probs)."""
+    out, done, previous = [], 0, 0
+    sizes = [t.numel() for t in task.logprobs]
+    for state, segments in task.reached:
+        fed = sum(sizes[previous:segments])
+        out.append(Boundary(state, logprobs[done : done + fed]))
+        done, previous = done + fed, segments
+    return out
 
 
 def is_device_error(exc: BaseException) -> bool:

@@ -35,7 +35,7 @@ class Entry:
 
 
 @dataclass
-class _Tier:
+class TierUsage:
     budget: int
     # (pool, block id) -> number of entries holding that block: a block shared by several sessions (a fork
     # shares its parent's past) is counted once.
@@ -73,7 +73,7 @@ class _Tier:
 class MemoryCache:
     def __init__(self, *, device_budget: int, host_budget: int) -> None:
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
-        self._tiers = {DEVICE: _Tier(device_budget), HOST: _Tier(host_budget)}
+        self._tiers = {DEVICE: TierUsage(device_budget), HOST: TierUsage(host_budget)}
         self._pinned: set[str] = set()  # sessions with a step in flight: not chosen as victims
 
     def __contains__(self, session_id: str) -> bool:

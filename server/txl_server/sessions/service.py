@@ -40,8 +40,10 @@ from ..engine.state import ModelState, snapshot_metadata
 from ..engine.worker import Worker
 from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
 from ..settings import Persistence, Settings
+from . import prefix_cache
 from .cache import DEVICE, HOST, Entry, MemoryCache
 from .history import SessionHistory
+from .prefix_cache import PrefixCache
 from .store import (
     BlocksMissing,
     Lease,
@@ -65,6 +67,9 @@ class SessionObserver:
     def on_conflict(self) -> None: ...
 
     def on_tokens(self, kind: str, n: int) -> None: ...
+
+    def on_prefix_cache(self, cached: int, total: int) -> None:
+        """A prompt of `total` positions was read, `cached` of them from the prefix cache."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,9 @@ class SessionService:
         self._expiry: dict[str, float] = {}
         # Which pool blocks Redis already holds: a commit writes only the others (engine/blocks.py).
         self.index = BlockIndex()
+        self.prefix_cache = PrefixCache(
+            budget_bytes=settings.prefix_cache_budget, grid=worker.grid, salt=model_id
+        )
         self.history = SessionHistory(self)
         self._loop = asyncio.get_running_loop()
         self._relieving = False
@@ -186,12 +194,13 @@ class SessionService:
         await self._admit_session(owner, mem_len)
         tokens = self.tokenizer.encode(text)
         empty = self.worker.empty_state(mem_len)
-        result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
-        assert isinstance(result, AdvanceResult)
+        ids = [self.start_id, *tokens]
+        result = await prefix_cache.read(self.prefix_cache, self.worker, owner=owner, empty=empty, ids=ids)
         meta = await self._register(
             owner, result.state, len(tokens), ttl, dict(metadata or {}), kind="create", text=text
         )
         self.observer.on_tokens("ingested", len(tokens) + 1)
+        self.observer.on_prefix_cache(result.cached, len(ids))
         return meta
 
     async def _register(
@@ -657,7 +666,7 @@ class SessionService:
         try:
             async with self._tier_lock:
                 while self.pool.available_blocks < blocks:
-                    if self.cache.drop_older(DEVICE):
+                    if self.prefix_cache.evict_one() or self.cache.drop_older(DEVICE):
                         continue
                     victim = self.cache.victim(DEVICE)
                     if victim is None:

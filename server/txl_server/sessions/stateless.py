@@ -16,20 +16,22 @@ from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
 from ..engine.jobs import (
-    AdvanceJob,
-    AdvanceResult,
-    Event,
     GenerateJob,
     GenerateResult,
-    ProgressEvent,
     TokenEvent,
-    job_result,
     run_job,
 )
 from ..engine.state import ModelState
 from ..engine.worker import Worker
 from ..errors import InvalidRequest
+from . import prefix_cache
+from .prefix_cache import PrefixCache
 from .service import SessionObserver
+
+
+def cached_tokens(positions: int) -> int:
+    """Prompt tokens served from the cache: its positions but the start token (which is not the user's)."""
+    return max(0, positions - 1)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class ScoreOutcome:
     token_logprobs: list[float] | None
     token_ids: list[int]
     memory_bytes: int  # what the scoring memory held at the end: bounded by mem_len, whatever the length
+    cached_tokens: int = 0  # of the text's tokens, read from the prefix cache
 
     @property
     def nll(self) -> float:
@@ -61,6 +64,7 @@ class PromptScores:
     token_ids: list[int]
     logprobs: list[float]
     top: list | None
+    cached_tokens: int = 0  # of the prompt's tokens, read from the prefix cache
 
 
 class StatelessService:
@@ -72,10 +76,12 @@ class StatelessService:
         worker: Worker,
         start_id: int,
         mem_len: int,
+        prefix_cache: PrefixCache,
         observer: SessionObserver | None = None,
     ) -> None:
         self.model, self.tokenizer, self.worker = model, tokenizer, worker
         self.start_id, self.mem_len = start_id, mem_len
+        self.prefix_cache = prefix_cache
         self.observer = observer or SessionObserver()
 
     def _empty(self) -> ModelState:
@@ -85,46 +91,63 @@ class StatelessService:
         self,
         text: str,
         *,
+        owner: str,
         token_logprobs: bool = False,
         progress: Callable[[int, int], None] | None = None,
     ) -> ScoreOutcome:
-        """log p(text), segment by segment, with memory bounded by mem_len whatever the length."""
+        """log p(text), segment by segment, with memory bounded by mem_len whatever the length; a prefix the owner
+        had read recently comes from the prefix cache, with the same numbers."""
         tokens = self.tokenizer.encode(text)
         if not tokens:
             raise InvalidRequest("text to score is empty", param="text")
-        job = AdvanceJob(
-            self._empty(), [self.start_id, *tokens], token_logprobs=token_logprobs, report_progress=True
+
+        def report(done: int, total: int) -> None:
+            if progress is not None:
+                progress(max(0, done - 1), total - 1)
+
+        result = await prefix_cache.read(
+            self.prefix_cache,
+            self.worker,
+            owner=owner,
+            empty=self._empty(),
+            ids=[self.start_id, *tokens],
+            scores=True,
+            progress=report,
         )
-
-        def report(event: Event) -> None:
-            if isinstance(event, ProgressEvent) and progress is not None:
-                progress(max(0, event.done - 1), len(tokens))
-
-        result: AdvanceResult = await job_result(self.worker, job, report)
         self.observer.on_tokens("scored", len(tokens))
-        per_token = result.token_logprobs[1:] if result.token_logprobs is not None else None
+        self.observer.on_prefix_cache(result.cached, len(tokens) + 1)
+        assert result.token_logprobs is not None
         return ScoreOutcome(
             len(tokens),
             len(text.encode("utf-8", "surrogatepass")),
             result.logprob,
-            per_token,
+            result.token_logprobs[1:] if token_logprobs else None,
             tokens,
             result.state.nbytes,
+            cached_tokens(result.cached),
         )
 
     async def prefill(
-        self, tokens: list[int], *, logprobs: bool, top_logprobs: int
+        self, tokens: list[int], *, owner: str, logprobs: bool, top_logprobs: int
     ) -> tuple[ModelState, PromptScores]:
-        """Feeds a prompt after the start token; with `logprobs`, scores every prompt token."""
-        job = AdvanceJob(
-            self._empty(), [self.start_id, *tokens], token_logprobs=logprobs, top_logprobs=top_logprobs
+        """Feeds a prompt after the start token (from the prefix cache where the owner read its beginning
+        recently); with `logprobs`, scores every prompt token."""
+        result = await prefix_cache.read(
+            self.prefix_cache,
+            self.worker,
+            owner=owner,
+            empty=self._empty(),
+            ids=[self.start_id, *tokens],
+            scores=logprobs,
+            top_logprobs=top_logprobs,
         )
-        result: AdvanceResult = await job_result(self.worker, job)
         self.observer.on_tokens("ingested", len(tokens))
+        self.observer.on_prefix_cache(result.cached, len(tokens) + 1)
         scores = PromptScores(
             tokens,
             (result.token_logprobs or [])[1:],
             result.token_top[1:] if result.token_top is not None else None,
+            cached_tokens(result.cached),
         )
         return result.state, scores
 
