@@ -14,7 +14,8 @@ the worker starts (and so before `/ready` answers), on dummy rows of random toke
 
 What was chosen, and why, is a `ServingPath`; `describe` reports it with the pool and the window grid (`GET
 /v1/system`, `/ready`, `/v1/models`, `python -m txl_server check`). A device error on the way (a CUDA error that
-poisons the context) sets the worker's `device_error`, so that `/ready` fails.
+poisons the context: the device then runs nothing more, `device_works`) sets the worker's `device_error`, so that
+`/ready` fails; an error the device runs on after only turns off the piece that raised it.
 """
 
 from __future__ import annotations
@@ -73,11 +74,6 @@ class Comparison:
     cause: BaseException | None = field(default=None, compare=False, repr=False)
 
     @property
-    def device_failed(self) -> bool:
-        """It raised an error of the device itself (after which nothing on it can be trusted)."""
-        return self.cause is not None and is_device_error(self.cause)
-
-    @property
     def ok(self) -> bool:
         return (
             self.error is None
@@ -121,11 +117,26 @@ def graphs_setting(cuda_graphs: bool | None, device: torch.device) -> tuple[bool
 
 
 class DeviceFailed(Exception):
-    """A check raised an error of the device itself."""
+    """A check raised an error of the device, after which the device runs nothing (a sticky CUDA error)."""
 
-    def __init__(self, cause: BaseException | None) -> None:
+    def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def device_works(device: torch.device) -> bool:
+    """Whether the device still runs work: after a sticky error (an illegal address) every later call fails;
+    after another (an operation a capture does not allow) it runs on, and only the piece that raised is off."""
+    try:
+        probe = torch.ones(2, device=device).sum()
+        return float(probe) == 2.0  # the host read waits for the device
+    except Exception:
+        return False
+
+
+def _raise_if_device_failed(worker: Worker, exc: BaseException | None) -> None:
+    if exc is not None and is_device_error(exc) and not device_works(worker.pool.layout.device):
+        raise DeviceFailed(exc)
 
 
 def prepare(
@@ -143,10 +154,10 @@ def prepare(
     try:
         with torch.inference_mode():
             _check(path, worker, max_mem_len, triton, seed)
-    except DeviceFailed as failed:  # a failure of the device itself: nothing further can be trusted
-        _device_failed(worker, failed.cause or failed)
+    except DeviceFailed as failed:  # nothing further can be trusted: /ready fails
+        _device_failed(worker, failed.cause)
     except Exception as exc:
-        if not is_device_error(exc):
+        if not is_device_error(exc) or device_works(worker.pool.layout.device):
             raise
         _device_failed(worker, exc)
     return path
@@ -193,10 +204,9 @@ def _choose_attention(path: ServingPath, worker: Worker, rows: list[DecodeRow], 
         if check.ok:
             path.attention = REPORTED[name]
             return
-        if check.device_failed:
-            raise DeviceFailed(check.cause)
+        _raise_if_device_failed(worker, check.cause)
         path.attention_reason = check.problem()
-        log.warning("%s: decoding attention falls back to the next kernel", path.attention_reason)
+        log.warning("%s; decoding attention does not use that kernel", path.attention_reason)
 
 
 def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut]:
@@ -218,16 +228,14 @@ def _capture_and_check(
     try:
         graphs.capture_all()
     except Exception as exc:
-        if is_device_error(exc):
-            raise
+        _raise_if_device_failed(worker, exc)
         graphs.turn_off(f"capturing them failed ({_first_line(exc)})")
         return
     for key in graphs.all_keys():
         check = check_graph(graphs, worker, key, rows)
         path.checks.append(check)
         if not check.ok:
-            if check.device_failed:
-                raise DeviceFailed(check.cause)
+            _raise_if_device_failed(worker, check.cause)
             graphs.turn_off(f"at start-up, {check.problem()}")
             return
 
