@@ -32,7 +32,10 @@ def section(report: CheckReport) -> Any:
     result.table(
         "Checks",
         ["check", "result", "passes"],
-        [[line.name, line.text, {True: "yes", False: "NO", None: ""}[line.ok]] for line in report.lines],
+        [
+            [line.name, _cell(line.text), {True: "yes", False: "NO", None: ""}[line.ok]]
+            for line in report.lines
+        ],
     )
     speed = report.speed
     if speed is not None:
@@ -49,6 +52,10 @@ def section(report: CheckReport) -> Any:
             ],
         )  # fmt: skip
     return result
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # |delta log p| would end a Markdown table's cell
 
 
 def write_section(report: CheckReport) -> Path:
