@@ -55,6 +55,11 @@ async def eager_tokens(make_settings):
         return await _tokens(runtime)
 
 
+def _pool_is_free(runtime) -> bool:
+    """Nothing of the start-up checks' dummy rows stays in the pool: only the graphs' scratch block is used."""
+    return runtime.worker.pool.used_blocks == (0 if runtime.worker.runner.graphs is None else 1)
+
+
 def _count_builds(monkeypatch, make_graph=None) -> list[int]:
     """Counts DecodeGraphs._build calls; `make_graph(graph)` may alter or replace each graph built."""
     calls: list[int] = []
@@ -78,7 +83,7 @@ async def test_every_graph_is_made_and_checked_at_start_up_and_none_while_servin
         # 16 rows at most: batch 1, 2, 4, 8, 16 x top-k none, 64, 255 (the byte vocabulary) x top-p or not.
         assert len(graphs.all_keys()) == 5 * 3 * 2 == len(calls) == graphs.built
         report = runtime.device_report()
-        assert report.cuda_graphs == "on" and report.graphs == 30
+        assert report.cuda_graphs == "on" and report.graphs == 30 and _pool_is_free(runtime)
         checked = [c for c in runtime.serving.checks if c.what.startswith("the graph")]
         assert len(checked) == 30 and all(c.ok for c in runtime.serving.checks)
         assert await _tokens(runtime) == eager_tokens
@@ -97,7 +102,7 @@ async def test_a_capture_that_raises_turns_the_graphs_off_once_and_the_device_se
         async with running(make_settings(cuda_graphs=True)) as runtime:
             report = runtime.device_report()
             assert report.cuda_graphs == "off" and "capturing them failed" in report.cuda_graphs_reason
-            assert "operation not permitted" in report.cuda_graphs_reason
+            assert "operation not permitted" in report.cuda_graphs_reason and _pool_is_free(runtime)
             assert await _tokens(runtime) == eager_tokens
             assert await runtime.ready() and runtime.worker.device_error is None
     assert len(calls) == 1  # never retried, not at start-up, not while serving
@@ -130,7 +135,7 @@ async def test_a_graph_that_differs_from_eager_turns_the_graphs_off(
         report = runtime.device_report()
         assert report.cuda_graphs == "off", report
         assert "differs from the eager path" in report.cuda_graphs_reason
-        assert "hidden states off by" in report.cuda_graphs_reason
+        assert "hidden states off by" in report.cuda_graphs_reason and _pool_is_free(runtime)
         assert await _tokens(runtime) == eager_tokens
         assert await runtime.ready()
 
@@ -156,6 +161,7 @@ async def test_a_triton_kernel_that_raises_is_replaced_before_the_graphs_are_mad
         async with running(make_settings(cuda_graphs=True)) as runtime:
             report = runtime.device_report()
             assert report.attention in ("c", "torch") and TRITON_FAILURE in report.attention_reason
+            assert _pool_is_free(runtime)
             # The graphs are made with the kernel that replaced it, and pass.
             failed = [c.what for c in runtime.serving.failures]
             assert report.cuda_graphs == "on" and failed == ["the triton attention kernel vs the torch path"]

@@ -71,7 +71,9 @@ class Comparison:
     hidden: float = math.inf  # largest |delta hidden|, relative
     error: str | None = None  # what it raised, when it did not finish
     tolerance: Tolerance = Tolerance(0.0, 0.0)
-    cause: BaseException | None = field(default=None, compare=False, repr=False)
+    # What it raised was an error of the device (the exception itself is not kept: its traceback would keep
+    # the dummy rows, and their blocks, alive).
+    device_error: bool = False
 
     @property
     def ok(self) -> bool:
@@ -119,10 +121,6 @@ def graphs_setting(cuda_graphs: bool | None, device: torch.device) -> tuple[bool
 class DeviceFailed(Exception):
     """A check raised an error of the device, after which the device runs nothing (a sticky CUDA error)."""
 
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
 
 def device_works(device: torch.device) -> bool:
     """Whether the device still runs work: after a sticky error (an illegal address) every later call fails;
@@ -134,9 +132,9 @@ def device_works(device: torch.device) -> bool:
         return False
 
 
-def _raise_if_device_failed(worker: Worker, exc: BaseException | None) -> None:
-    if exc is not None and is_device_error(exc) and not device_works(worker.pool.layout.device):
-        raise DeviceFailed(exc)
+def _raise_if_device_failed(worker: Worker, device_error: bool, what: str | None) -> None:
+    if device_error and not device_works(worker.pool.layout.device):
+        raise DeviceFailed(what)
 
 
 def prepare(
@@ -155,11 +153,11 @@ def prepare(
         with torch.inference_mode():
             _check(path, worker, max_mem_len, triton, seed)
     except DeviceFailed as failed:  # nothing further can be trusted: /ready fails
-        _device_failed(worker, failed.cause)
+        _device_failed(worker, str(failed))
     except Exception as exc:
         if not is_device_error(exc) or device_works(worker.pool.layout.device):
             raise
-        _device_failed(worker, exc)
+        _device_failed(worker, _first_line(exc))
     return path
 
 
@@ -204,7 +202,7 @@ def _choose_attention(path: ServingPath, worker: Worker, rows: list[DecodeRow], 
         if check.ok:
             path.attention = REPORTED[name]
             return
-        _raise_if_device_failed(worker, check.cause)
+        _raise_if_device_failed(worker, check.device_error, check.error)
         path.attention_reason = check.problem()
         log.warning("%s; decoding attention does not use that kernel", path.attention_reason)
 
@@ -228,14 +226,14 @@ def _capture_and_check(
     try:
         graphs.capture_all()
     except Exception as exc:
-        _raise_if_device_failed(worker, exc)
+        _raise_if_device_failed(worker, is_device_error(exc), _first_line(exc))
         graphs.turn_off(f"capturing them failed ({_first_line(exc)})")
         return
     for key in graphs.all_keys():
         check = check_graph(graphs, worker, key, rows)
         path.checks.append(check)
         if not check.ok:
-            _raise_if_device_failed(worker, check.cause)
+            _raise_if_device_failed(worker, check.device_error, check.error)
             graphs.turn_off(f"at start-up, {check.problem()}")
             return
 
@@ -301,7 +299,7 @@ def compare_paths(
     try:
         got = run()
     except Exception as exc:
-        return Comparison(what, error=_first_line(exc), tolerance=limits, cause=exc)
+        return Comparison(what, error=_first_line(exc), tolerance=limits, device_error=is_device_error(exc))
     expected = reference()
     logprob = max((_distance(a.logprob, b.logprob) for a, b in zip(got, expected, strict=True)), default=0.0)
     hidden = 0.0
@@ -321,9 +319,9 @@ def _close(check: Comparison) -> bool:
     return check.logprob <= check.tolerance.logprob and check.hidden <= check.tolerance.hidden
 
 
-def _device_failed(worker: Worker, exc: BaseException) -> None:
+def _device_failed(worker: Worker, error: str) -> None:
     if worker.device_error is None:
-        worker.device_error = _first_line(exc)
+        worker.device_error = error
     log.error("the device failed at start-up (%s): reporting not ready", worker.device_error)
 
 
