@@ -162,11 +162,12 @@ def prepare(
 
 
 def _check(path: ServingPath, worker: Worker, max_mem_len: int, triton: bool, seed: int) -> None:
-    rows = _dummy_rows(worker, max_mem_len, max(4, worker.max_batch_size), seed)
+    graphs = worker.runner.graphs
+    # Rows enough for the largest graph (a few for the kernel alone).
+    rows = _dummy_rows(worker, max_mem_len, max(4, graphs.sizes[-1] if graphs is not None else 0), seed)
     few = [_with_params(row, i, (4, 0, False), 0) for i, row in enumerate(rows[:4])]
     _choose_attention(path, worker, few, triton=triton)
     worker.attention = _kernel_of(path.attention)
-    graphs = worker.runner.graphs
     if graphs is not None:
         with prefer(worker.attention):
             _capture_and_check(path, worker, graphs, rows)
