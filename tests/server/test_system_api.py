@@ -89,7 +89,12 @@ def test_ready_fails_after_a_device_error_that_poisons_the_context(tiny_model_di
                 raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
             monkeypatch.setattr(live.app.state.runtime.worker.runner, "run", broken)
-            failed = client.post(f"/v1/sessions/{session['id']}/generate", json={"max_tokens": 3})
+            # (uvicorn closes a connection whose request raised: the next requests take a new one)
+            failed = client.post(
+                f"/v1/sessions/{session['id']}/generate",
+                json={"max_tokens": 3},
+                headers={"Connection": "close"},
+            )
             assert failed.status_code == 500 and "illegal" not in failed.text  # no internals leak
             ready = client.get("/ready")
             assert ready.status_code == 503
