@@ -31,7 +31,8 @@ import torch
 from pydantic import ValidationError
 
 from .check_measures import Parity, Speed, check_parity, measure_speed, repeated_generation
-from .engine.selfcheck import Comparison, DeviceReport, ServingPath, describe
+from .engine.device_report import DeviceReport, describe
+from .engine.selfcheck import Comparison, ServingPath
 from .settings import Settings
 
 log = logging.getLogger("txl_server.check")

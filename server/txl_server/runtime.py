@@ -16,7 +16,8 @@ from redis import asyncio as aioredis
 from txl import BlockPool, TransfoXLLMHeadModel, linear, load_pretrained
 from txl.tokenizers import Tokenizer, load_tokenizer
 
-from .engine.selfcheck import DeviceReport, ServingPath, describe, graphs_setting, prepare
+from .engine.device_report import DeviceReport, describe
+from .engine.selfcheck import ServingPath, graphs_setting, prepare
 from .engine.worker import Worker, WorkerObserver
 from .sessions.redis_server import EmbeddedRedis
 from .sessions.service import SessionObserver, SessionService

@@ -12,8 +12,8 @@ import json
 import sys
 
 from txl.sampling import SamplingParams
+from txl_server.engine.device_report import describe
 from txl_server.engine.jobs import GenerateJob, job_result
-from txl_server.engine.selfcheck import describe
 from txl_server.runtime import load_model, make_worker, prepare_worker
 from txl_server.settings import Settings
 

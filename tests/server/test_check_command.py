@@ -12,7 +12,7 @@ import pytest
 import txl.paged_step
 from txl_server import check, check_section
 from txl_server.check_measures import Parity, Speed
-from txl_server.engine.selfcheck import DeviceReport, PoolReport, WindowReport
+from txl_server.engine.device_report import DeviceReport, PoolReport, WindowReport
 
 REPO = Path(__file__).resolve().parents[2]
 

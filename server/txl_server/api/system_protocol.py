@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ..engine.selfcheck import DeviceReport
+from ..engine.device_report import DeviceReport
 
 
 class PoolInfo(BaseModel):

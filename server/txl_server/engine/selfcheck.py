@@ -12,8 +12,8 @@ the worker starts (and so before `/ready` answers), on dummy rows of random toke
    A capture that raises, or a replay that differs, turns the graphs off for good, logged once: decoding then
    runs eagerly. Never a failed request, never a capture retried.
 
-What was chosen, and why, is a `ServingPath`; `describe` reports it with the pool and the window grid (`GET
-/v1/system`, `/ready`, `/v1/models`, `python -m txl_server check`). A device error on the way (a CUDA error that
+What was chosen, and why, is a `ServingPath` (reported with the pool and the window grid by
+`engine.device_report`). A device error on the way (a CUDA error that
 poisons the context: the device then runs nothing more, `device_works`) sets the worker's `device_error`, so that
 `/ready` fails; an error the device runs on after only turns off the piece that raised it.
 """
@@ -24,7 +24,6 @@ import dataclasses
 import functools
 import logging
 import math
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -360,84 +359,3 @@ def _dummy_rows(worker: Worker, mem_len: int, n: int, seed: int) -> list[DecodeR
         DecodeRow(empty.like([result]), hidden[int(end)].clone(), params, seed=1000 + i, counter=0)
         for i, (result, end) in enumerate(zip(results, last, strict=True))
     ]
-
-
-# ---------------------------------------------------------------------------------------------- the report
-
-
-@dataclass(frozen=True)
-class PoolReport:
-    blocks: int  # blocks that hold positions
-    block_size: int  # positions per block
-    bytes: int  # the pool's keys and values on the device
-    fixed: bool  # allocated once, never grows (admission and preemption when full)
-
-
-@dataclass(frozen=True)
-class WindowReport:
-    grid: int  # windows sit on this segment grid (txl.window)
-    mem_len: int  # a new session's
-    max_mem_len: int
-    max_positions: int  # the most positions a memory holds between steps
-    same_length: bool
-
-
-@dataclass(frozen=True)
-class DeviceReport:
-    """What serves, as it stands now (the graphs may have been turned off since start-up)."""
-
-    device: str
-    device_name: str
-    dtype: str
-    attention: str  # "triton" | "c" | "torch"
-    attention_reason: str | None
-    cuda_graphs: str  # "on" | "off"
-    cuda_graphs_reason: str | None  # why off; on a CPU, that the buffers run eagerly
-    graphs: int  # decoding graphs captured (on a CPU: static buffers built)
-    pool: PoolReport
-    window: WindowReport
-    device_ok: bool  # no device error has poisoned the context
-
-
-def describe(worker: Worker, path: ServingPath, *, mem_len: int, max_mem_len: int) -> DeviceReport:
-    pool, model = worker.pool, worker.model
-    graphs = worker.runner.graphs
-    on = graphs is not None and graphs.off is None
-    if graphs is None:
-        reason = path.graphs_reason
-    elif graphs.off is not None:
-        reason = graphs.off
-    else:
-        reason = (
-            None if graphs.capture else "static buffers run eagerly: there is nothing to capture on a CPU"
-        )
-    device = pool.layout.device
-    return DeviceReport(
-        device=str(device),
-        device_name=device_name(device),
-        dtype=str(model.dtype).removeprefix("torch."),
-        attention=path.attention,
-        attention_reason=path.attention_reason,
-        cuda_graphs="on" if on else "off",
-        cuda_graphs_reason=reason,
-        graphs=graphs.built if graphs is not None and on else 0,
-        pool=PoolReport(pool.capacity, pool.block_size, pool.n_blocks * pool.block_nbytes, not pool.growable),
-        window=WindowReport(
-            worker.grid, mem_len, max_mem_len, worker.max_positions, model.config.same_length
-        ),
-        device_ok=worker.device_error is None,
-    )
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's model name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
