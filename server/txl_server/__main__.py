@@ -1,4 +1,7 @@
-"""`python -m txl_server [--host H] [--port P] [--model DIR]`: the server, configured by flags and TXL_* variables."""
+"""`python -m txl_server [--host H] [--port P] [--model DIR]`: the server, configured by flags and TXL_* variables.
+
+`python -m txl_server check [...]`: checks the configured model on the configured device instead (txl_server.check).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +36,11 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m txl_server"
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:
+        from .check import main as check
+
+        return check(argv[1:])
     args = parse_args(argv, prog)
     from .settings import Settings
 

@@ -16,6 +16,8 @@ from redis import asyncio as aioredis
 from txl import BlockPool, TransfoXLLMHeadModel, linear, load_pretrained
 from txl.tokenizers import Tokenizer, load_tokenizer
 
+from .engine.device_report import DeviceReport, describe
+from .engine.selfcheck import ServingPath, graphs_setting, prepare
 from .engine.worker import Worker, WorkerObserver
 from .sessions.redis_server import EmbeddedRedis
 from .sessions.service import SessionObserver, SessionService
@@ -105,6 +107,36 @@ def default_batch_tokens(device: torch.device, segment_len: int) -> int:
     return max(2 * segment_len, 256) if device.type == "cpu" else max(8 * segment_len, 2048)
 
 
+def make_worker(settings: Settings, loaded: LoadedModel, observer: WorkerObserver | None = None) -> Worker:
+    """The device worker the settings describe, its pool allocated (not started, not yet checked)."""
+    model, tokenizer, _ = loaded
+    segment_len = settings.segment_len or model.config.segment_len
+    max_batch_tokens = settings.max_batch_tokens or default_batch_tokens(model.device, segment_len)
+    return Worker(
+        model,
+        tokenizer,
+        segment_len=segment_len,
+        max_batch_size=settings.max_batch_size,
+        max_batch_tokens=max_batch_tokens,
+        max_queued=settings.max_queued_jobs,
+        pool=device_pool(model, settings, max_batch_tokens=max_batch_tokens),
+        graphs=graphs_setting(settings.cuda_graphs, model.device)[0],
+        max_mem_len=settings.mem_lens(model.config.mem_len)[1],
+        observer=observer,
+    )
+
+
+def prepare_worker(settings: Settings, worker: Worker) -> ServingPath:
+    """Start-up on the device, before the worker starts: the attention kernel chosen and checked, every decoding
+    graph captured and checked against the eager path (engine.selfcheck); what fails is turned off."""
+    return prepare(
+        worker,
+        max_mem_len=settings.mem_lens(worker.model.config.mem_len)[1],
+        triton=settings.triton_kernels,
+        graphs_reason=graphs_setting(settings.cuda_graphs, worker.model.device)[1],
+    )
+
+
 class Runtime:
     def __init__(
         self,
@@ -123,6 +155,7 @@ class Runtime:
         self.worker: Worker | None = None
         self.service: SessionService | None = None
         self.stateless: StatelessService | None = None
+        self.serving: ServingPath | None = None
         self._reaper: asyncio.Task[None] | None = None
         self.model_id = ""
 
@@ -130,23 +163,11 @@ class Runtime:
         settings = self.settings
         torch.set_num_threads(worker_threads(settings))
         loaded, self._loaded = self._loaded, None  # used once: a restarted runtime loads afresh
-        model, tokenizer, self.model_id = (
-            loaded if loaded is not None else await asyncio.to_thread(load_model, settings)
-        )
-        segment_len = settings.segment_len or model.config.segment_len
-        max_batch_tokens = settings.max_batch_tokens or default_batch_tokens(model.device, segment_len)
-        self.worker = Worker(
-            model,
-            tokenizer,
-            segment_len=segment_len,
-            max_batch_size=settings.max_batch_size,
-            max_batch_tokens=max_batch_tokens,
-            max_queued=settings.max_queued_jobs,
-            pool=device_pool(model, settings, max_batch_tokens=max_batch_tokens),
-            graphs=settings.cuda_graphs if settings.cuda_graphs is not None else model.device.type == "cuda",
-            max_mem_len=settings.mem_lens(model.config.mem_len)[1],
-            observer=self.worker_observer,
-        )
+        if loaded is None:
+            loaded = await asyncio.to_thread(load_model, settings)
+        model, tokenizer, self.model_id = loaded
+        self.worker = make_worker(settings, loaded, self.worker_observer)
+        self.serving = await asyncio.to_thread(prepare_worker, settings, self.worker)
         self.worker.start()
         url = settings.redis_url
         if url is None:
@@ -198,6 +219,13 @@ class Runtime:
                 await self.redis.aclose()
         if self.embedded_redis is not None:
             await asyncio.to_thread(self.embedded_redis.stop)
+
+    def device_report(self) -> DeviceReport | None:
+        """What serves: device, dtype, attention kernel, graphs, pool and windows (None before start-up)."""
+        if self.worker is None or self.serving is None:
+            return None
+        mem_len, max_mem_len = self.settings.mem_lens(self.worker.model.config.mem_len)
+        return describe(self.worker, self.serving, mem_len=mem_len, max_mem_len=max_mem_len)
 
     async def ready(self) -> bool:
         """Redis answers and the device works (a CUDA error that poisoned the context is not recovered from:

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # Decoding iterations as CUDA graphs; default: on with a CUDA device. (On a CPU: the graphs' static
     # buffers, run eagerly; for tests.)
     cuda_graphs: bool | None = None
+    # The Triton decoding kernel on CUDA (TXL_TRITON_KERNELS=0: the torch path). Either way, the kernel in use is
+    # checked against the torch path at start-up, and one that fails is not used.
+    triton_kernels: bool = True
     segment_len: int | None = Field(
         None, ge=1, le=4096
     )  # ingestion chunk; default: the model's tgt_len, else 128

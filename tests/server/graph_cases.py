@@ -52,6 +52,8 @@ def compare(device: str = "cpu", *, capture: bool = False, same_length: bool = T
     graphs = DecodeGraphs(
         model, pool, max_batch_size=8, max_positions=max_positions(model, grid), capture=capture
     )
+    if capture:  # captured graphs are made up front, never while running
+        graphs.capture_all()
     eager = ModelRunner(model, pool)
     worst = 0.0
     for lengths in ([1, 7, 30], [2, 3, 5, 8, 13, 21], [24]):  # buckets 4, 8 and 1: padding rows in two

@@ -51,13 +51,18 @@ from .completions_protocol import (
     PromptTokensDetails,
 )
 from .disconnect import WatchedRoute, watch_connection
+from .system_protocol import ServingInfo
 
 router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request, tenant: Tenant, model_id: ModelId) -> ModelList:
-    return ModelList(data=[ModelCard(id=model_id, created=int(request.app.state.started_at))])
+    report = request.app.state.runtime.device_report()
+    serving = ServingInfo.of(report) if report is not None else None
+    return ModelList(
+        data=[ModelCard(id=model_id, created=int(request.app.state.started_at), serving=serving)]
+    )
 
 
 @router.post(

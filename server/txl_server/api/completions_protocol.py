@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
+from .system_protocol import ServingInfo
+
 MAX_N = 8
 MAX_LOGPROBS = 5
 
@@ -89,6 +91,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "txl-serve"
+    serving: ServingInfo | None = Field(None, description="Extension: the device and how it serves the model")
 
 
 class ModelList(BaseModel):

@@ -1,10 +1,15 @@
-"""Liveness, readiness and Prometheus metrics."""
+"""Liveness, readiness, what serves (`/v1/system`) and Prometheus metrics."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .. import __version__
+from ..errors import Unavailable
+from .common import ERROR_RESPONSES, ModelId, Tenant
+from .system_protocol import ReadyInfo, ServingInfo, SystemInfo
 
 router = APIRouter(tags=["system"])
 
@@ -15,16 +20,41 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready", responses={503: {"description": "Not ready: model not loaded or Redis unreachable"}})
+@router.get(
+    "/ready",
+    responses={503: {"description": "Not ready: model not loaded, Redis unreachable, device failed"}},
+)
 async def ready(request: Request) -> Response:
-    """Ready to take traffic: the model is loaded and Redis answers."""
+    """Ready to take traffic: the model is loaded and checked on its device, the device works, Redis answers.
+    The body says what serves (device, dtype, attention kernel, CUDA graphs)."""
     runtime = request.app.state.runtime
     if await runtime.ready():
-        return JSONResponse({"status": "ready", "model": runtime.model_id})
-    body = {
-        "error": {"type": "unavailable", "message": "not ready: model or Redis unavailable", "param": None}
-    }
+        report = runtime.device_report()
+        serving = ReadyInfo(
+            device=report.device,
+            dtype=report.dtype,
+            attention=report.attention,
+            cuda_graphs=report.cuda_graphs,
+        )
+        return JSONResponse({"status": "ready", "model": runtime.model_id, **serving.model_dump()})
+    failed = runtime.worker is not None and runtime.worker.device_error is not None
+    message = (
+        "not ready: the device failed; restart the server"
+        if failed
+        else "not ready: model or Redis unavailable"
+    )
+    body = {"error": {"type": "unavailable", "message": message, "param": None}}
     return JSONResponse(body, status_code=503)
+
+
+@router.get("/v1/system", response_model=SystemInfo, responses=ERROR_RESPONSES)
+async def system(request: Request, tenant: Tenant, model_id: ModelId) -> SystemInfo:
+    """The device and how it serves: dtype, the attention kernel, CUDA graphs (and why not), the memory pool,
+    the window grid; what the start-up checks turned off says why."""
+    report = request.app.state.runtime.device_report()
+    if report is None:
+        raise Unavailable("the server is starting")
+    return SystemInfo(model=model_id, version=__version__, serving=ServingInfo.of(report))
 
 
 @router.get("/metrics", response_class=Response)

@@ -10,8 +10,14 @@ touch only a scratch block, replays, and reads back the sampled ids once.
 Randomness is an input, not generator state: each row's number is a hash of (seed, token index) computed inside
 the graph (txl.sampling), so replays draw fresh numbers and a seeded request is reproducible.
 
-Iterations that feed prompt segments, or rows that ask for top log-probs, run eagerly (`ModelRunner`). On a CPU
-the same buffers run eagerly too (`capture=False`): how the tests check this path where no GPU is present.
+The set of graphs is bounded and captured at start-up (`capture_all`, called by `engine.selfcheck`, which also
+replays each against the eager path before the server says it is ready): batch-size buckets times top-k buckets
+(none, <= 64, <= 512) times top-p (used or not). Nothing is captured while serving: shapes outside the set (a
+larger top-k, rows asking for top log-probs, iterations feeding prompt segments, rows longer than the buffers)
+run eagerly (`ModelRunner`), and a failure turns the graphs off for good (`turn_off`), never retried.
+
+On a CPU the same buffers run eagerly (`capture=False`: "capturing" builds the static steps), which is how the
+tests check this path where no GPU is present.
 """
 
 from __future__ import annotations
@@ -27,9 +33,16 @@ from txl.paged import BlockTable, plan_row, resting_blocks
 from txl.paged_step import StaticDecodeStep
 from txl.sampling import RowParams, sample_rows
 
-from .runner import DecodeOut, DecodeRow
+from .runner import DecodeOut, DecodeRow, ModelRunner
 
 log = logging.getLogger(__name__)
+
+# The largest top-k of a graph's rows, rounded up to one of these (0: no row limits k). A larger top-k (below
+# the vocabulary) is rare and runs eagerly: each bucket is another graph per batch size, captured at start-up.
+TOP_K_BUCKETS = (64, 512)
+
+# (rows, top-k bucket, any row uses top-p): what a captured graph is specialised for.
+GraphKey = tuple[int, int, bool]
 
 
 def buckets(max_batch_size: int) -> list[int]:
@@ -41,14 +54,18 @@ def buckets(max_batch_size: int) -> list[int]:
     return [*sizes, max_batch_size]
 
 
-def _top_k_bucket(rows: Sequence[DecodeRow], vocab: int) -> int:
+def top_k_buckets(vocab: int) -> list[int]:
+    """The top-k buckets graphs are captured for: 0 (no limit) and TOP_K_BUCKETS, capped below the vocabulary
+    (a top-k of the whole vocabulary is no limit)."""
+    return sorted({0, *(min(k, vocab - 1) for k in TOP_K_BUCKETS)})
+
+
+def top_k_bucket(rows: Sequence[DecodeRow], vocab: int) -> int | None:
+    """The smallest bucket covering every row's top-k, or None when one is beyond the largest (run eagerly)."""
     limited = [r.params.top_k for r in rows if 0 < r.params.top_k < vocab]
     if not limited:
         return 0
-    size = 8
-    while size < max(limited):
-        size *= 2
-    return min(size, vocab - 1)
+    return next((k for k in top_k_buckets(vocab) if k >= max(limited)), None)
 
 
 @dataclass
@@ -87,15 +104,41 @@ class DecodeGraphs:
         self.max_blocks = resting_blocks(max_positions + 1, pool.block_size) + 1
         self.n_pos = max_positions + 1
         self._scratch = BlockTable(pool, pool.allocate(1), owned=True)
-        self._graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self._graphs: dict[GraphKey, _Graph] = {}
         self._generation = pool.generation
         self._memory_pool = torch.cuda.graph_pool_handle() if capture else None
+        # Why the graphs are off, once they are (a failed capture or check): set once, never retried.
+        self.off: str | None = None
+
+    def all_keys(self) -> list[GraphKey]:
+        """Every graph this server uses, largest batch first (captured in that order, smaller graphs reuse the
+        memory the larger ones' captures freed, as vLLM does)."""
+        return [
+            (size, k, top_p)
+            for size in reversed(self.sizes)
+            for k in top_k_buckets(self.vocab)
+            for top_p in (False, True)
+        ]
+
+    def key(self, rows: Sequence[DecodeRow]) -> GraphKey | None:
+        """The graph these rows run as, or None for a shape outside the captured set."""
+        if not rows or len(rows) > self.sizes[-1]:
+            return None
+        k = top_k_bucket(rows, self.vocab)
+        if k is None:
+            return None
+        size = next(s for s in self.sizes if s >= len(rows))
+        return size, k, any(r.params.top_p < 1 for r in rows)
 
     def supports(self, rows: Sequence[DecodeRow]) -> bool:
-        """Whether these rows can run as a graph: not too many, none asking for top log-probs, each within the
-        distances and blocks the buffers cover (known before planning: a step never changes a row's block count
-        but by the blocks its new position needs)."""
-        if len(rows) > self.sizes[-1] or any(r.top_logprobs for r in rows):
+        """Whether these rows can run as a graph: the graphs are on, the shape is one captured (on a CPU, one
+        that can be built), none asks for top log-probs, each is within the distances and blocks the buffers
+        cover (known before planning: a step never changes a row's block count but by the blocks its new
+        position needs)."""
+        if self.off is not None or any(r.top_logprobs for r in rows):
+            return False
+        key = self.key(rows)
+        if key is None or (self.capture and key not in self._graphs):
             return False
         bs = self.pool.block_size
         return all(
@@ -105,7 +148,39 @@ class DecodeGraphs:
         )
 
     @torch.inference_mode()
+    def capture_all(self) -> None:
+        """Captures (on a CPU: builds) every graph of `all_keys()`; raises on the first failure."""
+        for key in self.all_keys():
+            if key not in self._graphs:
+                self._graphs[key] = self._build(*key)
+        if self.capture:
+            log.info("captured %d decoding graphs", len(self._graphs))
+
+    @property
+    def built(self) -> int:
+        """Graphs captured (on a CPU: buffers built) so far."""
+        return len(self._graphs)
+
+    def turn_off(self, reason: str) -> None:
+        """Decoding runs eagerly from now on; `reason` is logged once and reported."""
+        if self.off is None:
+            self.off = reason
+            log.warning("CUDA graphs are off: %s; decoding runs eagerly", reason)
+        self._graphs.clear()
+
+    @torch.inference_mode()
+    def poison(self, key: GraphKey) -> None:
+        """Fills graph `key`'s outputs with values no replay leaves (NaN, token -1): a replay that does not
+        write them is then seen (`engine.selfcheck`)."""
+        graph = self._graphs[key]
+        graph.tokens.fill_(-1)
+        graph.logprobs.fill_(float("nan"))
+        graph.hidden_out.fill_(float("nan"))
+
+    @torch.inference_mode()
     def run(self, rows: Sequence[DecodeRow]) -> list[DecodeOut]:
+        key = self.key(rows)
+        assert key is not None, "run only rows the graphs support"
         same_length = self.model.config.same_length
         rules = [r.memory.rule(same_length) for r in rows]
         # Planned first: planning may allocate blocks, and a growable pool then reallocates its tensors.
@@ -116,11 +191,12 @@ class DecodeGraphs:
         if self.pool.generation != self._generation:  # the pool was reallocated: captured addresses are stale
             self._graphs.clear()
             self._generation = self.pool.generation
-        size = next(s for s in self.sizes if s >= len(rows))
-        key = (size, _top_k_bucket(rows, self.vocab), any(r.params.top_p < 1 for r in rows))
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = self._build(*key)
+            graph = self._rebuild(key)
+            if graph is None:  # turned off: this iteration runs eagerly (what was planned is dropped, unused)
+                return ModelRunner(self.model, self.pool).run(rows, [])[0]
+        size = key[0]
         graph.step.load(steps, rules)
         n = len(rows)
         graph.hidden_in[:n].copy_(torch.stack([r.last_hidden for r in rows]))
@@ -145,6 +221,19 @@ class DecodeGraphs:
             out.append(DecodeOut(ids[i], logprobs[i], None, memory, graph.hidden_out[i].clone()))
         graph.step.row_steps = []  # the buffers keep no memory alive
         return out
+
+    def _rebuild(self, key: GraphKey) -> _Graph | None:
+        """A graph missing while serving: on a CPU (the buffers of a pool that grew, or a first use) built now;
+        captured graphs are never made while serving (a pool that may grow gets none: engine.selfcheck)."""
+        if self.capture:
+            self.turn_off("the memory pool was reallocated under the captured graphs")
+            return None
+        try:
+            graph = self._graphs[key] = self._build(*key)
+        except Exception as exc:
+            self.turn_off(f"building the decoding buffers failed ({exc})")
+            return None
+        return graph
 
     def _build(self, size: int, max_top_k: int, any_top_p: bool) -> _Graph:
         device = self.pool.layout.device
@@ -188,7 +277,7 @@ class DecodeGraphs:
         replay: Callable[[], None] = body
         if self.capture:
             replay = self._capture(body)
-            log.info("captured a decoding graph: %d rows, top_k %d, top_p %s", size, max_top_k, any_top_p)
+            log.debug("captured a decoding graph: %d rows, top_k %d, top_p %s", size, max_top_k, any_top_p)
         return _Graph(step, hidden_in, params, *outputs, tables, replay)
 
     def _capture(self, body: Callable[[], None]) -> Callable[[], None]:

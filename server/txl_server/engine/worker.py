@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from txl import BlockPool, PoolExhausted, TransfoXLLMHeadModel
+from txl.kernels import prefer
 from txl.paged import new_blocks
 from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
@@ -166,6 +167,8 @@ class Worker:
                 capture=self.pool.layout.device.type == "cuda",
             )
         self.runner = ModelRunner(model, self.pool, decode_graphs)
+        # The decoding attention kernel (txl.kernels.prefer), chosen and checked at start-up (engine.selfcheck).
+        self.attention = "auto"
         self.observer = observer or WorkerObserver()
         # Called (on this thread) with the blocks an iteration lacks when a pool that may not grow is full: the
         # session service then moves idle sessions off the device. Work that still cannot run is preempted.
@@ -225,7 +228,7 @@ class Worker:
     # ------------------------------------------------------------------ loop (worker thread)
 
     def _run(self) -> None:
-        with torch.inference_mode():
+        with torch.inference_mode(), prefer(self.attention):
             while self._wait_for_work():
                 self._iterate()
         shutdown = Unavailable("the server is shutting down")

@@ -1,0 +1,361 @@
+"""Start-up on the device: the decoding attention kernel and the decoding graphs, each checked against the plain
+eager path before the server says it is ready.
+
+A GPU path that is wrong is worse than a slow one: it answers every request with plausible garbage. So before
+the worker starts (and so before `/ready` answers), on dummy rows of random tokens in the server's own pool:
+
+1. the native decoding kernel (Triton on CUDA; the C kernel on a CPU) decodes a step that the torch path also
+   decodes; if it raises, or its tokens, log-probs or hidden states differ, it is logged once and the next one
+   is tried (the torch path is the reference and always stands);
+2. every decoding graph the server will use is captured (on a CPU: its static buffers built), with the kernel
+   chosen in 1, and replayed once with its outputs poisoned (NaN, token -1) beforehand, against the eager path.
+   A capture that raises, or a replay that differs, turns the graphs off for good, logged once: decoding then
+   runs eagerly. Never a failed request, never a capture retried.
+
+What was chosen, and why, is a `ServingPath` (reported with the pool and the window grid by
+`engine.device_report`). A device error on the way (a CUDA error that
+poisons the context: the device then runs nothing more, `device_works`) sets the worker's `device_error`, so that
+`/ready` fails; an error the device runs on after only turns off the piece that raised it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from txl import BlockPool
+from txl.kernels import decode_kernel, prefer, reference_path
+from txl.sampling import SamplingParams
+from txl.window import WindowRule
+
+from .graphs import DecodeGraphs, GraphKey
+from .runner import DecodeOut, DecodeRow, ModelRunner
+from .worker import Worker, is_device_error
+
+log = logging.getLogger(__name__)
+
+# Native decoding kernels in the order they are preferred (txl.kernels names), and the names reported.
+NATIVE_KERNELS = ("triton", "cpu")
+REPORTED = {"triton": "triton", "cpu": "c", "torch": "torch"}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a path may be from the eager one and still be right: float32 kernels that sum in another order
+    differ by ~1e-6; half precision by a few units in its last place (~1e-2 on hidden states of magnitude 4).
+    What a wrong path gives is far beyond either (a graph reading stale tables: 5.0; a replay that writes
+    nothing: NaN)."""
+
+    logprob: float  # |delta log p| of the chosen tokens, in nats
+    hidden: float  # |delta hidden| over the largest |hidden| (at least 1)
+
+
+def tolerance(dtype: torch.dtype) -> Tolerance:
+    return Tolerance(1e-3, 1e-3) if dtype == torch.float32 else Tolerance(0.1, 0.05)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One path against the eager one on the same rows."""
+
+    what: str  # e.g. "triton kernel vs torch path", "graph of 8 rows, top-k 64, top-p"
+    tokens_equal: bool = False
+    logprob: float = math.inf  # largest |delta log p|
+    hidden: float = math.inf  # largest |delta hidden|, relative
+    error: str | None = None  # what it raised, when it did not finish
+    tolerance: Tolerance = Tolerance(0.0, 0.0)
+    # What it raised was an error of the device (the exception itself is not kept: its traceback would keep
+    # the dummy rows, and their blocks, alive).
+    device_error: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.error is None
+            and self.tokens_equal
+            and self.logprob <= self.tolerance.logprob
+            and self.hidden <= self.tolerance.hidden
+        )
+
+    def problem(self) -> str:
+        """What went wrong, in plain words."""
+        if self.error is not None:
+            return f"{self.what} raised {self.error}"
+        parts = [] if self.tokens_equal else ["other tokens"]
+        if not self.logprob <= self.tolerance.logprob:
+            parts.append(f"log-probs off by {self.logprob:.3g}")
+        if not self.hidden <= self.tolerance.hidden:
+            parts.append(f"hidden states off by {self.hidden:.3g}")
+        return f"{self.what} differs from the eager path: {', '.join(parts)}"
+
+
+@dataclass
+class ServingPath:
+    """What decoding runs on, chosen at start-up, and why it is not faster where it is not."""
+
+    attention: str  # "triton" | "c" | "torch"
+    attention_reason: str | None = None  # why not a native kernel before it
+    graphs_reason: str | None = None  # why there are no graphs (unset: see the graphs' own `off`)
+    checks: list[Comparison] = field(default_factory=list)  # everything compared at start-up
+
+    @property
+    def failures(self) -> list[Comparison]:
+        return [c for c in self.checks if not c.ok]
+
+
+def graphs_setting(cuda_graphs: bool | None, device: torch.device) -> tuple[bool, str | None]:
+    """Whether the worker gets decoding graphs (TXL_CUDA_GRAPHS; default: on CUDA), and why not."""
+    if cuda_graphs is None:
+        wanted = device.type == "cuda"
+        return wanted, None if wanted else f"not a CUDA device ({device.type})"
+    return cuda_graphs, None if cuda_graphs else "switched off (TXL_CUDA_GRAPHS=0)"
+
+
+class DeviceFailed(Exception):
+    """A check raised an error of the device, after which the device runs nothing (a sticky CUDA error)."""
+
+
+def device_works(device: torch.device) -> bool:
+    """Whether the device still runs work: after a sticky error (an illegal address) every later call fails;
+    after another (an operation a capture does not allow) it runs on, and only the piece that raised is off."""
+    try:
+        probe = torch.ones(2, device=device).sum()
+        return float(probe) == 2.0  # the host read waits for the device
+    except Exception:
+        return False
+
+
+def _raise_if_device_failed(worker: Worker, device_error: bool, what: str | None) -> None:
+    if device_error and not device_works(worker.pool.layout.device):
+        raise DeviceFailed(what)
+
+
+def prepare(
+    worker: Worker,
+    *,
+    max_mem_len: int,
+    triton: bool = True,
+    graphs_reason: str | None = None,
+    seed: int = 0,
+) -> ServingPath:
+    """Chooses and checks the attention kernel, captures and checks the graphs (before `worker.start()`).
+    `max_mem_len`: the largest mem_len a session may have; `triton`: TXL_TRITON_KERNELS; `graphs_reason`: why
+    the worker has no graphs (`graphs_setting`)."""
+    path = ServingPath("torch", graphs_reason=graphs_reason)
+    try:
+        with torch.inference_mode():
+            _check(path, worker, max_mem_len, triton, seed)
+    except DeviceFailed as failed:  # nothing further can be trusted: /ready fails
+        _device_failed(worker, str(failed))
+    except Exception as exc:
+        if not is_device_error(exc) or device_works(worker.pool.layout.device):
+            raise
+        _device_failed(worker, _first_line(exc))
+    return path
+
+
+def _check(path: ServingPath, worker: Worker, max_mem_len: int, triton: bool, seed: int) -> None:
+    graphs = worker.runner.graphs
+    # Rows enough for the largest graph (a few for the kernel alone).
+    rows = _dummy_rows(worker, max_mem_len, max(4, graphs.sizes[-1] if graphs is not None else 0), seed)
+    few = [_with_params(row, i, (4, 0, False), 0) for i, row in enumerate(rows[:4])]
+    _choose_attention(path, worker, few, triton=triton)
+    worker.attention = _kernel_of(path.attention)
+    if graphs is not None:
+        with prefer(worker.attention):
+            _capture_and_check(path, worker, graphs, rows)
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+def _kernel_of(reported: str) -> str:
+    return next(name for name, shown in REPORTED.items() if shown == reported)
+
+
+def _available(name: str, pool: BlockPool) -> bool:
+    with prefer(name):
+        return decode_kernel(pool.keys[0]) is not None
+
+
+def _choose_attention(path: ServingPath, worker: Worker, rows: list[DecodeRow], *, triton: bool) -> None:
+    pool = worker.pool
+    for name in NATIVE_KERNELS:
+        if not _available(name, pool):
+            continue
+        if name == "triton" and not triton:
+            path.attention_reason = "the Triton kernel is switched off (TXL_TRITON_KERNELS=0)"
+            continue
+        check = compare_paths(
+            f"the {REPORTED[name]} attention kernel vs the torch path",
+            functools.partial(_eager, worker, rows, name),
+            lambda: _eager(worker, rows, "torch"),
+            worker.model.dtype,
+        )
+        path.checks.append(check)
+        if check.ok:
+            path.attention = REPORTED[name]
+            return
+        _raise_if_device_failed(worker, check.device_error, check.error)
+        path.attention_reason = check.problem()
+        log.warning("%s; decoding attention does not use that kernel", path.attention_reason)
+
+
+def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut]:
+    with prefer(kernel):
+        return ModelRunner(worker.model, worker.pool).run(rows, [])[0]
+
+
+# ---------------------------------------------------------------------------------------------- graphs
+
+
+def _capture_and_check(
+    path: ServingPath, worker: Worker, graphs: DecodeGraphs, rows: list[DecodeRow]
+) -> None:
+    if graphs.capture and worker.pool.growable:
+        graphs.turn_off(
+            "the memory pool may grow (TXL_FIXED_POOL=0), and a captured graph must never see it move"
+        )
+        return
+    try:
+        graphs.capture_all()
+    except Exception as exc:
+        _raise_if_device_failed(worker, is_device_error(exc), _first_line(exc))
+        graphs.turn_off(f"capturing them failed ({_first_line(exc)})")
+        return
+    for key in graphs.all_keys():
+        check = check_graph(graphs, worker, key, rows)
+        path.checks.append(check)
+        if not check.ok:
+            _raise_if_device_failed(worker, check.device_error, check.error)
+            graphs.turn_off(f"at start-up, {check.problem()}")
+            return
+
+
+def check_graph(graphs: DecodeGraphs, worker: Worker, key: GraphKey, rows: list[DecodeRow]) -> Comparison:
+    """Graph `key` replayed once on dummy rows, its outputs poisoned before, against the eager path."""
+    size, top_k, top_p = key
+    smaller = max((s for s in graphs.sizes if s < size), default=0)
+    count = size - 1 if size - 1 > smaller else size  # with a padding row, as most iterations have, if it can
+    what = (
+        f"the graph of {size} row{'s' if size > 1 else ''}"
+        + (f", top-k {top_k}" if top_k else "")
+        + (", top-p" if top_p else "")
+    )
+    eager = ModelRunner(worker.model, worker.pool)
+    check = Comparison(what, error="not run")
+    for draw in range(2):  # a second draw: tokens that differ once at a near tie are not a fault
+        batch = [_with_params(row, i, key, draw) for i, row in enumerate(rows[:count])]
+        assert graphs.key(batch) == key and graphs.supports(batch)
+        check = compare_paths(
+            what,
+            functools.partial(_replayed, graphs, key, batch),
+            functools.partial(_eager_run, eager, batch),
+            worker.model.dtype,
+        )
+        if check.ok or check.error is not None or not _close(check):
+            return check
+    return check
+
+
+def _replayed(graphs: DecodeGraphs, key: GraphKey, batch: list[DecodeRow]) -> list[DecodeOut]:
+    graphs.poison(key)
+    return graphs.run(batch)
+
+
+def _eager_run(runner: ModelRunner, batch: list[DecodeRow]) -> list[DecodeOut]:
+    return runner.run(batch, [])[0]
+
+
+def _with_params(row: DecodeRow, i: int, key: GraphKey, draw: int) -> DecodeRow:
+    """Row i of a graph's check: sampling that selects graph `key` (its top-k bucket, top-p or not), some rows
+    greedy, some sampled."""
+    _, top_k, top_p = key
+    params = SamplingParams(
+        temperature=0.0 if i % 3 == 2 else 0.7 + 0.1 * (i % 4),
+        top_k=top_k if i == 0 else (max(1, top_k // 4) if top_k and i % 2 else 0),
+        top_p=0.9 if top_p and i % 2 == 0 else 1.0,
+    )
+    return dataclasses.replace(row, params=params, seed=1000 + i, counter=draw)
+
+
+# ---------------------------------------------------------------------------------------------- comparing
+
+
+def compare_paths(
+    what: str,
+    run: Callable[[], list[DecodeOut]],
+    reference: Callable[[], list[DecodeOut]],
+    dtype: torch.dtype,
+) -> Comparison:
+    """`run` against `reference` on the same rows: tokens, their log-probs, the hidden states after."""
+    limits = tolerance(dtype)
+    try:
+        got = run()
+    except Exception as exc:
+        return Comparison(what, error=_first_line(exc), tolerance=limits, device_error=is_device_error(exc))
+    expected = reference()
+    logprob = max((_distance(a.logprob, b.logprob) for a, b in zip(got, expected, strict=True)), default=0.0)
+    hidden = 0.0
+    for a, b in zip(got, expected, strict=True):
+        scale = max(1.0, float(b.last_hidden.float().abs().max()))
+        delta = (a.last_hidden.float() - b.last_hidden.float()).abs().nan_to_num(math.inf).max()
+        hidden = max(hidden, float(delta) / scale)
+    tokens_equal = [a.token for a in got] == [b.token for b in expected]
+    return Comparison(what, tokens_equal, logprob, hidden, None, limits)
+
+
+def _distance(a: float, b: float) -> float:
+    return math.inf if math.isnan(a) or math.isnan(b) else abs(a - b)
+
+
+def _close(check: Comparison) -> bool:
+    return check.logprob <= check.tolerance.logprob and check.hidden <= check.tolerance.hidden
+
+
+def _device_failed(worker: Worker, error: str) -> None:
+    if worker.device_error is None:
+        worker.device_error = error
+    log.error("the device failed at start-up (%s): reporting not ready", worker.device_error)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------- dummy rows
+
+
+def _dummy_rows(worker: Worker, mem_len: int, n: int, seed: int) -> list[DecodeRow]:
+    """`n` decoding rows in `pool` from random tokens, on the server's window grid at its largest mem_len: the
+    first as long as a memory gets (the whole positional table, every block of the buffers), the others short
+    and of varied lengths (partly filled blocks, block boundaries). Fed in one forward, on the torch path (the
+    kernels are not checked yet)."""
+    model, pool = worker.model, worker.pool
+    rule = WindowRule(mem_len, model.config.same_length, worker.grid)
+    longest = max(1, worker.max_positions)
+    while rule.keep(longest) < worker.max_positions:  # fed so that it keeps the most it can
+        longest += 1
+    span = max(1, min(worker.max_positions, 3 * pool.block_size + 5))
+    lengths = [longest] + [1 + (i * 37 + 11) % span for i in range(1, n)]
+    generator = torch.Generator().manual_seed(seed)
+    device = pool.layout.device
+    tokens = torch.randint(0, model.config.vocab_size, (sum(lengths),), generator=generator).to(device)
+    empty = model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid)
+    with torch.inference_mode(), reference_path():
+        hidden, results = model.transformer.forward_rows(
+            tokens, lengths, [empty.rows[0]] * n, [rule] * n, pool
+        )  # [N, D]
+    last = np.cumsum(lengths) - 1
+    params = SamplingParams(temperature=0)
+    return [
+        DecodeRow(empty.like([result]), hidden[int(end)].clone(), params, seed=1000 + i, counter=0)
+        for i, (result, end) in enumerate(zip(results, last, strict=True))
+    ]
