@@ -21,6 +21,7 @@ SUITES = {
     "memory": "bench.memory",
     "quality": "bench.quality",
     "speedwork": "bench.speedwork",
+    "host": "bench.host",
     "gpu": "bench.gpu",
 }
 

@@ -135,6 +135,7 @@ ORDER = [
     "persistence",
     "quality",
     "speedwork",
+    "host",
     "gpu",
 ]
 

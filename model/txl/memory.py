@@ -200,7 +200,7 @@ class Memory:
                 rows.append(PagedRow(None, fed=row.fed))
                 continue
             source = torch.from_numpy(row.ids).to(self.pool.keys.device)
-            ids = pool.allocate(row.ids.size)
+            ids = pool.allocate(row.ids.size, zero=False)  # every position written below
             table = BlockTable(pool, ids, owned=True)
             target = torch.from_numpy(ids).to(pool.keys.device)
             pool.keys[:, :, target] = self.pool.keys[:, :, source].to(pool.keys)
@@ -293,7 +293,7 @@ class Memory:
 
         rows = []
         for b in range(batch):
-            ids = pool.allocate(n_blocks)
+            ids = pool.allocate(n_blocks, zero=False)  # whole blocks written below
             table = BlockTable(pool, ids, owned=True)
             index = torch.from_numpy(ids).to(pool.keys.device)
             for i in range(layout.n_layer):

@@ -23,6 +23,7 @@ import contextlib
 import heapq
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,7 @@ import torch
 from torch import Tensor
 
 from .layout import MemoryLayout
+from .staging import StagedIds
 
 NULL_BLOCK = 0  # always zero, never handed out: pads block tables to a common width
 
@@ -80,6 +82,8 @@ class BlockPool:
         # row's blocks backwards through memory made 64 decoding sessions a fifth slower on every other round.
         self._free = list(range(1, blocks))
         self._reserved = 0
+        self._zero_later: list[np.ndarray] | None = None  # ids allocated inside zeroing_together()
+        self._ids_to_device = StagedIds(layout.device)
 
     def _allocate_tensors(self, blocks: int) -> None:
         lay = self.layout
@@ -139,9 +143,10 @@ class BlockPool:
 
     # ------------------------------------------------------------------ blocks
 
-    def allocate(self, n: int, reservation: Reservation | None = None) -> np.ndarray:
-        """`n` zeroed blocks, each with one reference (owned by the caller: wrap them in a BlockTable with
-        `owned=True`). Drawn from `reservation` first, then from what no reservation holds."""
+    def allocate(self, n: int, reservation: Reservation | None = None, *, zero: bool = True) -> np.ndarray:
+        """`n` zeroed blocks (with `zero`: the caller writes every position otherwise), each with one reference
+        (owned by the caller: wrap them in a BlockTable with `owned=True`). Drawn from `reservation` first, then
+        from what no reservation holds."""
         if n == 0:
             return np.zeros(0, dtype=np.int64)
         with self._lock:
@@ -156,12 +161,35 @@ class BlockPool:
             self._refs[ids] = 1
             self._filled[ids] = 0
             self._incarnations[ids] += 1
-        index = torch.from_numpy(ids).to(self.keys.device)
+        if not zero:
+            return ids
+        if self._zero_later is not None:
+            self._zero_later.append(ids)
+        else:
+            self._zero(ids)
+        return ids
+
+    @contextlib.contextmanager
+    def zeroing_together(self) -> Iterator[None]:
+        """Blocks allocated inside the block are zeroed together when it ends: one copy of their ids to the
+        device and one fill per tensor, whatever their number (a decoding step of 64 rows may take 64)."""
+        if self._zero_later is not None:  # nested: the outer block zeroes them
+            yield
+            return
+        self._zero_later = []
+        try:
+            yield
+        finally:
+            pending, self._zero_later = self._zero_later, None
+            if pending:
+                self._zero(np.concatenate(pending))
+
+    def _zero(self, ids: np.ndarray) -> None:
+        index = self._ids_to_device.send(ids)
         self.keys.index_fill_(2, index, 0)
         self.values.index_fill_(2, index, 0)
         if self.hidden is not None:
             self.hidden.index_fill_(1, index, 0)
-        return ids
 
     def _grow(self, at_least: int) -> None:
         if not self.growable:
@@ -218,11 +246,14 @@ class BlockPool:
             self._filled[block] = n
 
     def copy_positions(self, source: int, target: int, n: int) -> None:
-        """Copies the first `n` positions of block `source` into block `target` (every layer)."""
+        """Makes block `target` the first `n` positions of block `source` (every layer), zeros after them."""
         self.keys[:, :, target, :n] = self.keys[:, :, source, :n]
         self.values[:, :, target, :n] = self.values[:, :, source, :n]
+        self.keys[:, :, target, n:] = 0
+        self.values[:, :, target, n:] = 0
         if self.hidden is not None:
             self.hidden[:, target, :n] = self.hidden[:, source, :n]
+            self.hidden[:, target, n:] = 0
 
     # ------------------------------------------------------------------ reservations
 
@@ -345,7 +376,7 @@ def plan_row(
     guards = []
     if tail_used and not pool.claim(int(ids[-1]), tail_used, min(bs - tail_used, new)):
         # Something was appended after this memory's end in its last block: continue in a copy of that block.
-        copy = pool.allocate(1, reservation)
+        copy = pool.allocate(1, reservation, zero=False)  # every position written by copy_positions
         guards.append(BlockTable(pool, copy, owned=True))
         pool.copy_positions(int(ids[-1]), int(copy[0]), tail_used)
         pool.set_filled(int(copy[0]), tail_used + min(bs - tail_used, new))

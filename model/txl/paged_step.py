@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .paged import NULL_BLOCK, BlockPool, PagedRow, Reservation, RowStep, plan_row
+from .staging import StagedInputs
 from .window import WindowRule
 
 # Attention scores of one query group on CPU: about an L2 cache's worth (see PagedStep._tiles).
@@ -100,10 +101,11 @@ class PagedStep:
         self.pool = pool
         device = pool.layout.device
         bs = pool.block_size
-        self.row_steps: list[RowStep] = [
-            plan_row(pool, row, q, rule.keep(row.fed + q), reservation)
-            for row, q, rule in zip(rows, queries, rules, strict=True)
-        ]
+        with pool.zeroing_together():
+            self.row_steps: list[RowStep] = [
+                plan_row(pool, row, q, rule.keep(row.fed + q), reservation)
+                for row, q, rule in zip(rows, queries, rules, strict=True)
+            ]
         offsets = np.cumsum([0, *queries])
         self.n_tokens = int(offsets[-1])
         self.token_offsets = offsets  # row r's tokens are [offsets[r], offsets[r + 1])
@@ -197,9 +199,10 @@ class PagedStep:
 
 class StaticDecodeStep:
     """A decoding step (one new token per row) whose inputs live in buffers that never move: what a CUDA graph
-    captures. `load` fills them for the rows of one iteration; rows beyond those are padding, which read and
-    write only `scratch_block` (a block no memory holds). Everything derived from the buffers is derived inside
-    the forward (`begin`, `indices`), so that a captured graph derives it again from each replay's rows."""
+    captures. `load` fills them for the rows of one iteration (one non-blocking copy from the host, see
+    txl.staging); rows beyond those are padding, which read and write only `scratch_block` (a block no memory
+    holds). Everything derived from the buffers is derived inside the forward (`begin`, `indices`), so that a
+    captured graph derives it again from each replay's rows."""
 
     def __init__(
         self,
@@ -217,15 +220,27 @@ class StaticDecodeStep:
         self.n_pos = n_pos
         self.scratch_block = scratch_block
         self.row_steps: list[RowStep] = []
-        self.write_blocks = torch.full((rows,), scratch_block, dtype=torch.long, device=device)
-        self.write_slots = torch.zeros(rows, dtype=torch.long, device=device)
+        self._inputs = StagedInputs(
+            {
+                "write_blocks": (rows,),
+                "write_slots": (rows,),
+                "key_lengths": (rows,),
+                "windows": (rows, 1),
+                "starts": (rows,),
+                "table": (rows, max_blocks),
+            },
+            torch.long,
+            device,
+        )
+        self.write_blocks = self._inputs.view("write_blocks")
+        self.write_slots = self._inputs.view("write_slots")
         group = QueryGroup(
             1,
             torch.arange(rows, device=device),
-            torch.full((rows, max_blocks), scratch_block, dtype=torch.long, device=device),
-            torch.zeros(rows, dtype=torch.long, device=device),
-            torch.ones(rows, dtype=torch.long, device=device),
-            torch.ones((rows, 1), dtype=torch.long, device=device),
+            self._inputs.view("table"),
+            self._inputs.view("starts"),
+            self._inputs.view("key_lengths"),
+            self._inputs.view("windows"),
             n_pos,
             pool.block_size,
             pool.layout.n_head,
@@ -233,8 +248,7 @@ class StaticDecodeStep:
         )
         self.groups = [group]
         self._indices: dict[int, GroupIndices] = {}
-        # One host array for every per-row input, copied to the device in one transfer.
-        self._host = torch.zeros((rows, 5 + max_blocks), dtype=torch.long, pin_memory=device.type == "cuda")
+        self.load([], [])  # every row padding until the first iteration
 
     @property
     def results(self) -> list[PagedRow]:
@@ -249,32 +263,29 @@ class StaticDecodeStep:
         """The rows of this iteration (planned with `plan_row`, one new token each), padded to capacity."""
         if len(row_steps) > self.capacity:
             raise ValueError(f"{len(row_steps)} rows do not fit a step of {self.capacity}")
-        group, bs = self.groups[0], self.pool.block_size
-        host = self._host.numpy()
-        host[:] = 0
-        host[:, 0] = self.scratch_block  # padding: write slot 0 of the scratch block, read only it
-        host[:, 2] = 1  # key length
-        host[:, 3] = 1  # window
-        host[:, 5:] = self.scratch_block
+        bs, n = self.pool.block_size, len(row_steps)
+        host = self._inputs.host()
+        # Padding: write slot 0 of the scratch block, read only it.
+        host["write_blocks"][n:] = self.scratch_block
+        host["write_slots"][n:] = 0
+        host["key_lengths"][n:] = 1
+        host["windows"][n:] = 1
+        host["starts"][n:] = 0
+        host["table"][n:] = self.scratch_block
         for i, (rs, rule) in enumerate(zip(row_steps, rules, strict=True)):
             if rs.new != 1 or not self.fits(rs):
                 raise ValueError(
                     "a row longer than the step was built for (or not one new token) runs eagerly"
                 )
             (position,) = rs.write_positions
-            host[i, 0], host[i, 1] = rs.ids[position // bs], position % bs
-            host[i, 2] = rs.mem_length + rs.new
-            host[i, 3] = min(rule.window(rs.position), self.n_pos + 1)
-            host[i, 4] = rs.start
-            host[i, 5 : 5 + rs.ids.size] = rs.ids
-            host[i, 5 + rs.ids.size :] = NULL_BLOCK
-        device = self._host.to(self.pool.keys.device, non_blocking=True)
-        self.write_blocks.copy_(device[:, 0])
-        self.write_slots.copy_(device[:, 1])
-        group.key_lengths.copy_(device[:, 2])
-        group.windows.copy_(device[:, 3:4])
-        group.starts.copy_(device[:, 4])
-        group.table.copy_(device[:, 5:])
+            host["write_blocks"][i] = rs.ids[position // bs]
+            host["write_slots"][i] = position % bs
+            host["key_lengths"][i] = rs.mem_length + rs.new
+            host["windows"][i, 0] = min(rule.window(rs.position), self.n_pos + 1)
+            host["starts"][i] = rs.start
+            host["table"][i, : rs.ids.size] = rs.ids
+            host["table"][i, rs.ids.size :] = NULL_BLOCK
+        self._inputs.send()
         self.row_steps = list(row_steps)
 
     def begin(self) -> None:

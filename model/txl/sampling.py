@@ -117,14 +117,15 @@ class RowParams:
             torch.tensor([p.greedy for p in params], device=device),
             torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device),
             torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            torch.tensor([_signed64(s) for s in seeds], dtype=torch.int64, device=device),
+            torch.tensor([signed64(s) for s in seeds], dtype=torch.int64, device=device),
             torch.tensor(list(counters), dtype=torch.int64, device=device),
             max(limited, default=0),
             any(p.top_p < 1 for p in params),
         )
 
 
-def _signed64(seed: int) -> int:
+def signed64(seed: int) -> int:
+    """A seed of any size as the int64 the counter hash reads (its low 64 bits, two's complement)."""
     seed &= (1 << 64) - 1
     return seed - (1 << 64) if seed >= 1 << 63 else seed
 

@@ -228,7 +228,7 @@ def _into_pool(parts: list[Tensor], window: _Window, layout: MemoryLayout, pool:
         return PagedRow(None, fed=window.fed)
     bs = pool.block_size
     data = torch.stack(parts).to(dtype=layout.dtype, device=pool.keys.device)  # [n, L, 2, H, bs, Dh]
-    ids = pool.allocate(n)
+    ids = pool.allocate(n, zero=False)  # whole blocks written below
     table = BlockTable(pool, ids, owned=True)
     index = torch.from_numpy(ids).to(pool.keys.device)
     pool.keys[:, :, index] = data[:, :, 0].permute(1, 2, 0, 3, 4)

@@ -31,7 +31,8 @@ from torch import Tensor
 from txl import BlockPool, TransfoXLLMHeadModel
 from txl.paged import BlockTable, plan_row, resting_blocks
 from txl.paged_step import StaticDecodeStep
-from txl.sampling import RowParams, sample_rows
+from txl.sampling import RowParams, SamplingParams, sample_rows, signed64
+from txl.staging import StagedInputs
 
 from .runner import DecodeOut, DecodeRow, ModelRunner
 
@@ -68,16 +69,56 @@ def top_k_bucket(rows: Sequence[DecodeRow], vocab: int) -> int | None:
     return next((k for k in top_k_buckets(vocab) if k >= max(limited)), None)
 
 
+class SamplingInputs:
+    """The rows' sampling parameters for a graph, staged like the step's inputs (one non-blocking copy per dtype,
+    txl.staging); padding rows sample greedily, unlimited."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.rows, self.vocab = rows, vocab
+        self.ints = StagedInputs(
+            {"greedy": (rows,), "top_k": (rows,), "seeds": (rows,), "counters": (rows,)}, torch.long, device
+        )
+        self.floats = StagedInputs({"temperature": (rows,), "top_p": (rows,)}, torch.float32, device)
+        self.load([], [], [])
+
+    def load(self, params: Sequence[SamplingParams], seeds: Sequence[int], counters: Sequence[int]) -> None:
+        n, ints, floats = len(params), self.ints.host(), self.floats.host()
+        ints["greedy"][n:], ints["top_k"][n:], ints["seeds"][n:], ints["counters"][n:] = 1, self.vocab, 0, 0
+        floats["temperature"][n:], floats["top_p"][n:] = 1.0, 1.0
+        if n:
+            ints["greedy"][:n] = [p.greedy for p in params]
+            ints["top_k"][:n] = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]
+            ints["seeds"][:n] = [signed64(s) for s in seeds]
+            ints["counters"][:n] = counters
+            floats["temperature"][:n] = [1.0 if p.greedy else p.temperature for p in params]
+            floats["top_p"][:n] = [p.top_p for p in params]
+        self.ints.send()
+        self.floats.send()
+
+    def rows_params(self, max_top_k: int, any_top_p: bool) -> RowParams:
+        """The parameters as the sampler reads them (derived from the buffers: inside a graph, at each replay)."""
+        ints, floats = self.ints.view, self.floats.view
+        return RowParams(
+            floats("temperature"),
+            ints("greedy") != 0,
+            ints("top_k"),
+            floats("top_p"),
+            ints("seeds"),
+            ints("counters"),
+            max_top_k,
+            any_top_p,
+        )
+
+
 @dataclass
 class _Graph:
     """One captured decoding iteration and the buffers it reads and writes. It keeps alive everything its body
     reads that it does not own (the positional tables), so that nothing it captured is ever freed under it."""
 
     step: StaticDecodeStep
+    sampling: SamplingInputs
     hidden_in: Tensor  # [B, D]
-    params: RowParams
-    tokens: Tensor  # [B] out
-    logprobs: Tensor  # [B] out
+    readback: Tensor  # [B, 2] float64 out: each row's token and its log-prob, read by the host in one copy
     hidden_out: Tensor  # [B, D] out
     tables: list[Tensor]  # per layer, the positional keys the body reads
     replay: Callable[[], None]
@@ -173,21 +214,26 @@ class DecodeGraphs:
         """Fills graph `key`'s outputs with values no replay leaves (NaN, token -1): a replay that does not
         write them is then seen (`engine.selfcheck`)."""
         graph = self._graphs[key]
-        graph.tokens.fill_(-1)
-        graph.logprobs.fill_(float("nan"))
+        graph.readback[:, 0] = -1
+        graph.readback[:, 1] = float("nan")
         graph.hidden_out.fill_(float("nan"))
 
     @torch.inference_mode()
     def run(self, rows: Sequence[DecodeRow]) -> list[DecodeOut]:
+        """One decoding iteration of `rows` through their graph. What it asks of the device outside the replay
+        does not grow with the rows: the blocks new positions need zeroed in one fill, the rows' inputs sent in
+        three non-blocking copies, their hidden states stacked in one launch; after it, one read of every row's
+        token and log-prob (the iteration's one wait) and one copy of the new hidden states."""
         key = self.key(rows)
         assert key is not None, "run only rows the graphs support"
         same_length = self.model.config.same_length
         rules = [r.memory.rule(same_length) for r in rows]
         # Planned first: planning may allocate blocks, and a growable pool then reallocates its tensors.
-        steps = [
-            plan_row(self.pool, r.memory.rows[0], 1, rule.keep(r.memory.rows[0].fed + 1))
-            for r, rule in zip(rows, rules, strict=True)
-        ]
+        with self.pool.zeroing_together():
+            steps = [
+                plan_row(self.pool, r.memory.rows[0], 1, rule.keep(r.memory.rows[0].fed + 1))
+                for r, rule in zip(rows, rules, strict=True)
+            ]
         if self.pool.generation != self._generation:  # the pool was reallocated: captured addresses are stale
             self._graphs.clear()
             self._generation = self.pool.generation
@@ -196,29 +242,18 @@ class DecodeGraphs:
             graph = self._rebuild(key)
             if graph is None:  # turned off: this iteration runs eagerly (what was planned is dropped, unused)
                 return ModelRunner(self.model, self.pool).run(rows, [])[0]
-        size = key[0]
-        graph.step.load(steps, rules)
         n = len(rows)
-        graph.hidden_in[:n].copy_(torch.stack([r.last_hidden for r in rows]))
-        graph.hidden_in[n:].zero_()
-        fresh = RowParams.build(
-            [r.params for r in rows],
-            [r.seed for r in rows],
-            [r.counter for r in rows],
-            self.vocab,
-            self.pool.layout.device,
-        )
-        for name in ("temperature", "greedy", "top_k", "top_p", "seeds", "counters"):
-            target = getattr(graph.params, name)
-            target[:n].copy_(getattr(fresh, name))
-            target[n:].copy_(getattr(_padding(size - n, self.vocab, target.device), name))
+        graph.step.load(steps, rules)
+        graph.sampling.load([r.params for r in rows], [r.seed for r in rows], [r.counter for r in rows])
+        torch.stack([r.last_hidden for r in rows], out=graph.hidden_in[:n])
         graph.replay()
-        host = torch.cat([graph.tokens[:n].double(), graph.logprobs[:n].double()]).cpu()  # the one read
-        ids, logprobs = host[:n].long().tolist(), host[n:].tolist()
-        out = []
-        for i, (row, rs) in enumerate(zip(rows, steps, strict=True)):
-            memory = row.memory.like([rs.result])
-            out.append(DecodeOut(ids[i], logprobs[i], None, memory, graph.hidden_out[i].clone()))
+        host = graph.readback[:n].cpu()  # the one read
+        ids, logprobs = host[:, 0].long().tolist(), host[:, 1].tolist()
+        hidden = graph.hidden_out[:n].clone().unbind(0)  # one copy, a view per row
+        out = [
+            DecodeOut(ids[i], logprobs[i], None, row.memory.like([rs.result]), hidden[i])
+            for i, (row, rs) in enumerate(zip(rows, steps, strict=True))
+        ]
         graph.step.row_steps = []  # the buffers keep no memory alive
         return out
 
@@ -244,41 +279,28 @@ class DecodeGraphs:
             n_pos=self.n_pos,
             scratch_block=int(self._scratch.ids[0]),
         )
-        padding = _padding(size, self.vocab, device)
-        params = RowParams(
-            padding.temperature,
-            padding.greedy,
-            padding.top_k,
-            padding.top_p,
-            padding.seeds,
-            padding.counters,
-            max_top_k,
-            any_top_p,
-        )
-        dtype = self.model.dtype
-        hidden_in = torch.zeros((size, self.model.config.d_model), dtype=dtype, device=device)
-        outputs = (
-            torch.zeros(size, dtype=torch.long, device=device),
-            torch.zeros(size, dtype=torch.float32, device=device),
-            torch.zeros((size, self.model.config.d_model), dtype=dtype, device=device),
-        )
+        sampling = SamplingInputs(size, self.vocab, device)
+        dtype, width = self.model.dtype, self.model.config.d_model
+        hidden_in = torch.zeros((size, width), dtype=dtype, device=device)
+        readback = torch.zeros((size, 2), dtype=torch.float64, device=device)
+        hidden_out = torch.zeros((size, width), dtype=dtype, device=device)
         # The tables the body reads, held by the graph: a later eager step that needs a longer table makes new
         # tensors, and these stay valid (and allocated) for as long as the graph is.
         tables = list(self.model.transformer.positional_tables(self.n_pos))
 
         def body() -> None:
             log_probs = self.model.log_probs(hidden_in)  # [B, V]
-            tokens, logprobs = sample_rows(log_probs, params)
+            tokens, logprobs = sample_rows(log_probs, sampling.rows_params(max_top_k, any_top_p))
             hidden = self.model.transformer.forward_step(tokens, step, tables)  # [B, D]
-            outputs[0].copy_(tokens)
-            outputs[1].copy_(logprobs)
-            outputs[2].copy_(hidden)
+            readback[:, 0] = tokens
+            readback[:, 1] = logprobs
+            hidden_out.copy_(hidden)
 
         replay: Callable[[], None] = body
         if self.capture:
             replay = self._capture(body)
-            log.debug("captured a decoding graph: %d rows, top_k %d, top_p %s", size, max_top_k, any_top_p)
-        return _Graph(step, hidden_in, params, *outputs, tables, replay)
+            log.info("captured a decoding graph: %d rows, top_k %d, top_p %s", size, max_top_k, any_top_p)
+        return _Graph(step, sampling, hidden_in, readback, hidden_out, tables, replay)
 
     def _capture(self, body: Callable[[], None]) -> Callable[[], None]:
         device = self.pool.keys.device
@@ -296,17 +318,3 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, pool=self._memory_pool, capture_error_mode="thread_local"):
                 body()
         return graph.replay
-
-
-def _padding(n: int, vocab: int, device: torch.device) -> RowParams:
-    """Sampling parameters of padding rows: greedy, no limits."""
-    return RowParams(
-        torch.ones(n, device=device),
-        torch.ones(n, dtype=torch.bool, device=device),
-        torch.full((n,), vocab, dtype=torch.long, device=device),
-        torch.ones(n, dtype=torch.float32, device=device),
-        torch.zeros(n, dtype=torch.int64, device=device),
-        torch.zeros(n, dtype=torch.int64, device=device),
-        0,
-        False,
-    )

@@ -1,0 +1,122 @@
+"""What one decoding iteration through the graphs asks of a device, counted on the CPU: the model, the pool and
+the buffers live on the `meta` device (shapes, no data: the host's view of a GPU) and a dispatch mode counts, per
+phase (before the replay, the replayed body, after it), the operations that would launch a kernel, copy between
+host and device, or make the host wait for the device (an item, a nonzero, a copy to the host, a host-to-device
+copy without non_blocking, which CUDA follows with a stream synchronisation)."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import txl
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from txl.kernels import prefer
+from txl.sampling import SamplingParams
+from txl_server.engine import graphs as graphs_module
+from txl_server.engine.runner import DecodeRow
+
+from ..model.helpers import tiny_model
+
+SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique_dim", "_unique2"}
+PHASES = ("before", "body", "after")
+
+
+class Counts(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "setup"
+        self.counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name.split("::")[1]
+        count = self.counts[self.phase]
+        if name in SYNCING:
+            count["sync"] += 1
+        if name in ("_to_copy", "to", "copy_"):
+            source = args[1] if name == "copy_" else args[0]
+            if name == "copy_":
+                target = args[0].device.type
+                non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            else:
+                device = kwargs.get("device")
+                target = device.type if device is not None else source.device.type
+                non_blocking = kwargs.get("non_blocking", False)
+            if source.device.type == "cpu" and target == "meta":
+                count["h2d"] += 1
+                if not non_blocking:
+                    count["sync"] += 1  # a blocking host-to-device copy waits for the stream
+            elif source.device.type == "meta" and target == "cpu":
+                count["d2h"] += 1
+                count["sync"] += 1
+                if name != "copy_":
+                    return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype)
+        out = func(*args, **kwargs)
+        made = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type == "meta"]
+        if made and not func.is_view and name not in ("_to_copy", "to"):
+            count["launch"] += 1
+        return out
+
+
+_tensor = torch.tensor
+
+
+@contextmanager
+def counting() -> Iterator[Counts]:
+    """A dispatch mode counting by phase; `torch.tensor(list, device=...)` (which copies below the dispatcher)
+    is counted as a blocking host-to-device copy."""
+    counts = Counts()
+
+    def tensor(*args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "cpu":
+            counts.counts[counts.phase]["h2d"] += 1
+            counts.counts[counts.phase]["sync"] += 1
+        return _tensor(*args, **kwargs)
+
+    torch.tensor = tensor
+    try:
+        with counts:
+            yield counts
+    finally:
+        torch.tensor = _tensor
+
+
+def one_iteration(batch: int) -> dict[str, collections.Counter[str]]:
+    """Counts of a warm decoding iteration of `batch` rows (mixed sampling, some rows crossing into a new block)
+    through `DecodeGraphs.run`."""
+    model = tiny_model(seed=1, mem_len=32).to("meta")
+    model.transformer.pos_emb.inv_freq = torch.empty_like(model.transformer.pos_emb.inv_freq)
+    pool = txl.BlockPool(model.memory_layout(), block_size=16, blocks=4096, growable=False)
+    graphs = graphs_module.DecodeGraphs(model, pool, max_batch_size=batch, max_positions=40, capture=False)
+    rows = []
+    with torch.inference_mode():
+        for i in range(batch):
+            params = (
+                SamplingParams(temperature=0.8, top_p=0.95, seed=i) if i % 2 else SamplingParams(top_k=40)
+            )
+            memory = model.empty_memory(1, mem_len=32, pool=pool, grid=8)
+            hidden, memory = model(torch.zeros(1, 15 + i % 3, dtype=torch.long, device="meta"), memory)
+            rows.append(DecodeRow(memory, hidden[0, -1].clone(), params, i, 0))
+    with prefer("torch"), torch.inference_mode(), counting() as counts:
+        warm = graphs.run(rows)  # built in the setup phase (on a GPU: captured at start-up)
+        rows = [
+            DecodeRow(o.memory, o.last_hidden, r.params, r.seed, 1) for o, r in zip(warm, rows, strict=True)
+        ]
+        (graph,) = graphs._graphs.values()
+        inner = graph.replay
+        if True:
+
+            def replay() -> None:
+                counts.phase = "body"
+                inner()
+                counts.phase = "after"
+
+            graph.replay = replay
+            counts.phase = "before"
+            graphs.run(rows)
+    return {phase: counts.counts[phase] for phase in PHASES}
