@@ -4,7 +4,6 @@ package), CRDs against the vendored subset schema, and wired as the deployment n
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import re
 from functools import cache
@@ -12,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from txl_server.api.sessions import router as sessions_router
-from txl_server.sessions.service import SessionService, new_session_id
 from txl_server.settings import Settings
 
 from .files import DEPLOY, parse_dockerfile
+from .nginx import SESSION_MAP, parse_maps, strip_comments
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is a dev dependency (it bundles the schemas)"
@@ -204,35 +202,18 @@ def test_services_monitor_and_ingress_reach_the_server_pods():
         assert backend["name"] == "txl-server" and backend["port"]["name"] in port_names
 
 
-def session_map() -> tuple[str, str, str]:
-    """(variable, regex, default) of the nginx map in the ingress-nginx http-snippet."""
-    snippet = find("ConfigMap", "ingress-nginx-controller")["data"]["http-snippet"]
-    m = re.search(r'map \$uri \$(\w+) \{\s*"~([^"]+)" \$1;\s*default (\$\w+);\s*\}', snippet)
-    assert m, snippet
-    return m.group(1), m.group(2), m.group(3)
+def controller_snippet() -> str:
+    return find("ConfigMap", "ingress-nginx-controller")["data"]["http-snippet"]
 
 
-def test_ingress_hashes_on_the_session_id_the_controller_snippet_defines():
-    variable, _, default = session_map()
+def test_ingress_hashes_on_the_session_variable_the_controller_snippet_defines():
     annotations = find("Ingress")["metadata"]["annotations"]
-    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == f"${variable}"
-    assert default == "$request_id"  # requests without a session spread over the replicas
+    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$txl_session"
+    assert "txl_session" in parse_maps(controller_snippet())
 
 
-def test_session_map_extracts_the_id_from_every_session_route():
-    _, regex, _ = session_map()
-    pattern = re.compile(regex)  # nginx uses PCRE; this expression means the same in Python
-    # The map relies on the ids' form: 32 URL-safe characters.
-    assert inspect.getsource(SessionService).count("id=new_session_id()") >= 1
-    session_id = "kQ2-x_9AbCdEfGhIjKlMnOpQrStUvW-_"
-    assert len(session_id) == len(new_session_id())
-    routes = {r.path for r in sessions_router.routes}
-    with_id = [p for p in routes if "{session_id}" in p]
-    assert with_id, routes
-    for path in with_id:
-        m = pattern.match(path.replace("{session_id}", session_id))
-        assert m and m.group(1) == session_id, path
-    for path in routes - set(with_id):  # listing, creating, importing: no id, so the default applies
-        assert not pattern.match(path), path
-    for path in ("/v1/completions", "/v1/sessions", f"/v1/sessions/{session_id}x/append"):
-        assert not pattern.match(path), path
+def test_the_controller_snippet_is_the_proxy_session_map_line_for_line():
+    """One source of the routing key: the ingress-nginx snippet and deploy/nginx's standalone proxy (which
+    tests/deploy/test_nginx.py runs for real) hold the same maps; tests/deploy/test_nginx_config.py checks what
+    they compute for every route."""
+    assert strip_comments(controller_snippet()) == strip_comments(SESSION_MAP.read_text())
