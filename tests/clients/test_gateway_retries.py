@@ -165,7 +165,7 @@ def test_the_async_client_retries_a_lost_step_alike(server, gateway):
     assert result.session.version == again.version == session.version + 1
 
 
-def test_body_addressed_requests_carry_the_session_for_the_router(gateway):
+def test_session_requests_carry_the_session_for_the_router(gateway):
     completion = _core.Call("POST", "/v1/completions", {"prompt": "x", "session_id": SESSION_ID})
     assert completion.request_headers()[_core.SESSION_HEADER] == SESSION_ID
     response = _core.Call(
@@ -174,11 +174,12 @@ def test_body_addressed_requests_carry_the_session_for_the_router(gateway):
     assert response.request_headers()[_core.SESSION_HEADER] == SESSION_ID
     for body in (None, {"prompt": "x"}, {"session_id": "a b"}, {"previous_response_id": "resp_short"}):
         assert _core.SESSION_HEADER not in _core.Call("POST", "/v1/completions", body).request_headers()
-    # Routes with the id in the path need no header: the router reads the path.
-    assert (
-        _core.SESSION_HEADER
-        not in _core.step_call(SESSION_ID, "append", {"text": "x"}, None).request_headers()
-    )
+    # Routes with the id in the path carry it too, for routers that do not parse paths (endpoint pickers).
+    step = _core.step_call(SESSION_ID, "append", {"text": "x"}, None)
+    assert step.request_headers()[_core.SESSION_HEADER] == SESSION_ID
+    assert _core.session_call("GET", SESSION_ID).request_headers()[_core.SESSION_HEADER] == SESSION_ID
+    for call in (_core.Call("GET", "/v1/sessions"), _core.score_call("x", False, False)):
+        assert _core.SESSION_HEADER not in call.request_headers()
 
     # On the wire, through the SDK's transport, to a real server.
     with Client(gateway.url, api_key=API_KEY) as client:

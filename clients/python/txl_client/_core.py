@@ -101,7 +101,7 @@ class Call:
         headers = dict(self.headers)
         if self.idempotency_key is not None:
             headers["Idempotency-Key"] = self.idempotency_key
-        session = routed_session(self.body)
+        session = routed_session(self.path, self.body)
         if session is not None:
             headers[SESSION_HEADER] = session
         return headers
@@ -114,18 +114,22 @@ class Call:
 
 # ---------------------------------------------------------------------------------------------- routing
 
-# A proxy in front of several replicas keeps a session on one of them by hashing its id. Routes with the id in
-# the path need nothing; a request that names its session in the body carries it in this header as well, which
-# the proxy reads instead (deploy/nginx/session-map.conf; docs/deploy.md, "What a router needs").
+# A router in front of several replicas keeps a session on one of them by its id: nginx hashes the id in the path,
+# or this header for a request that names its session only in the body (deploy/nginx/session-map.conf); an endpoint
+# picker, which does not parse paths, reads the header for every session request (deploy/k8s/inference-pool).
+# docs/deploy.md, "What a router needs".
 SESSION_HEADER = "X-TXL-Session"
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SESSION_PATH = re.compile(r"/v1/sessions/([A-Za-z0-9_-]{1,64})(?:/|$)")
 # A response id (/v1/responses) is "resp_" followed by its session's 32-character id, then the response's own part.
 _RESPONSE_ID = re.compile(r"resp_([A-Za-z0-9_-]{32})")
 
 
-def routed_session(body: dict[str, Any] | None) -> str | None:
-    """The session a body-addressed request continues: `session_id` (/v1/completions), else the session of
-    `previous_response_id` (/v1/responses); None when the body names none."""
+def routed_session(path: str, body: dict[str, Any] | None) -> str | None:
+    """The session a request works on: the id in its path (/v1/sessions/{id}/...), else the body's `session_id`
+    (/v1/completions), else the session of its `previous_response_id` (/v1/responses); None for no session."""
+    if m := _SESSION_PATH.match(path):
+        return m.group(1)
     if not body:
         return None
     session = body.get("session_id")
