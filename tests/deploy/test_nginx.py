@@ -1,6 +1,6 @@
 """Debian's nginx with deploy/nginx in front of real replicas (`python -m txl_server` processes on the tiny test
 model, one Redis, persistence `always`), driven by the SDK as a client would: what docs/deploy.md's "Several
-replicas behind nginx" promises.
+hosts: nginx in front of the replicas" promises.
 
 The tests share one cluster and run in order, each leaving it as the next expects: three replicas; a fourth added
 (scale-out); one drained (SIGTERM); one killed (SIGKILL).
