@@ -41,8 +41,9 @@ class Client:
     on its retries: transport failures are retried (up to `max_retries`) without ever stepping twice, and so are a
     proxy's 502, 503 and 504 (a replica that failed or is restarting). 429 Overloaded is retried, honouring
     Retry-After, only with `retry_overloaded=True` (or `with_options`). `retries` counts what was sent again, and
-    each retry is logged (logger "txl_client"). A request that names its session in the body (`session_id`,
-    `previous_response_id`) also carries it in an `X-TXL-Session` header, for proxies that route by session.
+    each retry is logged (logger "txl_client"). Every request that works on a session carries its id in an
+    `X-TXL-Session` header too (from the path, `session_id` or `previous_response_id`), for proxies that route
+    by session.
     """
 
     def __init__(

@@ -4,8 +4,9 @@ Create, delete, fork, append and generate take the header. A key belongs to the 
 (`POST /v1/sessions/{id}/append`), and remembers a fingerprint of the request's body. While the first request
 runs, a retry gets 409; once it has finished, a retry gets its response; if it failed, the key is released and a
 retry runs anew. The claim of a running request lasts a lease (`TXL_LEASE_TTL_SECONDS`) and is renewed while it
-runs: if its process dies (`kill -9`, a lost node), the claim lapses and a retry, on any replica, runs anew. A key reused with a different body is refused with 422 `idempotency_key_reused` (as the IETF
-Idempotency-Key draft and Stripe do): replaying the first result would answer a question nobody asked.
+runs: if its process dies (`kill -9`, a lost node), the claim lapses and a retry, on any replica, runs anew. A key
+reused with a different body is refused with 422 `idempotency_key_reused` (as the IETF Idempotency-Key draft and
+Stripe do): replaying the first result would answer a question nobody asked.
 
 Routes take the `Idempotent` dependency and run their work through it:
 
@@ -89,14 +90,14 @@ class IdempotentCall:
         return dict(stored["response"])
 
     async def succeeded(self, response: dict[str, Any]) -> None:
-        await self._stop_keeping()
+        self._stop_keeping()
         if self.key is not None:
             record = {"state": "done", "fingerprint": self.fingerprint, "response": response}
             # Even if the client leaves meanwhile: the work is done, and a retry must get it, not redo it.
             await to_the_end(self.store.put_idempotent(self.owner, self.key, record, self.ttl))
 
     async def failed(self) -> None:
-        await self._stop_keeping()
+        self._stop_keeping()
         if self.key is not None:
             await to_the_end(self.store.drop_idempotent(self.owner, self.key))
 
@@ -110,12 +111,12 @@ class IdempotentCall:
         )
         return True
 
-    async def _stop_keeping(self) -> None:
+    def _stop_keeping(self) -> None:
+        # Not awaited: the outcome's write must not wait (a cancellation there would lose it), and a renewal still
+        # in flight cannot touch it (renew_idempotent extends only this claim's own pending record).
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
 
 
 async def _keep_claim(
