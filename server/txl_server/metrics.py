@@ -131,6 +131,15 @@ class Metrics(WorkerObserver, SessionObserver):
         self.tokens.labels(kind).inc(n)
 
 
+_USAGE = "txl_kv_cache_usage_perc"
+_USAGE_HELP = (
+    "Device memory pool in use: blocks held by sessions and running steps over blocks in the pool, 0..1"
+)
+_INFO = "txl_cache_config_info"
+_INFO_HELP = "The device memory pool: positions per block and blocks in the pool (labels); the value is 1"
+_INFO_LABELS = ["block_size", "num_gpu_blocks"]
+
+
 class _PoolCollector(Collector):
     """The device memory pool, read when scraped (a gauge set at each step would lag behind frees)."""
 
@@ -138,22 +147,16 @@ class _PoolCollector(Collector):
         self.pool: BlockPool | None = None
 
     def describe(self) -> Iterator[Metric]:
-        return iter(())  # names are only known once the pool is: nothing to check for clashes up front
+        """The families without samples: the registry checks their names against the other metrics'."""
+        yield GaugeMetricFamily(_USAGE, _USAGE_HELP)
+        yield GaugeMetricFamily(_INFO, _INFO_HELP, labels=_INFO_LABELS)
 
     def collect(self) -> Iterator[Metric]:
         pool = self.pool
         if pool is None:  # the engine has not started
             return
         capacity = pool.capacity
-        yield GaugeMetricFamily(
-            "txl_kv_cache_usage_perc",
-            "Device memory pool in use: blocks held by sessions and running steps over blocks in the pool, 0..1",
-            value=pool.used_blocks / capacity if capacity else 0.0,
-        )
-        info = GaugeMetricFamily(
-            "txl_cache_config_info",
-            "The device memory pool: positions per block and blocks in the pool (labels); the value is 1",
-            labels=["block_size", "num_gpu_blocks"],
-        )
+        yield GaugeMetricFamily(_USAGE, _USAGE_HELP, value=pool.used_blocks / capacity if capacity else 0.0)
+        info = GaugeMetricFamily(_INFO, _INFO_HELP, labels=_INFO_LABELS)
         info.add_metric([str(pool.block_size), str(capacity)], 1.0)
         yield info
