@@ -22,6 +22,14 @@ ARG TORCH_VERSION=2.13.0
 FROM python:3.11.11-slim-bookworm AS base-cuda
 ARG TORCH_VERSION
 ARG TORCH_INDEX=https://pypi.org/simple
+# A C compiler for Triton (which torch's CUDA build brings): on first use Triton compiles its CUDA driver module
+# and each kernel's launcher with the system compiler against Python's headers (this image has those), and
+# without one every decode step fails ("Failed to find C compiler"). gcc brings binutils; libc6-dev the C
+# headers and start files. Pinned to bookworm's series: libc6-dev must equal the image's libc6 exactly, and
+# Debian's point releases move that, so an exact pin would stop building at the next one.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends "gcc=4:12.2.0-*" "libc6-dev=2.36-*" \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}"
 # What the NVIDIA container runtime exposes to the container: the GPUs it is given, for computing.
 ENV NVIDIA_VISIBLE_DEVICES=all \

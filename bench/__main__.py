@@ -17,6 +17,7 @@ SUITES = {
     "engine": "bench.engine",
     "batching": "bench.batching",
     "persistence": "bench.persistence",
+    "handoff": "bench.handoff",
     "http": "bench.http",
     "memory": "bench.memory",
     "quality": "bench.quality",

@@ -133,6 +133,7 @@ ORDER = [
     "http",
     "memory",
     "persistence",
+    "handoff",
     "quality",
     "speedwork",
     "host",

@@ -1,11 +1,22 @@
 """Prometheus metrics (prefix `txl_`), in a registry per app so that several apps can live in one process.
 
 Labels never carry user text or ids: routes are reported by their template (`/v1/sessions/{session_id}`).
+
+Four of them have the fixed meaning that an inference endpoint picker reads (the Gateway API Inference Extension's
+model server protocol, llm-d; vLLM's names in brackets): `txl_num_requests_waiting` (`num_requests_waiting`),
+`txl_num_requests_running` (`num_requests_running`), `txl_kv_cache_usage_perc` (`kv_cache_usage_perc`, 0..1) and
+`txl_cache_config_info` with the labels `block_size` and `num_gpu_blocks` (`cache_config_info`). docs/deploy.md
+shows how to point a picker at them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from txl import BlockPool
 
 from .engine.worker import WorkerObserver
 from .sessions.service import SessionObserver
@@ -79,6 +90,23 @@ class Metrics(WorkerObserver, SessionObserver):
         self.prefix_tokens = Counter(
             "txl_prefix_cache_tokens", "Prompt positions read, by where from", ["source"], registry=r
         )  # cache|computed
+        # ---- for endpoint pickers (module docstring). Each job the worker runs is one request.
+        self.requests_waiting = Gauge(
+            "txl_num_requests_waiting",
+            "Requests handed to the device worker and not yet admitted to its batch",
+            registry=r,
+        )
+        self.requests_running = Gauge(
+            "txl_num_requests_running",
+            "Requests in the device worker's batch: feeding their input or decoding",
+            registry=r,
+        )
+        self.pool = _PoolCollector()
+        r.register(self.pool)
+
+    def watch_pool(self, pool: BlockPool) -> None:
+        """Reports `pool` (the device worker's) at every scrape: its use and its size."""
+        self.pool.pool = pool
 
     # ---- WorkerObserver (called from the worker thread; prometheus_client is thread-safe)
     def on_prefill(self, tokens: int, seconds: float) -> None:
@@ -91,6 +119,8 @@ class Metrics(WorkerObserver, SessionObserver):
     def on_queue(self, queued: int, active: int) -> None:
         self.queue_depth.set(queued)
         self.active_jobs.set(active)
+        self.requests_waiting.set(queued)
+        self.requests_running.set(active)
 
     def on_cancel(self) -> None:
         self.cancellations.inc()
@@ -113,3 +143,34 @@ class Metrics(WorkerObserver, SessionObserver):
         self.prefix_lookups.labels("hit" if cached else "miss").inc()
         self.prefix_tokens.labels("cache").inc(cached)
         self.prefix_tokens.labels("computed").inc(total - cached)
+
+
+_USAGE = "txl_kv_cache_usage_perc"
+_USAGE_HELP = (
+    "Device memory pool in use: blocks held by sessions and running steps over blocks in the pool, 0..1"
+)
+_INFO = "txl_cache_config_info"
+_INFO_HELP = "The device memory pool: positions per block and blocks in the pool (labels); the value is 1"
+_INFO_LABELS = ["block_size", "num_gpu_blocks"]
+
+
+class _PoolCollector(Collector):
+    """The device memory pool, read when scraped (a gauge set at each step would lag behind frees)."""
+
+    def __init__(self) -> None:
+        self.pool: BlockPool | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples: the registry checks their names against the other metrics'."""
+        yield GaugeMetricFamily(_USAGE, _USAGE_HELP)
+        yield GaugeMetricFamily(_INFO, _INFO_HELP, labels=_INFO_LABELS)
+
+    def collect(self) -> Iterator[Metric]:
+        pool = self.pool
+        if pool is None:  # the engine has not started
+            return
+        capacity = pool.capacity
+        yield GaugeMetricFamily(_USAGE, _USAGE_HELP, value=pool.used_blocks / capacity if capacity else 0.0)
+        info = GaugeMetricFamily(_INFO, _INFO_HELP, labels=_INFO_LABELS)
+        info.add_metric([str(pool.block_size), str(capacity)], 1.0)
+        yield info

@@ -119,6 +119,10 @@ class Settings(BaseSettings):
             raise ValueError(f"block_size must be a power of two (1, 2, 4, ..., 256), got {value}")
         return value
 
+    # ---- replicas
+    # This process's name in every response's X-TXL-Replica header; None: the host name (a pod's name).
+    replica_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -113,6 +114,61 @@ def test_runtime_runs_the_server_as_a_non_root_user_with_a_health_check():
     assert healthcheck.args.startswith("CMD ")
     probe = json.loads(healthcheck.args.removeprefix("CMD "))
     assert probe[:2] == ["python", "-c"] and "http://127.0.0.1:8000/health" in probe[2]  # no curl needed
+
+
+def apt_installs(stage) -> list[list[str]]:
+    """The package arguments (`name=version`) of each `apt-get install` in a stage's RUN lines."""
+    out = []
+    for instruction in stage.all("RUN"):
+        for command in instruction.args.split("&&"):
+            words = shlex.split(command)
+            if words[:2] == ["apt-get", "install"]:
+                out.append([w for w in words[2:] if not w.startswith("-")])
+    return out
+
+
+def test_the_cuda_image_has_a_c_compiler_for_triton():
+    """Triton, which torch's CUDA build brings, compiles its CUDA driver module and every kernel's launcher with
+    the system C compiler on first use; python's slim image has none, and then every decode step on a GPU fails
+    while /health stays green (issue 19). The CUDA chain installs gcc and the C library's headers and start
+    files, without recommends, in one layer with the package lists removed; the CPU image installs nothing."""
+    dockerfile = parse_dockerfile()
+    cuda_chain = dockerfile.chain("runtime", {"VARIANT": "cuda"})
+    installs = [packages for stage in cuda_chain for packages in apt_installs(stage)]
+    names = {p.partition("=")[0] for packages in installs for p in packages}
+    assert {"gcc", "libc6-dev"} <= names, installs
+    for stage in cuda_chain:
+        for instruction in stage.all("RUN"):
+            if "apt-get install" in instruction.args:
+                assert "apt-get update" in instruction.args and "--no-install-recommends" in instruction.args
+                assert instruction.args.rstrip().endswith("rm -rf /var/lib/apt/lists/*"), instruction.args
+    cpu_chain = dockerfile.chain("runtime", {"VARIANT": "cpu"})
+    assert not [p for stage in cpu_chain for p in apt_installs(stage)]
+
+
+def test_the_compiler_pins_resolve_on_the_image_debian_release():
+    """The pins are version globs of the base image's Debian release (libc6-dev must equal the image's libc6,
+    which point releases move): apt resolves them against that release's archive, here when this machine runs
+    the same release (CI does: Debian bookworm)."""
+    dockerfile = parse_dockerfile()
+    base = dockerfile.stage("base-cuda").base
+    release = base.rsplit("-", 1)[-1]  # python:3.11.11-slim-bookworm
+    os_release = Path("/etc/os-release")
+    if shutil.which("apt-get") is None or not os_release.is_file():
+        pytest.skip("needs apt-get")
+    if f"VERSION_CODENAME={release}" not in os_release.read_text():
+        pytest.skip(f"this machine does not run Debian {release}")
+    (packages,) = apt_installs(dockerfile.stage("base-cuda"))
+    assert all(re.fullmatch(r"[a-z0-9.+-]+=[^=*]+-\*", p) for p in packages), packages
+    simulated = subprocess.run(
+        ["apt-get", "install", "-s", "--no-install-recommends", *packages],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if "Unable to locate package" in simulated.stderr and "gcc" in simulated.stderr:
+        pytest.skip("apt's package lists are empty here (apt-get update has not run)")
+    assert simulated.returncode == 0, simulated.stdout + simulated.stderr
 
 
 def test_image_variables_are_server_settings():

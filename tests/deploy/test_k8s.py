@@ -4,7 +4,6 @@ package), CRDs against the vendored subset schema, and wired as the deployment n
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import re
 from functools import cache
@@ -12,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from txl_server.api.sessions import router as sessions_router
-from txl_server.sessions.service import SessionService, new_session_id
+from prometheus_client import generate_latest
+from txl_client import _core
 from txl_server.settings import Settings
 
 from .files import DEPLOY, parse_dockerfile
+from .nginx import SESSION_MAP, parse_maps, strip_comments
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is a dev dependency (it bundles the schemas)"
@@ -26,10 +26,38 @@ jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a dev depen
 K8S = DEPLOY / "k8s"
 # The oldest Kubernetes these manifests support, and the newest the installed package knows.
 VERSIONS = ["1.29.0", kubernetes_validate.utils.latest_version()]
-# Custom resources are not in the core schemas: each allowed one is checked against a vendored schema.
+# Custom resources are not in the core schemas: each allowed one is checked against a vendored schema, a JSON
+# schema or the custom resource definition itself (deploy/schemas/README.md).
 CRD_SCHEMAS = {
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): DEPLOY / "schemas" / "servicemonitor-v1.subset.json"
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): DEPLOY / "schemas" / "servicemonitor-v1.subset.json",
+    ("inference.networking.k8s.io/v1", "InferencePool"): DEPLOY / "schemas" / "inferencepool-v1.crd.yaml",
 }
+
+
+@cache
+def crd_schema(path: Path, version: str) -> dict:
+    """The JSON schema of a vendored schema file: a JSON schema as it is, or a CustomResourceDefinition's
+    openAPIV3Schema for `version`, made strict as the API server's strict field validation is (an object with
+    `properties` takes no others unless it preserves unknown fields). CEL rules (x-kubernetes-validations) are
+    not checked."""
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    crd = yaml.safe_load(path.read_text())
+    assert crd["kind"] == "CustomResourceDefinition"
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    return _strict(copy.deepcopy(served["schema"]["openAPIV3Schema"]))
+
+
+def _strict(node):
+    if isinstance(node, dict):
+        if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            node.setdefault("additionalProperties", False)
+        for value in node.values():
+            _strict(value)
+    elif isinstance(node, list):
+        for value in node:
+            _strict(value)
+    return node
 
 
 def manifest_files() -> list[Path]:
@@ -57,7 +85,7 @@ def validate(doc: dict, version: str) -> None:
     """Raises jsonschema.ValidationError (or kubernetes_validate's errors) when `doc` is invalid."""
     key = (doc["apiVersion"], doc["kind"])
     if key in CRD_SCHEMAS:
-        schema = json.loads(CRD_SCHEMAS[key].read_text())
+        schema = crd_schema(CRD_SCHEMAS[key], doc["apiVersion"].rpartition("/")[2])
         jsonschema.Draft202012Validator(schema).validate(doc)
     else:
         kubernetes_validate.validate(doc, version, strict=True)
@@ -92,9 +120,30 @@ def _service_monitor_typo(docs):
     monitor["spec"]["endpoint"] = monitor["spec"].pop("endpoints")
 
 
+def _inference_pool_typo(docs):
+    pool = find("InferencePool", docs=docs)
+    pool["spec"]["targetPort"] = pool["spec"].pop("targetPorts")
+
+
+def _inference_pool_port_out_of_range(docs):
+    find("InferencePool", docs=docs)["spec"]["targetPorts"][0]["number"] = 80000
+
+
+def _inference_pool_bad_failure_mode(docs):
+    find("InferencePool", docs=docs)["spec"]["endpointPickerRef"]["failureMode"] = "Open"
+
+
 @pytest.mark.parametrize(
     "mutate",
-    [_deployment_unknown_field, _port_not_a_number, _gpu_limit_not_a_quantity, _service_monitor_typo],
+    [
+        _deployment_unknown_field,
+        _port_not_a_number,
+        _gpu_limit_not_a_quantity,
+        _service_monitor_typo,
+        _inference_pool_typo,
+        _inference_pool_port_out_of_range,
+        _inference_pool_bad_failure_mode,
+    ],
 )
 def test_validation_rejects_a_broken_copy(mutate):
     broken = copy.deepcopy(documents())
@@ -204,35 +253,84 @@ def test_services_monitor_and_ingress_reach_the_server_pods():
         assert backend["name"] == "txl-server" and backend["port"]["name"] in port_names
 
 
-def session_map() -> tuple[str, str, str]:
-    """(variable, regex, default) of the nginx map in the ingress-nginx http-snippet."""
-    snippet = find("ConfigMap", "ingress-nginx-controller")["data"]["http-snippet"]
-    m = re.search(r'map \$uri \$(\w+) \{\s*"~([^"]+)" \$1;\s*default (\$\w+);\s*\}', snippet)
-    assert m, snippet
-    return m.group(1), m.group(2), m.group(3)
+def controller_snippet() -> str:
+    return find("ConfigMap", "ingress-nginx-controller")["data"]["http-snippet"]
 
 
-def test_ingress_hashes_on_the_session_id_the_controller_snippet_defines():
-    variable, _, default = session_map()
+def test_ingress_hashes_on_the_session_variable_the_controller_snippet_defines():
     annotations = find("Ingress")["metadata"]["annotations"]
-    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == f"${variable}"
-    assert default == "$request_id"  # requests without a session spread over the replicas
+    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$txl_session"
+    assert "txl_session" in parse_maps(controller_snippet())
 
 
-def test_session_map_extracts_the_id_from_every_session_route():
-    _, regex, _ = session_map()
-    pattern = re.compile(regex)  # nginx uses PCRE; this expression means the same in Python
-    # The map relies on the ids' form: 32 URL-safe characters.
-    assert inspect.getsource(SessionService).count("id=new_session_id()") >= 1
-    session_id = "kQ2-x_9AbCdEfGhIjKlMnOpQrStUvW-_"
-    assert len(session_id) == len(new_session_id())
-    routes = {r.path for r in sessions_router.routes}
-    with_id = [p for p in routes if "{session_id}" in p]
-    assert with_id, routes
-    for path in with_id:
-        m = pattern.match(path.replace("{session_id}", session_id))
-        assert m and m.group(1) == session_id, path
-    for path in routes - set(with_id):  # listing, creating, importing: no id, so the default applies
-        assert not pattern.match(path), path
-    for path in ("/v1/completions", "/v1/sessions", f"/v1/sessions/{session_id}x/append"):
-        assert not pattern.match(path), path
+def test_the_controller_snippet_is_the_proxy_session_map_line_for_line():
+    """One source of the routing key: the ingress-nginx snippet and deploy/nginx's standalone proxy (which
+    tests/deploy/test_nginx.py runs for real) hold the same maps; tests/deploy/test_nginx_config.py checks what
+    they compute for every route."""
+    assert strip_comments(controller_snippet()) == strip_comments(SESSION_MAP.read_text())
+
+
+def test_the_inference_pool_selects_the_server_pods_on_their_api_port():
+    pool = find("InferencePool", "txl-server")["spec"]
+    pod_labels = find("Deployment", "txl-server")["spec"]["template"]["metadata"]["labels"]
+    assert _selects(pool["selector"]["matchLabels"], pod_labels)
+    ports = {p["name"]: p["containerPort"] for p in server_container()["ports"]}
+    assert [p["number"] for p in pool["targetPorts"]] == [ports["http"]]
+    assert pool["endpointPickerRef"]["name"] == "txl-epp"
+
+
+def picker_config() -> dict:
+    (text,) = find("ConfigMap", "txl-epp-config")["data"].values()
+    return yaml.safe_load(text)
+
+
+def exported_metrics() -> dict[str, set[str]]:
+    """{metric name: its label names} of what a server's /metrics offers once its engine runs."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from txl import BlockPool, TransfoXLLMHeadModel, TxlConfig
+    from txl_server.metrics import Metrics
+
+    model = TransfoXLLMHeadModel(
+        TxlConfig(
+            vocab_size=256,
+            cutoffs=[],
+            div_val=1,
+            d_model=16,
+            d_embed=16,
+            n_head=2,
+            d_head=8,
+            d_inner=32,
+            n_layer=1,
+        )
+    )
+    metrics = Metrics()
+    metrics.watch_pool(BlockPool(model.memory_layout(), block_size=16, blocks=8))
+    metrics.on_queue(0, 0)
+    text = generate_latest(metrics.registry).decode()
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def test_the_endpoint_picker_reads_metrics_the_server_offers():
+    """The picker's engine config (llm-d Router's core-metrics-extractor) names TXL's gauges with the meaning it
+    expects, the info metric carries the labels it reads, and its session affinity reads the SDK's header."""
+    config = picker_config()
+    assert config["kind"] == "EndpointPickerConfig"
+    plugins = {p.get("name", p["type"]): p for p in config["plugins"]}
+    extractor = plugins["core-metrics-extractor"]["parameters"]
+    (engine,) = [e for e in extractor["engineConfigs"] if e["name"] == extractor["defaultEngine"]]
+    offered = exported_metrics()
+    for field in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "cacheInfoSpec"):
+        assert engine[field] in offered, (field, engine[field])
+    assert {"block_size", "num_gpu_blocks"} <= offered[engine["cacheInfoSpec"]]
+    affinity = plugins["session-affinity-scorer"]["parameters"]
+    assert affinity["strategy"] == "session_id"
+    assert [s["header"] for s in affinity["sessionIdConfig"]["sources"]] == [_core.SESSION_HEADER.lower()]
+    for profile in config["schedulingProfiles"]:
+        for ref in profile["plugins"]:
+            assert ref["pluginRef"] in plugins, ref
+    for ref in config["requestHandler"]["parsers"]:
+        assert ref["pluginRef"] in plugins, ref

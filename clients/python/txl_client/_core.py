@@ -6,16 +6,28 @@ The clients themselves only send: `Client` with `httpx.Client`, `AsyncClient` wi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
+import re
+import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
 from ._version import __version__
-from .errors import Conflict, Overloaded, TxlConnectionError, TxlError, TxlTimeoutError, error_from_body
+from .errors import (
+    Conflict,
+    Overloaded,
+    TxlConnectionError,
+    TxlError,
+    TxlTimeoutError,
+    Unavailable,
+    error_from_body,
+)
 from .types import GenerateResult, Progress, ScoreResult, TokenEvent
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -23,6 +35,8 @@ DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_RETRIES = 2
 BACKOFF_BASE_SECONDS = 0.25
 BACKOFF_MAX_SECONDS = 8.0
+
+log = logging.getLogger("txl_client")
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -35,6 +49,7 @@ class Options:
     timeout: float
     max_retries: int
     retry_overloaded: bool
+    retries: Retries = field(default_factory=lambda: Retries())  # shared by the clients with_options makes
 
     @classmethod
     def resolve(
@@ -80,12 +95,50 @@ class Call:
     body: dict[str, Any] | None = None
     idempotency_key: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    changes_nothing: bool = False  # a POST that only reads (scoring): as safe to send again as a GET
 
     def request_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
         if self.idempotency_key is not None:
             headers["Idempotency-Key"] = self.idempotency_key
+        session = routed_session(self.path, self.body)
+        if session is not None:
+            headers[SESSION_HEADER] = session
         return headers
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether sending it again can never change anything twice: reads, and keyed steps."""
+        return self.method in ("GET", "HEAD") or self.changes_nothing or self.idempotency_key is not None
+
+
+# ---------------------------------------------------------------------------------------------- routing
+
+# A router in front of several replicas keeps a session on one of them by its id: nginx hashes the id in the path,
+# or this header for a request that names its session only in the body (deploy/nginx/session-map.conf); an endpoint
+# picker, which does not parse paths, reads the header for every session request (deploy/k8s/inference-pool).
+# docs/deploy.md, "What a router needs".
+SESSION_HEADER = "X-TXL-Session"
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SESSION_PATH = re.compile(r"/v1/sessions/([A-Za-z0-9_-]{1,64})(?:/|$)")
+# A response id (/v1/responses) is "resp_" followed by its session's 32-character id, then the response's own part.
+_RESPONSE_ID = re.compile(r"resp_([A-Za-z0-9_-]{32})")
+
+
+def routed_session(path: str, body: dict[str, Any] | None) -> str | None:
+    """The session a request works on: the id in its path (/v1/sessions/{id}/...), else the body's `session_id`
+    (/v1/completions), else the session of its `previous_response_id` (/v1/responses); None for no session."""
+    if m := _SESSION_PATH.match(path):
+        return m.group(1)
+    if not body:
+        return None
+    session = body.get("session_id")
+    if isinstance(session, str) and _SESSION_ID.fullmatch(session):
+        return session
+    previous = body.get("previous_response_id")
+    if isinstance(previous, str) and (m := _RESPONSE_ID.match(previous)):
+        return m.group(1)
+    return None
 
 
 def new_idempotency_key() -> str:
@@ -155,7 +208,7 @@ def generate_body(
 
 def score_call(text: str, token_logprobs: bool, stream: bool) -> Call:
     body: dict[str, Any] = {"text": text, "token_logprobs": token_logprobs}
-    return Call("POST", "/v1/score", {**body, "stream": True} if stream else body)
+    return Call("POST", "/v1/score", {**body, "stream": True} if stream else body, changes_nothing=True)
 
 
 def _segment(session_id: str) -> str:
@@ -186,10 +239,33 @@ def transport_error(exc: httpx.TransportError, timeout: float | None = None) -> 
     return error
 
 
+# A proxy's answers when a replica failed (502), or did not answer in time (504); and 503, a replica that is
+# shutting down or cannot reach Redis. None of them says the request was not started: only keyed or read-only
+# calls are sent again, to whichever replica the proxy picks next.
+RETRIED_STATUSES = (502, 503, 504)
+# A gateway's 502 or 504: the request may have reached a replica that then failed or is still working on it.
+LOST_RESPONSE_STATUSES = (502, 504)
+
+
+def response_lost(error: TxlError) -> bool:
+    """Whether `call` may have been started by a server whose answer never arrived."""
+    return isinstance(error, TxlConnectionError) or error.status in LOST_RESPONSE_STATUSES
+
+
 def retry_delay(
     options: Options, call: Call, error: TxlError, *, attempt: int, after_lost_response: bool
 ) -> float | None:
-    """Seconds to wait before retrying `call` after `error` on attempt `attempt` (0-based), or None: raise."""
+    """Seconds to wait before retrying `call` after `error` on attempt `attempt` (0-based), or None: raise.
+    A retry is counted in `options.retries` and logged (logger "txl_client")."""
+    delay = _delay(options, call, error, attempt=attempt, after_lost_response=after_lost_response)
+    if delay is not None:
+        options.retries.record(call, error, attempt=attempt, of=options.max_retries, delay=delay)
+    return delay
+
+
+def _delay(
+    options: Options, call: Call, error: TxlError, *, attempt: int, after_lost_response: bool
+) -> float | None:
     if attempt >= options.max_retries:
         return None
     backoff = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2.0**attempt)
@@ -200,6 +276,8 @@ def retry_delay(
         return None
     if isinstance(error, TxlConnectionError):
         return backoff
+    if isinstance(error, Unavailable) and error.status in RETRIED_STATUSES and call.repeatable:
+        return backoff
     if isinstance(error, Overloaded) and options.retry_overloaded:
         return max(error.retry_after or 0.0, backoff)
     if isinstance(error, Conflict) and call.idempotency_key is not None and after_lost_response:
@@ -209,7 +287,47 @@ def retry_delay(
     return None
 
 
-def final_error(error: TxlError, lost: TxlConnectionError | None) -> TxlError:
+class Retries:
+    """The requests a client sent again, by reason: an HTTP status ("502", "409", ...), "connection" or
+    "timeout". `client.retries.total`, `client.retries.count("502")`; each is also logged."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()  # clients are shared between threads
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def count(self, reason: str) -> int:
+        with self._lock:
+            return self._counts[reason]
+
+    def by_reason(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def record(self, call: Call, error: TxlError, *, attempt: int, of: int, delay: float) -> None:
+        reason = str(error.status) if error.status is not None else error.type
+        with self._lock:
+            self._counts[reason] += 1
+        # A failed replica or a lost connection is news to an operator; waiting out a busy session is not.
+        level = logging.INFO if isinstance(error, Conflict | Overloaded) else logging.WARNING
+        log.log(
+            level,
+            "retrying %s %s in %.2f s (retry %d of %d%s) after %s",
+            call.method,
+            call.path,
+            delay,
+            attempt + 1,
+            of,
+            ", same Idempotency-Key" if call.idempotency_key is not None else "",
+            error,
+        )
+
+
+def final_error(error: TxlError, lost: TxlError | None) -> TxlError:
     """What to raise when a call gives up. A 409 after our own attempt's response was lost (that attempt still
     holds the session or the key) is reported as the loss itself, e.g. "timed out", never as a conflict."""
     if isinstance(error, Conflict) and lost is not None:

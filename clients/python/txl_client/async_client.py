@@ -55,6 +55,11 @@ class AsyncClient:
     def url(self) -> str:
         return self._options.url
 
+    @property
+    def retries(self) -> _core.Retries:
+        """The requests this client (and those `with_options` made from it) sent again, by reason."""
+        return self._options.retries
+
     def with_options(
         self,
         *,
@@ -237,7 +242,7 @@ class AsyncClient:
             raise TxlError(f"the server answered {call.path} with something other than JSON") from exc
 
     async def _send(
-        self, call: _core.Call, *, stream: bool = False, lost: TxlConnectionError | None = None
+        self, call: _core.Call, *, stream: bool = False, lost: TxlError | None = None
     ) -> httpx.Response:
         attempt = 0
         while True:
@@ -262,7 +267,7 @@ class AsyncClient:
                     content = b""
                 await response.aclose()
                 error = error_from_response(response.status_code, content, response.headers)
-            if isinstance(error, TxlConnectionError):
+            if _core.response_lost(error):
                 lost = error
             delay = _core.retry_delay(
                 self._options, call, error, attempt=attempt, after_lost_response=lost is not None

@@ -38,8 +38,12 @@ class Client:
     """A TXL Serve client. `url` defaults to $TXL_URL (else http://127.0.0.1:8000), `api_key` to $TXL_API_KEY.
 
     Steps that change a session (append, generate, fork) carry an Idempotency-Key, fresh per call and the same
-    on its retries: transport failures are retried (up to `max_retries`) without ever stepping twice. 429
-    Overloaded is retried, honouring Retry-After, only with `retry_overloaded=True` (or `with_options`).
+    on its retries: transport failures are retried (up to `max_retries`) without ever stepping twice, and so are a
+    proxy's 502, 503 and 504 (a replica that failed or is restarting). 429 Overloaded is retried, honouring
+    Retry-After, only with `retry_overloaded=True` (or `with_options`). `retries` counts what was sent again, and
+    each retry is logged (logger "txl_client"). Every request that works on a session carries its id in an
+    `X-TXL-Session` header too (from the path, `session_id` or `previous_response_id`), for proxies that route
+    by session.
     """
 
     def __init__(
@@ -61,6 +65,11 @@ class Client:
     @property
     def url(self) -> str:
         return self._options.url
+
+    @property
+    def retries(self) -> _core.Retries:
+        """The requests this client (and those `with_options` made from it) sent again, by reason."""
+        return self._options.retries
 
     def with_options(
         self,
@@ -242,7 +251,7 @@ class Client:
             raise TxlError(f"the server answered {call.path} with something other than JSON") from exc
 
     def _send(
-        self, call: _core.Call, *, stream: bool = False, lost: TxlConnectionError | None = None
+        self, call: _core.Call, *, stream: bool = False, lost: TxlError | None = None
     ) -> httpx.Response:
         """The successful response to `call`, after any retries the options allow; else a TxlError."""
         attempt = 0
@@ -268,7 +277,7 @@ class Client:
                     content = b""
                 response.close()
                 error = error_from_response(response.status_code, content, response.headers)
-            if isinstance(error, TxlConnectionError):
+            if _core.response_lost(error):
                 lost = error
             delay = _core.retry_delay(
                 self._options, call, error, attempt=attempt, after_lost_response=lost is not None

@@ -31,6 +31,7 @@ from . import chat, completions, history, score, sessions, system
 from .auth import ApiKeys
 from .common import validation_message
 from .disconnect import CLIENT_CLOSED_REQUEST, ClientGone
+from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
 
 log = logging.getLogger("txl_server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -50,6 +51,8 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
             log.error("cannot start: %s", exc)
             await runtime.stop()
             raise
+        if runtime.worker is not None:  # the endpoint picker's pool gauges (metrics.py)
+            metrics.watch_pool(runtime.worker.pool)
         log.info("serving %s from %s", runtime.model_id, settings.model_dir)
         try:
             yield
@@ -69,6 +72,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.state.metrics = metrics
     app.state.api_keys = ApiKeys.from_settings(settings)
     app.state.started_at = time.time()
+    app.state.replica = replica_name(settings)
     for module in (sessions, history, score, completions, chat, system):
         app.include_router(module.router)
     _install_error_handlers(app)
@@ -76,6 +80,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(ReplicaHeader, replica=app.state.replica)
     app.mount("/", Fallback(app, STATIC_DIR), name="playground")
     return app
 
@@ -122,7 +127,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         body = {"error": {"type": "internal", "message": "internal error", "param": None}}
-        return JSONResponse(body, status_code=500)
+        # Starlette sends this one from outside every middleware: it names its replica itself.
+        return JSONResponse(body, status_code=500, headers={REPLICA_HEADER: request.app.state.replica})
 
 
 # ---------------------------------------------------------------------------------------------- routing

@@ -3,8 +3,10 @@
 Create, delete, fork, append and generate take the header. A key belongs to the tenant, the method and the path
 (`POST /v1/sessions/{id}/append`), and remembers a fingerprint of the request's body. While the first request
 runs, a retry gets 409; once it has finished, a retry gets its response; if it failed, the key is released and a
-retry runs anew. A key reused with a different body is refused with 422 `idempotency_key_reused` (as the IETF
-Idempotency-Key draft and Stripe do): replaying the first result would answer a question nobody asked.
+retry runs anew. The claim of a running request lasts a lease (`TXL_LEASE_TTL_SECONDS`) and is renewed while it
+runs: if its process dies (`kill -9`, a lost node), the claim lapses and a retry, on any replica, runs anew. A key
+reused with a different body is refused with 422 `idempotency_key_reused` (as the IETF Idempotency-Key draft and
+Stripe do): replaying the first result would answer a question nobody asked.
 
 Routes take the `Idempotent` dependency and run their work through it:
 
@@ -13,15 +15,19 @@ Routes take the `Idempotent` dependency and run their work through it:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
+import math
 import re
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 
-from ..errors import Conflict, IdempotencyKeyReused, InvalidRequest
+from ..errors import Conflict, IdempotencyKeyReused, InvalidRequest, Unavailable
 from ..sessions.service import to_the_end
 from ..sessions.store import SessionStore
 from .common import AppSettings, Service, Tenant
@@ -33,14 +39,23 @@ _DELIVERY_FIELDS = ("stream",)
 
 class IdempotentCall:
     def __init__(
-        self, store: SessionStore, owner: str, scope: str, key: str | None, fingerprint: str, ttl: int
+        self,
+        store: SessionStore,
+        owner: str,
+        scope: str,
+        key: str | None,
+        fingerprint: str,
+        ttl: int,
+        claim_ttl: int = 10,
     ) -> None:
         if key is not None and not _KEY.match(key):
             raise InvalidRequest(
                 "Idempotency-Key must be 1-128 characters of [A-Za-z0-9._:-]", param="Idempotency-Key"
             )
         self.store, self.owner, self.fingerprint, self.ttl = store, owner, fingerprint, ttl
+        self.claim_ttl = claim_ttl  # seconds a claim outlives its process
         self.key = f"{scope}:{key}" if key else None
+        self._keeper: asyncio.Task[None] | None = None
 
     async def run(self, work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """The stored response of an earlier call with this key, else `work()`'s (stored under the key)."""
@@ -58,15 +73,11 @@ class IdempotentCall:
         """The stored result of an earlier call with this key, if any; claims the key otherwise."""
         if self.key is None:
             return None
-        if await self.store.claim_idempotent(self.owner, self.key, self.ttl, self.fingerprint):
+        if await self._claim(self.key):
             return None
         stored = await self.store.get_idempotent(self.owner, self.key)
         if stored is None:  # expired between the two calls: run
-            return (
-                None
-                if await self.store.claim_idempotent(self.owner, self.key, self.ttl, self.fingerprint)
-                else await self.replay()
-            )
+            return None if await self._claim(self.key) else await self.replay()
         if stored.get("fingerprint", self.fingerprint) != self.fingerprint:
             raise IdempotencyKeyReused(
                 "this Idempotency-Key was used with a different request body; use a new key for a new request",
@@ -79,14 +90,49 @@ class IdempotentCall:
         return dict(stored["response"])
 
     async def succeeded(self, response: dict[str, Any]) -> None:
+        self._stop_keeping()
         if self.key is not None:
             record = {"state": "done", "fingerprint": self.fingerprint, "response": response}
             # Even if the client leaves meanwhile: the work is done, and a retry must get it, not redo it.
             await to_the_end(self.store.put_idempotent(self.owner, self.key, record, self.ttl))
 
     async def failed(self) -> None:
+        self._stop_keeping()
         if self.key is not None:
             await to_the_end(self.store.drop_idempotent(self.owner, self.key))
+
+    async def _claim(self, key: str) -> bool:
+        """Claims `key` for `claim_ttl` seconds, renewed while this request runs (a claim that lasted the
+        record's whole TTL would answer every retry 409 for a day after its process died)."""
+        if not await self.store.claim_idempotent(self.owner, key, self.claim_ttl, self.fingerprint):
+            return False
+        self._keeper = asyncio.create_task(
+            _keep_claim(weakref.ref(self), self.store, self.owner, key, self.fingerprint, self.claim_ttl)
+        )
+        return True
+
+    def _stop_keeping(self) -> None:
+        # Not awaited: the outcome's write must not wait (a cancellation there would lose it), and a renewal still
+        # in flight cannot touch it (renew_idempotent extends only this claim's own pending record).
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()
+
+
+async def _keep_claim(
+    call: weakref.ref[IdempotentCall], store: SessionStore, owner: str, key: str, fingerprint: str, ttl: int
+) -> None:
+    """Renews a claim at a third of its TTL until its request has an outcome, or is gone without one (then the
+    claim lapses). Holds the request only weakly, so that a request dropped unfinished cannot keep it forever."""
+    while True:
+        await asyncio.sleep(ttl / 3)
+        if call() is None:
+            return
+        renewed = True
+        with contextlib.suppress(Unavailable):  # Redis away for a moment: the claim may still hold; next tick
+            renewed = await store.renew_idempotent(owner, key, ttl, fingerprint)
+        if not renewed:
+            return  # the request's outcome replaced the claim
 
 
 def fingerprint(body: bytes, query: str) -> str:
@@ -125,6 +171,7 @@ async def idempotent_call(
         idempotency_key,
         fingerprint(await request.body(), request.url.query) if idempotency_key else "",
         settings.idempotency_ttl_seconds,
+        claim_ttl=max(1, math.ceil(settings.lease_ttl_seconds)),
     )
 
 

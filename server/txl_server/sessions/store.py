@@ -446,6 +446,15 @@ class SessionStore:
         pending = json.dumps({"state": "pending", "fingerprint": fingerprint})
         return bool(await self._call(lambda: self.redis.set(self._i(owner, key), pending, ex=ttl, nx=True)))
 
+    async def renew_idempotent(self, owner: str, key: str, ttl: int, fingerprint: str = "") -> bool:
+        """Extends the claim `claim_idempotent` made for `fingerprint` by `ttl` seconds, and nothing else (a
+        finished request's record keeps its own expiry); False once the key holds anything else."""
+        pending = json.dumps({"state": "pending", "fingerprint": fingerprint})
+        renewed = await self._call(
+            lambda: self._renew(keys=[self._i(owner, key)], args=[pending, ttl * 1000])
+        )
+        return bool(renewed)
+
     async def put_idempotent(self, owner: str, key: str, value: dict, ttl: int) -> None:
         await self._call(lambda: self.redis.set(self._i(owner, key), json.dumps(value), ex=ttl))
 

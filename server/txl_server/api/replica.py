@@ -1,0 +1,45 @@
+"""`X-TXL-Replica` on every response: which server process answered.
+
+Behind a proxy several replicas share one address; the header tells a client, an operator reading a log, or a
+test which one served a request (and so whether a session stayed on its replica). The name is `TXL_REPLICA_ID`,
+else the host name (a Kubernetes pod's name, a container's id).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..settings import Settings
+
+REPLICA_HEADER = "X-TXL-Replica"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def replica_name(settings: Settings) -> str:
+    """The settings' replica id, else the host name, reduced to characters safe in a header and a log line."""
+    if settings.replica_id:
+        return settings.replica_id
+    return _UNSAFE.sub("-", socket.gethostname())[:64] or "unnamed"
+
+
+class ReplicaHeader:
+    """Adds `X-TXL-Replica: NAME` to every HTTP response that passes through it."""
+
+    def __init__(self, app: ASGIApp, replica: str) -> None:
+        self.app = app
+        self.header = (REPLICA_HEADER.lower().encode("latin-1"), replica.encode("latin-1"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named)
