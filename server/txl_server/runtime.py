@@ -123,6 +123,7 @@ def make_worker(settings: Settings, loaded: LoadedModel, observer: WorkerObserve
         graphs=graphs_setting(settings.cuda_graphs, model.device)[0],
         max_mem_len=settings.mem_lens(model.config.mem_len)[1],
         observer=observer,
+        overlap=settings.overlap is not False,  # with graphs (the worker ignores it without)
     )
 
 

@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     block_size: int = Field(16, ge=1, le=256)  # positions per block of the memory pool: a power of two
     # A memory pool allocated once that never grows (admission and preemption when full); default: on CUDA.
     fixed_pool: bool | None = None
+    # Decoding iterations sent one ahead of reading their tokens (with graphs); default: wherever graphs run.
+    overlap: bool | None = None
     # Decoding iterations as CUDA graphs; default: on with a CUDA device. (On a CPU: the graphs' static
     # buffers, run eagerly; for tests.)
     cuda_graphs: bool | None = None

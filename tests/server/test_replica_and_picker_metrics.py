@@ -23,7 +23,13 @@ REPLICA = "gpu-host-7.replica-2"
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, redis_server):
     yield from serve(
-        tiny_model_dir, redis_server.url, "replica", replica_id=REPLICA, max_body_bytes=4096, block_size=8
+        tiny_model_dir,
+        redis_server.url,
+        "replica",
+        replica_id=REPLICA,
+        max_body_bytes=4096,
+        block_size=8,
+        prefix_cache_bytes=0,  # what the pool holds is the sessions' memories alone
     )
 
 

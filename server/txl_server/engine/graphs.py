@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from txl import BlockPool, TransfoXLLMHeadModel
+from txl import BlockPool, Memory, TransfoXLLMHeadModel
 from txl.paged import BlockTable, plan_row, resting_blocks
 from txl.paged_step import StaticDecodeStep
 from txl.sampling import RowParams, SamplingParams, sample_rows, signed64
@@ -67,6 +67,41 @@ def top_k_bucket(rows: Sequence[DecodeRow], vocab: int) -> int | None:
     if not limited:
         return 0
     return next((k for k in top_k_buckets(vocab) if k >= max(limited)), None)
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    host: Tensor  # [n, 2] float64: each row's token and its log-prob, once `ready`
+    ready: torch.cuda.Event | None  # None: already there
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A decoding iteration sent to the device. Known at once: each row's memory after it (host bookkeeping) and
+    its new hidden state (on the device); the sampled tokens once read back."""
+
+    memories: list[Memory]
+    hidden: Sequence[Tensor]
+    read_back: ReadBack | None
+    outputs: list[DecodeOut] | None = None  # an iteration that ran eagerly: all known already
+
+    @classmethod
+    def done(cls, outputs: list[DecodeOut]) -> Launched:
+        return cls([o.memory for o in outputs], [o.last_hidden for o in outputs], None, outputs)
+
+    def collect(self) -> list[DecodeOut]:
+        """The rows' sampled tokens and their log-probs (waits for the device if it has not finished)."""
+        if self.outputs is not None:
+            return self.outputs
+        assert self.read_back is not None
+        if self.read_back.ready is not None:
+            self.read_back.ready.synchronize()
+        host = self.read_back.host
+        ids, logprobs = host[:, 0].long().tolist(), host[:, 1].tolist()
+        return [
+            DecodeOut(ids[i], logprobs[i], None, memory, self.hidden[i])
+            for i, memory in enumerate(self.memories)
+        ]
 
 
 class SamplingInputs:
@@ -150,6 +185,11 @@ class DecodeGraphs:
         self._memory_pool = torch.cuda.graph_pool_handle() if capture else None
         # Why the graphs are off, once they are (a failed capture or check): set once, never retried.
         self.off: str | None = None
+        # Tokens and log-probs read back through page-locked buffers, two in turn (`_read_back`).
+        self._readbacks = [
+            torch.zeros((self.sizes[-1], 2), dtype=torch.float64, pin_memory=capture) for _ in range(2)
+        ]
+        self._readback_turn = 0
 
     def all_keys(self) -> list[GraphKey]:
         """Every graph this server uses, largest batch first (captured in that order, smaller graphs reuse the
@@ -220,10 +260,17 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run(self, rows: Sequence[DecodeRow]) -> list[DecodeOut]:
-        """One decoding iteration of `rows` through their graph. What it asks of the device outside the replay
-        does not grow with the rows: the blocks new positions need zeroed in one fill, the rows' inputs sent in
-        three non-blocking copies, their hidden states stacked in one launch; after it, one read of every row's
-        token and log-prob (the iteration's one wait) and one copy of the new hidden states."""
+        """One decoding iteration of `rows` through their graph, to its sampled tokens."""
+        return self.launch(rows).collect()
+
+    @torch.inference_mode()
+    def launch(self, rows: Sequence[DecodeRow]) -> Launched:
+        """Sends one decoding iteration of `rows` through their graph, without waiting for it: each row's memory
+        after it and its new hidden state are known at once (the next iteration can be sent before this one's
+        tokens are read: `Launched.collect`). What it asks of the device outside the replay does not grow with
+        the rows: the blocks new positions need zeroed in one fill, the rows' inputs sent in three non-blocking
+        copies, their hidden states stacked in one launch, the new ones copied in one, the tokens and log-probs
+        copied back in one (the iteration's one wait, in `collect`)."""
         key = self.key(rows)
         assert key is not None, "run only rows the graphs support"
         same_length = self.model.config.same_length
@@ -241,21 +288,29 @@ class DecodeGraphs:
         if graph is None:
             graph = self._rebuild(key)
             if graph is None:  # turned off: this iteration runs eagerly (what was planned is dropped, unused)
-                return ModelRunner(self.model, self.pool).run(rows, [])[0]
+                return Launched.done(ModelRunner(self.model, self.pool).run(rows, [])[0])
         n = len(rows)
         graph.step.load(steps, rules)
         graph.sampling.load([r.params for r in rows], [r.seed for r in rows], [r.counter for r in rows])
         torch.stack([r.last_hidden for r in rows], out=graph.hidden_in[:n])
         graph.replay()
-        host = graph.readback[:n].cpu()  # the one read
-        ids, logprobs = host[:, 0].long().tolist(), host[:, 1].tolist()
         hidden = graph.hidden_out[:n].clone().unbind(0)  # one copy, a view per row
-        out = [
-            DecodeOut(ids[i], logprobs[i], None, row.memory.like([rs.result]), hidden[i])
-            for i, (row, rs) in enumerate(zip(rows, steps, strict=True))
-        ]
+        memories = [row.memory.like([rs.result]) for row, rs in zip(rows, steps, strict=True)]
         graph.step.row_steps = []  # the buffers keep no memory alive
-        return out
+        return Launched(memories, hidden, self._read_back(graph.readback[:n]))
+
+    def _read_back(self, readback: Tensor) -> ReadBack:
+        """Starts copying the iteration's tokens and log-probs to the host: on CUDA into one of two page-locked
+        buffers (the next iteration's copy may land while this one's is still unread), with an event to wait on."""
+        if not self.capture:  # a copy even on a CPU: the next replay writes the same buffer
+            return ReadBack(readback.to("cpu", copy=True), None)
+        turn = self._readbacks[self._readback_turn]
+        self._readback_turn ^= 1
+        host = turn[: readback.size(0)]
+        host.copy_(readback, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return ReadBack(host, ready)
 
     def _rebuild(self, key: GraphKey) -> _Graph | None:
         """A graph missing while serving: on a CPU (the buffers of a pool that grew, or a first use) built now;

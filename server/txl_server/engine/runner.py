@@ -21,7 +21,7 @@ from txl.sampling import RowParams, SamplingParams, sample_rows
 from txl.scoring import shifted
 
 if TYPE_CHECKING:
-    from .graphs import DecodeGraphs
+    from .graphs import DecodeGraphs, Launched
 
 # (token id, log-prob) of the most likely tokens at one position, best first.
 TopLogprobs = tuple[tuple[int, float], ...]
@@ -72,6 +72,14 @@ class ModelRunner:
         self.device = pool.layout.device
         self.vocab = model.config.vocab_size
         self.graphs = graphs  # decoding-only iterations as CUDA graphs
+
+    def can_launch(self, decode: Sequence[DecodeRow]) -> bool:
+        """Whether these decoding rows can be sent without waiting for them (as a graph: `launch`)."""
+        return self.graphs is not None and self.graphs.supports(decode)
+
+    def launch(self, decode: Sequence[DecodeRow]) -> Launched:
+        assert self.graphs is not None
+        return self.graphs.launch(decode)
 
     @torch.inference_mode()
     def run(

@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from txl import BlockPool, PoolExhausted, TransfoXLLMHeadModel
+from txl import BlockPool, Memory, PoolExhausted, TransfoXLLMHeadModel
 from txl.kernels import prefer
 from txl.paged import new_blocks
 from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 
 from ..errors import Overloaded, Unavailable
-from .graphs import DecodeGraphs
+from .graphs import DecodeGraphs, Launched
 from .jobs import (
     AdvanceJob,
     AdvanceResult,
@@ -117,6 +117,17 @@ class _Decode:
     sampled_logprobs: list[float] = field(default_factory=list)
     held: TokenEvent | None = None  # the last token's event, kept while text may still be released after it
     arrival: int = field(default_factory=lambda: next(_arrivals))
+    # Its step in flight, with overlapped decoding: (that iteration, the memory and hidden state after it).
+    ahead: tuple[Launched, Memory, Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A decoding iteration sent and not yet read back."""
+
+    launched: Launched
+    tasks: list[_Decode]
+    started: float
 
 
 class Worker:
@@ -133,6 +144,7 @@ class Worker:
         graphs: bool = False,
         max_mem_len: int | None = None,
         observer: WorkerObserver | None = None,
+        overlap: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -167,6 +179,9 @@ class Worker:
                 capture=self.pool.layout.device.type == "cuda",
             )
         self.runner = ModelRunner(model, self.pool, decode_graphs)
+        # Decoding one step ahead of the device (graphs only: `_launch`); the iteration sent and not yet read.
+        self.overlap = overlap and decode_graphs is not None
+        self._pending: _Pending | None = None
         # The decoding attention kernel (txl.kernels.prefer), chosen and checked at start-up (engine.selfcheck).
         self.attention = "auto"
         self.observer = observer or WorkerObserver()
@@ -231,6 +246,7 @@ class Worker:
         with torch.inference_mode(), prefer(self.attention):
             while self._wait_for_work():
                 self._iterate()
+            self._finish_pending()
         shutdown = Unavailable("the server is shutting down")
         for job in [*(t.job for t in self._ingesting), *(t.job for t in self._decoding), *self._inbox]:
             job.emit(ErrorEvent(shutdown))
@@ -253,6 +269,8 @@ class Worker:
         iteration = self._fit(self.scheduler.next(self._decoding, self._ingesting))
         if iteration:
             self._step(iteration)
+        elif self._pending is not None:
+            self._finish_pending()
         elif self._decoding or self._ingesting:  # waiting for blocks: others' commits and evictions free them
             with self._cv:
                 self._cv.wait(STARVED_WAIT_SECONDS)
@@ -295,7 +313,7 @@ class Worker:
         decode: list[_Decode] = []
         chunks: list[tuple[_Ingest, int]] = []
         for task in iteration.decode:
-            need = new_blocks(self.pool, task.state.memory.rows[0], 1, claimed)
+            need = new_blocks(self.pool, self._decode_row(task).memory.rows[0], 1, claimed)
             if need <= free:
                 decode.append(task)
                 free -= need
@@ -387,19 +405,26 @@ class Worker:
 
     # ------------------------------------------------------------------ one iteration
 
+    def _decode_row(self, task: _Decode) -> DecodeRow:
+        """The row a decoding task feeds next: after its step in flight, if it has one."""
+        memory, last = task.state.memory, task.state.last_hidden
+        counter = len(task.token_ids)
+        if task.ahead is not None:
+            _, memory, last = task.ahead
+            counter += 1
+        assert last is not None  # decoding states always have one
+        return DecodeRow(memory, last, task.job.sampling, task.seed, counter, task.job.top_logprobs)
+
     def _step(self, iteration: Iteration[_Decode, _Ingest]) -> None:
+        if self.overlap and iteration.decode and not iteration.chunks and self._launch(iteration.decode):
+            return
+        if self._pending is not None:  # its tokens first: they may end some of this iteration's tasks
+            self._finish_pending()
+            iteration = Iteration([t for t in iteration.decode if t in self._decoding], iteration.chunks)
+            if not iteration:
+                return
         started = time.perf_counter()
-        decode_rows = [
-            DecodeRow(
-                t.state.memory,
-                t.state.last_hidden,  # type: ignore[arg-type]  # decoding states always have one
-                t.job.sampling,
-                t.seed,
-                len(t.token_ids),
-                t.job.top_logprobs,
-            )
-            for t in iteration.decode
-        ]
+        decode_rows = [self._decode_row(t) for t in iteration.decode]
         chunk_rows = [
             ChunkRow(t.state.memory, t.tokens[t.cursor : t.cursor + n], t.state.last_hidden, t.score, t.top_k)
             for t, n in iteration.chunks
@@ -407,11 +432,7 @@ class Worker:
         try:
             decoded, fed = self.runner.run(decode_rows, chunk_rows)
         except Exception as exc:
-            log.exception("a step failed")
-            if is_device_error(exc) and self.device_error is None:
-                self.device_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                log.error("the device failed (%s): reporting not ready", self.device_error)
-            self._fail([t for t in iteration.decode], [t for t, _ in iteration.chunks], exc)
+            self._failed_step(iteration.decode, [t for t, _ in iteration.chunks], exc)
             return
         seconds = time.perf_counter() - started
         if iteration.decode:
@@ -422,6 +443,61 @@ class Worker:
             self._decoded(task, out)
         for (ingest, n), chunk in zip(iteration.chunks, fed, strict=True):
             self._fed(ingest, n, chunk)
+
+    def _failed_step(self, decoding: list[_Decode], ingesting: list[_Ingest], exc: Exception) -> None:
+        log.exception("a step failed")
+        if is_device_error(exc) and self.device_error is None:
+            self.device_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.error("the device failed (%s): reporting not ready", self.device_error)
+        self._fail(
+            [t for t in decoding if t in self._decoding], [t for t in ingesting if t in self._ingesting], exc
+        )
+
+    # ------------------------------------------------------------------ overlapped decoding
+
+    def _launch(self, tasks: list[_Decode]) -> bool:
+        """Decoding with the host a step ahead of the device (vLLM's asynchronous scheduling, SGLang's overlap
+        scheduler): the next iteration is sent before the previous one's tokens are read, since its rows need
+        only that iteration's memories and hidden states, which stay on the device; the host then handles the
+        previous iteration's tokens (text, stop strings, events) while the device runs this one. A task that the
+        previous tokens end (a stop string, its last token, a cancellation) has had one row computed for nothing,
+        which is dropped. False: these rows cannot run as a graph (the caller runs them in step)."""
+        # A task whose step in flight is its last one gets no further row.
+        tasks = [t for t in tasks if len(t.token_ids) + (t.ahead is not None) < t.job.max_tokens]
+        rows = [self._decode_row(t) for t in tasks]
+        if not rows or not self.runner.can_launch(rows):
+            return False
+        started = time.perf_counter()
+        try:
+            launched = self.runner.launch(rows)
+        except Exception as exc:
+            self._finish_pending()
+            self._failed_step(tasks, [], exc)
+            return True
+        for task, memory, hidden in zip(tasks, launched.memories, launched.hidden, strict=True):
+            task.ahead = (launched, memory, hidden)
+        previous, self._pending = self._pending, _Pending(launched, tasks, started)
+        if previous is not None:
+            self._collect(previous)
+        return True
+
+    def _finish_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._collect(pending)
+
+    def _collect(self, pending: _Pending) -> None:
+        try:
+            outputs = pending.launched.collect()
+        except Exception as exc:
+            self._failed_step(pending.tasks, [], exc)
+            return
+        self.observer.on_decode(len(pending.tasks), time.perf_counter() - pending.started)
+        for task, out in zip(pending.tasks, outputs, strict=True):
+            if task.ahead is not None and task.ahead[0] is pending.launched:
+                task.ahead = None
+            if task in self._decoding:  # not finished, failed or cancelled meanwhile (then dropped)
+                self._decoded(task, out)
 
     def _fail(self, decoding: list[_Decode], ingesting: list[_Ingest], exc: Exception) -> None:
         for task in decoding:
