@@ -18,6 +18,7 @@ SUITES = {
     "batching": "bench.batching",
     "persistence": "bench.persistence",
     "http": "bench.http",
+    "responses": "bench.responses",
     "memory": "bench.memory",
     "quality": "bench.quality",
     "speedwork": "bench.speedwork",
