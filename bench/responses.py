@@ -154,6 +154,11 @@ def run(quick: bool = False) -> Section:
         f"{1000 * float(best[-1]['chained_seconds']):.0f} ms chained and "
         f"{1000 * float(best[-1]['resent_seconds']):.0f} ms resent."
     )
+    section.note(
+        "Token counts are exact; times are the faster of two rounds on a machine shared with other work, so they "
+        "vary by up to 2x from turn to turn: the trend is the point (chained turns stay flat, resent ones grow "
+        "with the conversation)."
+    )
     versions = 8 if quick else 32
     many = asyncio.run(version_bytes(versions, versions))
     one = asyncio.run(version_bytes(1, versions))
