@@ -4,6 +4,7 @@ older response, stream, retrieve, delete, input items, errors in OpenAI's shape,
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -175,6 +176,16 @@ def test_stream_sends_the_documented_events_whose_deltas_join_to_the_text(client
     assert client.responses.retrieve(final.id).output_text == text  # stored before the stream ended
 
 
+def test_each_streamed_event_names_its_type_and_no_done_follows(http):
+    body = {"input": "Hi", "stream": True, "max_output_tokens": 3}
+    with http.stream("POST", "/v1/responses", json=body) as reply:
+        lines = [line for line in reply.iter_lines() if line]
+    names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    assert names == [d["type"] for d in data] and names[0] == "response.created"
+    assert "data: [DONE]" not in lines
+
+
 def test_an_error_mid_stream_is_an_error_event(server, client):
     with client.responses.create(input="Long", stream=True, temperature=0, max_output_tokens=400) as stream:
         events = []
@@ -234,6 +245,18 @@ def test_tenants_are_kept_apart(server, client):
         other.responses.create(input="x", previous_response_id=response.id, **GREEDY)
     assert caught.value.body["code"] == "previous_response_not_found"
     assert client.responses.retrieve(response.id).id == response.id
+
+
+def test_every_responses_route_needs_a_key(server):
+    with server.client() as anonymous:
+        for method, path in [
+            ("POST", "/v1/responses"),
+            ("GET", "/v1/responses/resp_x.1"),
+            ("DELETE", "/v1/responses/resp_x.1"),
+            ("GET", "/v1/responses/resp_x.1/input_items"),
+        ]:
+            reply = anonymous.request(method, path, json={"input": "x"} if method == "POST" else None)
+            assert reply.status_code == 401 and reply.json()["error"]["type"] == "unauthorized", path
 
 
 def test_store_false_answers_and_keeps_nothing(client, http):
