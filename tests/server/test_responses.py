@@ -133,6 +133,7 @@ def test_concurrent_turns_chained_to_one_response_give_equal_results(server, cli
         thread.join()
     assert len(results) == 3 and len({r.output_text for r in results}) == 1
     assert len({r.id for r in results}) == 3
+    assert [_session_of(r) for r in results].count(_session_of(root)) == 1  # one continued it, two branched
 
 
 def test_a_response_whose_version_is_no_longer_kept_cannot_be_continued(client):
