@@ -24,7 +24,7 @@ from ..sessions.responses import ResponseRecord, ResponseStore, ResponseTurns, T
 from ..sessions.service import GenerateOutcome
 from ..settings import Settings
 from . import sse
-from .chat import ChatTemplate
+from .chat import ChatMessage, ChatTemplate
 from .common import (
     ERROR_RESPONSES,
     AppSettings,
@@ -170,7 +170,9 @@ async def list_input_items(
 def _plan(body: ResponseCreateRequest, settings: Settings, model_id: str) -> int:
     """Checks the request's limits; its max_output_tokens."""
     if body.model is not None and body.model != model_id:
-        raise InvalidRequest(f"unknown model {body.model!r}; this server serves {model_id!r}", param="model")
+        raise InvalidRequest(
+            f"unknown model {body.model[:100]!r}; this server serves {model_id!r}", param="model"
+        )
     body.refuse_unsupported()
     check_metadata(settings, body.metadata)
     check_unicode(body.user or "", "user")
@@ -213,7 +215,7 @@ class Reply:
         body: ResponseCreateRequest,
         turn: Turn,
         started: TurnStarted,
-        messages: list[Any] | None,
+        messages: list[ChatMessage] | None,
         model: str,
         turns: ResponseTurns,
         tenant: str,
