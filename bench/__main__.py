@@ -19,6 +19,7 @@ SUITES = {
     "persistence": "bench.persistence",
     "handoff": "bench.handoff",
     "http": "bench.http",
+    "responses": "bench.responses",
     "memory": "bench.memory",
     "quality": "bench.quality",
     "speedwork": "bench.speedwork",

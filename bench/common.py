@@ -133,6 +133,7 @@ ORDER = [
     "http",
     "memory",
     "persistence",
+    "responses",
     "handoff",
     "quality",
     "speedwork",

@@ -353,6 +353,7 @@ class SessionService:
         stop: list[str] | None = None,
         top_logprobs: int = 0,
         report_progress: bool = False,
+        expected_version: int | None = None,
     ) -> AsyncGenerator[TokenEvent | ProgressEvent | GenerateOutcome, None]:
         """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
         then the GenerateOutcome (after the commit). With `report_progress`, a text longer than one segment
@@ -360,7 +361,8 @@ class SessionService:
 
         Closing the iterator early (a client that went away) cancels the generation: nothing is committed.
         `prompt_tokens`, when the caller has already encoded `text` (or was given token ids), are used as they
-        are: a request's text is encoded once.
+        are: a request's text is encoded once. With `expected_version`, the step runs only if the session is at
+        that version when its lease is taken (else Conflict, code `version_moved`, before any event).
         """
         if not 0 <= max_tokens <= self.settings.max_tokens:
             raise InvalidRequest(
@@ -368,6 +370,12 @@ class SessionService:
             )
         prompt = self.tokenizer.encode(text) if prompt_tokens is None else list(prompt_tokens)
         async with self._step(owner, session_id) as (meta, state, lease):
+            if expected_version is not None and meta.version != expected_version:
+                raise Conflict(
+                    f"the session moved on from version {expected_version}",
+                    param="session_id",
+                    code="version_moved",
+                )
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")
             start, to_feed = state, prompt

@@ -1,0 +1,385 @@
+"""OpenAI's Responses API on a real server and Redis, driven by the official `openai` client: create, chain with
+previous_response_id (only the new input is fed; equal to one request carrying the whole text), branch from an
+older response, stream, retrieve, delete, input items, errors in OpenAI's shape, tenants, store=false, messages."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+import txl
+from txl.sampling import SamplingParams
+from txl_server.api.chat import ChatTemplate
+from txl_server.api.responses_protocol import ResponseCreateRequest, turn_text
+from txl_server.errors import Conflict
+from txl_server.sessions.responses import ResponseRecord, parse_response_id, response_id
+from txl_server.settings import TRANSCRIPT_TEMPLATE, Persistence
+
+from .conftest import make_byte_model_dir
+from .live_server import serve
+from .runtimes import running
+from .test_engine import OWNER, generate
+
+openai = pytest.importorskip("openai")
+
+KEY_A, KEY_B = "key-responses-a", "key-responses-b"
+KEEP = 4
+GREEDY = {"temperature": 0, "max_output_tokens": 12}
+
+
+@pytest.fixture(scope="module")
+def text_model_dir(tmp_path_factory):
+    """The tiny byte model, writing only printable ASCII and newlines: its text is its bytes, so a reply fed
+    back as text is the tokens it was (random bytes would come back as U+FFFD)."""
+    path = make_byte_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
+    model = txl.load_pretrained(path)
+    printable = torch.zeros(256, dtype=torch.bool)
+    printable[32:127] = printable[10] = True
+    with torch.no_grad():
+        model.crit.out_layers[0].bias[~printable] = -1e4
+    txl.save_pretrained(model, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(text_model_dir, redis_server):
+    yield from serve(
+        text_model_dir,
+        redis_server.url,
+        "responses",
+        api_keys=f"{KEY_A},{KEY_B}",
+        chat_template="transcript",
+        persistence=Persistence.ALWAYS,
+        keep_versions=KEEP,
+    )
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=0)
+
+
+@pytest.fixture
+def http(server):
+    with server.client(KEY_A) as client:
+        yield client
+
+
+def _create(client, text: str, **kwargs):
+    return client.responses.create(model="tiny-byte", input=text, **{**GREEDY, **kwargs})
+
+
+def _session_of(response) -> str:
+    parsed = parse_response_id(response.id)
+    assert parsed is not None
+    return parsed[0]
+
+
+# ---------------------------------------------------------------------------------------------- create and chain
+
+
+def test_create_answers_a_response_object_the_client_reads(client, http):
+    response = _create(client, "The lighthouse keeper")
+    assert response.object == "response" and response.model == "tiny-byte"
+    assert response.output_text and response.output[0].content[0].type == "output_text"
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    usage = response.usage
+    assert usage.input_tokens == len("The lighthouse keeper") and usage.output_tokens == 12
+    assert usage.input_tokens_details.cached_tokens == 0 and usage.total_tokens == usage.input_tokens + 12
+    session = http.get(f"/v1/sessions/{_session_of(response)}").json()
+    assert response.id == response_id(session["id"], session["version"])  # the session and its version after
+
+
+def test_a_chain_feeds_only_the_new_input_and_equals_one_request_with_the_whole_text(client, http):
+    first = _create(client, "It was a dark and stormy night")
+    session = http.get(f"/v1/sessions/{_session_of(first)}").json()
+    second = _create(client, "; the rain fell", previous_response_id=first.id)
+    assert second.previous_response_id == first.id
+    assert _session_of(second) == _session_of(first)  # the newest version: continued, not forked
+    details = second.usage.input_tokens_details
+    assert details.cached_tokens == session["mem_tokens"] > 0  # the positions served from memory
+    assert second.usage.input_tokens == len("; the rain fell") + details.cached_tokens
+    assert details.cache_write_tokens == len("; the rain fell")
+    whole = _create(client, "It was a dark and stormy night" + first.output_text + "; the rain fell")
+    assert second.output_text == whole.output_text
+
+
+def test_two_turns_chained_to_one_response_branch_and_give_equal_results(client):
+    root = _create(client, "Once upon a time")
+    one = _create(client, " there was", previous_response_id=root.id)
+    two = _create(client, " there was", previous_response_id=root.id)
+    assert one.output_text == two.output_text
+    assert _session_of(one) == _session_of(root) and _session_of(two) != _session_of(root)  # two is a fork
+    # Either branch continues on its own.
+    assert _create(client, " and", previous_response_id=two.id).output_text == (
+        _create(client, " and", previous_response_id=one.id).output_text
+    )
+
+
+def test_concurrent_turns_chained_to_one_response_give_equal_results(server, client):
+    root = _create(client, "The harbour at dawn")
+    results = []
+
+    def chain():
+        own = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=0)
+        results.append(own.responses.create(input=" was quiet", previous_response_id=root.id, **GREEDY))
+
+    threads = [threading.Thread(target=chain) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 3 and len({r.output_text for r in results}) == 1
+    assert len({r.id for r in results}) == 3
+    assert [_session_of(r) for r in results].count(_session_of(root)) == 1  # one continued it, two branched
+
+
+def test_a_response_whose_version_is_no_longer_kept_cannot_be_continued(client):
+    root = _create(client, "a")
+    last = root
+    for _ in range(KEEP):
+        last = _create(client, " b", previous_response_id=last.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        _create(client, " c", previous_response_id=root.id)
+    assert caught.value.body["code"] == "previous_response_not_found"
+    assert _create(client, " c", previous_response_id=last.id).output_text
+
+
+# ---------------------------------------------------------------------------------------------- stream
+
+
+def test_stream_sends_the_documented_events_whose_deltas_join_to_the_text(client):
+    expected = _create(client, "In the beginning", store=False)
+    with client.responses.create(input="In the beginning", stream=True, **GREEDY) as stream:
+        events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",  # at max_output_tokens, as OpenAI's
+    ]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == expected.output_text == events[-4].text
+    final = events[-1].response
+    assert final.output_text == text and final.usage.output_tokens == 12
+    assert events[0].response.id == final.id and events[0].response.status == "in_progress"
+    assert client.responses.retrieve(final.id).output_text == text  # stored before the stream ended
+
+
+def test_each_streamed_event_names_its_type_and_no_done_follows(http):
+    body = {"input": "Hi", "stream": True, "max_output_tokens": 3}
+    with http.stream("POST", "/v1/responses", json=body) as reply:
+        lines = [line for line in reply.iter_lines() if line]
+    names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    assert names == [d["type"] for d in data] and names[0] == "response.created"
+    assert "data: [DONE]" not in lines
+
+
+def test_an_error_mid_stream_is_an_error_event(server, client):
+    with client.responses.create(input="Long", stream=True, temperature=0, max_output_tokens=400) as stream:
+        events = []
+        for event in stream:
+            events.append(event)
+            if event.type == "response.created":
+                # The session expires while the turn runs: its commit finds nothing to commit to.
+                store = server.app.state.runtime.service.store
+                server.run(store.redis.delete(store._s(_session_of(event.response))))
+    assert events[-1].type == "error" and events[-1].code == "not_found"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+# ---------------------------------------------------------------------------------------------- stored responses
+
+
+def test_retrieve_delete_and_input_items(client):
+    response = _create(client, "Hello there", instructions="Say hi. ", metadata={"user": "ada"})
+    got = client.responses.retrieve(response.id)
+    assert got.model_dump() == response.model_dump()
+    assert got.instructions == "Say hi. " and got.metadata == {"user": "ada"}
+    items = client.responses.input_items.list(response.id)
+    assert [(i.role, i.content[0].text) for i in items.data] == [("user", "Hello there")]
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        _create(client, "more", previous_response_id=response.id)
+    assert caught.value.body["code"] == "previous_response_not_found"
+
+
+def test_an_unknown_previous_response_is_openais_400(http):
+    for unknown in ("resp_nothing", response_id("x" * 32, 3), "not-an-id"):
+        reply = http.post("/v1/responses", json={"input": "x", "previous_response_id": unknown})
+        assert reply.status_code == 400
+        assert reply.json() == {
+            "error": {
+                "type": "invalid_request_error",
+                "code": "previous_response_not_found",
+                "param": "previous_response_id",
+                "message": f"Previous response with id {unknown!r} not found.",
+            }
+        }
+    assert http.get("/v1/responses/resp_nothing").status_code == 404
+
+
+def test_tenants_are_kept_apart(server, client):
+    response = _create(client, "private words")
+    other = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_B, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.input_items.list(response.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        other.responses.create(input="x", previous_response_id=response.id, **GREEDY)
+    assert caught.value.body["code"] == "previous_response_not_found"
+    assert client.responses.retrieve(response.id).id == response.id
+
+
+def test_every_responses_route_needs_a_key(server):
+    with server.client() as anonymous:
+        for method, path in [
+            ("POST", "/v1/responses"),
+            ("GET", "/v1/responses/resp_x.1"),
+            ("DELETE", "/v1/responses/resp_x.1"),
+            ("GET", "/v1/responses/resp_x.1/input_items"),
+        ]:
+            reply = anonymous.request(method, path, json={"input": "x"} if method == "POST" else None)
+            assert reply.status_code == 401 and reply.json()["error"]["type"] == "unauthorized", path
+
+
+def test_store_false_answers_and_keeps_nothing(client, http):
+    root = _create(client, "Kept")
+    before = len(http.get("/v1/sessions").json()["data"])
+    unstored = _create(client, "Not kept", store=False)
+    chained = _create(client, " either", previous_response_id=root.id, store=False)
+    assert (
+        unstored.output_text and chained.output_text and chained.usage.input_tokens_details.cached_tokens > 0
+    )
+    assert chained.usage.input_tokens_details.cache_write_tokens == 0
+    assert len(http.get("/v1/sessions").json()["data"]) == before  # their sessions went with them
+    for response in (unstored, chained):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(response.id)
+        with pytest.raises(openai.BadRequestError):
+            _create(client, "more", previous_response_id=response.id)
+    # The session it chained to did not move: continuing it gives what it gave.
+    assert _session_of(_create(client, " either", previous_response_id=root.id)) == _session_of(root)
+    assert _create(client, " either", previous_response_id=root.id).output_text == chained.output_text
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_output_tokens": 10**6}, "max_output_tokens"),
+        ({"model": "gpt-4o"}, "model"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input.0.type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input.0.content",
+        ),
+        ({"input": []}, "input"),
+    ],
+)
+def test_limits_are_refused_naming_the_field(http, body, param):
+    reply = http.post("/v1/responses", json={"input": "x", **body})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+# ---------------------------------------------------------------------------------------------- messages
+
+
+def test_messages_are_written_out_with_the_chat_template(client, http):
+    template = ChatTemplate(TRANSCRIPT_TEMPLATE)
+    messages = [{"role": "user", "content": "Hi"}]
+    first = client.responses.create(input=messages, instructions="Be brief.", **GREEDY)
+    prompt = "System: Be brief.\nUser: Hi\nAssistant:"
+    completion = http.post(
+        "/v1/completions",
+        json={"prompt": prompt, "max_tokens": 12, "temperature": 0, "stop": [template.stop()]},
+    ).json()["choices"][0]
+    assert first.output_text == completion["text"].lstrip()
+    assert [
+        (i.role, i.content[0].text) for i in client.responses.input_items.list(first.id, order="asc").data
+    ] == [("user", "Hi")]
+    second = client.responses.create(
+        input=[{"role": "user", "content": "And?"}], previous_response_id=first.id, **GREEDY
+    )
+    if completion["finish_reason"] == "stop":  # the model began the user's turn: it is not written again
+        whole = prompt + completion["text"] + template.stop() + " And?\nAssistant:"
+    else:  # its reply was cut: it is closed
+        whole = prompt + completion["text"] + "\nUser: And?\nAssistant:"
+    expected = http.post(
+        "/v1/completions",
+        json={"prompt": whole, "max_tokens": 12, "temperature": 0, "stop": [template.stop()]},
+    ).json()["choices"][0]["text"]
+    assert second.output_text == expected.lstrip()
+
+
+def _previous(messages: bool, turn_end: bool) -> ResponseRecord:
+    return ResponseRecord(response_id("s" * 32, 2), OWNER, {}, [], messages, turn_end)
+
+
+@pytest.mark.parametrize(
+    ("previous", "expected"),
+    [
+        (None, "User: Next\nAssistant:"),
+        (_previous(messages=True, turn_end=True), " Next\nAssistant:"),  # "\nUser:" is in memory already
+        (_previous(messages=True, turn_end=False), "\nUser: Next\nAssistant:"),  # the cut reply is closed
+        (_previous(messages=False, turn_end=False), "User: Next\nAssistant:"),
+    ],
+)
+def test_a_chained_turn_of_messages_continues_the_transcript_where_the_model_left_it(previous, expected):
+    body = ResponseCreateRequest(input=[{"role": "user", "content": "Next"}])
+    assert turn_text(body, ChatTemplate(TRANSCRIPT_TEMPLATE), previous)[0] == expected
+    with_instructions = ResponseCreateRequest(
+        input=[{"role": "user", "content": "Next"}], instructions="Terse."
+    )
+    text = turn_text(with_instructions, ChatTemplate(TRANSCRIPT_TEMPLATE), _previous(True, True))[0]
+    assert text == " \nSystem: Terse.\nUser: Next\nAssistant:"  # the user's begun turn closed, empty
+
+
+def test_string_input_follows_its_instructions_verbatim():
+    body = ResponseCreateRequest(input="Chapter 1", instructions="A novel. ")
+    assert turn_text(body, None, None) == ("A novel. Chapter 1", None)
+
+
+def test_messages_without_a_chat_template_are_refused_naming_the_setting(tiny_model_dir, redis_server):
+    for live in serve(tiny_model_dir, redis_server.url, "responses-plain"):
+        with live.client() as http:
+            reply = http.post("/v1/responses", json={"input": [{"role": "user", "content": "Hi"}]})
+            assert reply.status_code == 400 and "TXL_CHAT_TEMPLATE" in reply.json()["error"]["message"]
+            assert http.post("/v1/responses", json={"input": "Hi", "max_output_tokens": 3}).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------- the service
+
+
+async def test_generate_with_an_expected_version_refuses_a_session_that_moved_on(make_settings):
+    async with running(make_settings()) as rt:
+        service = rt.service
+        meta = await service.create(OWNER, text="Version one.")
+        await service.append(OWNER, meta.id, " Two.")
+        with pytest.raises(Conflict) as caught:
+            await generate(service, meta.id, expected_version=1)
+        assert caught.value.code == "version_moved"
+        assert (await service.get(OWNER, meta.id)).version == 2  # nothing committed
+        _, outcome = await generate(
+            service, meta.id, expected_version=2, sampling=SamplingParams(temperature=0)
+        )
+        assert outcome.session.version == 3
