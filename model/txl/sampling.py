@@ -4,13 +4,20 @@ Everything here is tensor arithmetic that runs where the log-probabilities are (
 distribution to the host): each row carries its own parameters, and its randomness is a counter-based hash of
 (the request's seed, the token's index in the request), not a generator's state. So a row's sample depends only
 on its own distribution, seed and index: not on what else is in the batch, nor on how many steps ran before
-it, and a fork given the same seed samples the same tokens. The arithmetic is exact integer arithmetic, the same
-on every device.
+it, and a fork given the same seed samples the same tokens.
 
 Sampling is by inverse CDF in vocabulary order over the kept tokens: top-k and top-p decide which tokens are
-kept (a threshold on the logits), never the order in which they are searched, so CPU and GPU, which find the
-threshold differently (a partial search here, a full sort there), draw the same token from the same number.
+kept (a threshold on the logits: a partial selection for top-k, and for top-p a partial selection on a CPU or a
+threshold search, never a sort of the vocabulary), never the order in which they are searched. The draw is
+always a kept token, even where the random number rounds to the top of the distribution.
 The log-prob returned with a token is the model's own (before temperature and truncation), which scoring needs.
+
+What a seed promises. The random number is exact integer arithmetic, the same on every device. The token drawn
+from it is a function of the distribution as computed: on the same device, in the same dtype and through the same
+batch path (eager or graph, the same kernels) a seeded request repeats exactly. Across devices, or in bfloat16,
+the log-probabilities differ in their last bits, so the same numbers give the same tokens until the first
+near-tie (a number that falls within that difference of a boundary between two tokens' shares, or a token at the
+edge of top-p); from there the texts may diverge.
 """
 
 from __future__ import annotations
@@ -132,54 +139,125 @@ def _signed64(seed: int) -> int:
 # ---------------------------------------------------------------------- sampling
 
 
-# Candidates examined first for top-p where sorting the whole vocabulary costs more than the model step (a CPU
-# with a 267,735-word vocabulary); widened only if they hold less than top_p of the mass.
+# Top-p on a CPU looks at the best NUCLEUS_CANDIDATES tokens first (a partial selection); the rows whose nucleus
+# is wider (a flat distribution) take the threshold search. 1,024 of wt103's 267,735 words: 4 ms for 64 rows.
 NUCLEUS_CANDIDATES = 1024
+# The threshold search halves an interval of 32-bit keys: 32 halvings leave one key, whatever the logits.
+SEARCH_STEPS = 32
 
 
 def keep_thresholds(logits: Tensor, rows: RowParams) -> Tensor:
-    """[N, V] logits (tempered) -> [N, 1]: the smallest logit each row keeps (-inf: all)."""
+    """[N, V] logits (tempered) -> [N, 1]: the smallest logit each row keeps (-inf: all). Every token at or above
+    it is kept, so tied tokens are kept or dropped together."""
     n, vocab = logits.shape
     threshold = torch.full((n, 1), -math.inf, device=logits.device)
     if rows.max_top_k:
+        # A partial selection of the max_top_k best (not a sort of the vocabulary); the k-th best is the threshold.
         kth = torch.topk(logits, rows.max_top_k, dim=-1).values  # [N, kmax] best first
         k = rows.top_k.clamp(max=rows.max_top_k)[:, None] - 1
         limited = (rows.top_k < vocab)[:, None]
         threshold = torch.where(limited, kth.gather(1, k), threshold)
     if rows.any_top_p:
-        threshold = torch.maximum(threshold, _nucleus_thresholds(logits, rows.top_p))
+        threshold = torch.maximum(threshold, nucleus_thresholds(logits, rows.top_p))
     return threshold
 
 
-def _nucleus_thresholds(logits: Tensor, top_p: Tensor) -> Tensor:
-    """Per row, the logit of the last token of the smallest most-likely set whose mass reaches top_p (the best
-    token always stays). A full sort on accelerators; on a CPU, the best candidates first, widened as needed."""
+def nucleus_thresholds(logits: Tensor, top_p: Tensor) -> Tensor:
+    """[N, V] logits, [N] top_p -> [N, 1]: per row, the smallest logit v whose better tokens (logit > v) hold
+    less than top_p of the mass. Keeping every token >= v keeps the smallest most-likely set whose mass reaches
+    top_p (ties at its edge included, whatever order a sort would give them); the best token always stays.
+
+    On a CPU the best NUCLEUS_CANDIDATES tokens decide it for the rows whose nucleus they cover (the host checks);
+    elsewhere, and for the other rows, a threshold search over the whole vocabulary (`threshold_search`), which
+    never leaves the device. Both are exact: neither sorts the vocabulary."""
     vocab = logits.size(1)
     normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, 1]
-    k = vocab if logits.device.type != "cpu" else min(vocab, NUCLEUS_CANDIDATES)
-    while True:
-        values = (
-            torch.sort(logits, dim=-1, descending=True).values if k == vocab else torch.topk(logits, k).values
-        )
-        probs = torch.exp(values - normaliser)  # [N, k]
-        before = probs.cumsum(-1) - probs  # mass of the better tokens
-        if k == vocab or bool(((before[:, -1:] + probs[:, -1:]) >= top_p[:, None]).all()):
-            break
-        k = min(vocab, k * 8)  # CPU only: a host decision there costs nothing
+    if logits.device.type != "cpu" or vocab <= NUCLEUS_CANDIDATES:
+        return searched_nucleus_thresholds(logits, normaliser, top_p)
+    values = torch.topk(logits, NUCLEUS_CANDIDATES).values  # [N, C] best first
+    probs = torch.exp(values - normaliser)
+    before = probs.cumsum(-1) - probs  # [N, C]: mass of the better candidates
     kept = (before < top_p[:, None]).sum(-1, keepdim=True).clamp(min=1)  # [N, 1] tokens kept
-    return values.gather(1, kept - 1)
+    threshold = values.gather(1, kept - 1)
+    # The candidates decide a row when the nucleus ends among them: their mass reaches top_p.
+    wide = ((before[:, -1] + probs[:, -1]) < top_p).nonzero().flatten()
+    if wide.numel():  # a host decision: free on a CPU
+        found = searched_nucleus_thresholds(
+            logits.index_select(0, wide), normaliser.index_select(0, wide), top_p.index_select(0, wide)
+        )
+        threshold = threshold.index_copy(0, wide, found)
+    return threshold
+
+
+def searched_nucleus_thresholds(
+    logits: Tensor, normaliser: Tensor, top_p: Tensor, *, stop_early: bool | None = None
+) -> Tensor:
+    """`nucleus_thresholds` by the threshold search on every row: [N, V], [N, 1] logsumexp, [N] -> [N, 1]."""
+    probs = torch.exp(logits - normaliser)  # [N, V]
+    return _key_to_float(threshold_search(_float_keys(logits), probs, top_p, stop_early=stop_early))[:, None]
+
+
+def threshold_search(
+    keys: Tensor, weights: Tensor, target: Tensor, *, stop_early: bool | None = None
+) -> Tensor:
+    """[N, V] int32 keys, [N, V] weights >= 0, [N] targets > 0 -> [N] int32: per row, the smallest key t with
+    weight(keys > t) < target. It is a key some token holds (the weight only changes at one), or the key of -inf
+    where even all the tokens weigh less than the target (then every token is kept).
+
+    Bisection on the integers: (lo, hi] holds the answer, weight(keys > hi) < target (hi starts at the largest
+    key: nothing above it) and weight(keys > lo) >= target (lo starts below every float). The interval spans
+    at most 2**32 keys, so SEARCH_STEPS = 32 halvings leave one: a fixed bound, so that on a GPU the loop is not
+    decided by the host (no synchronisation; a CUDA graph captures it). Each step is one pass over the weights.
+    On a CPU (or where `stop_early` says so) the loop stops as soon as every row has converged."""
+    hi = keys.amax(-1).long()  # [N]
+    lo = torch.full_like(hi, _NEG_INF_KEY - 1)
+    target = target.to(weights.dtype)
+    zero = torch.zeros((), dtype=weights.dtype, device=weights.device)
+    if stop_early is None:
+        stop_early = keys.device.type == "cpu"
+    for _ in range(SEARCH_STEPS):
+        active = hi - lo > 1
+        if stop_early and not bool(active.any()):
+            break
+        mid = torch.div(lo + hi, 2, rounding_mode="floor")  # [N]
+        above = torch.where(keys > mid[:, None], weights, zero).sum(-1)  # [N] weight of the keys above mid
+        below = above < target
+        hi = torch.where(active & below, mid, hi)
+        lo = torch.where(active & ~below, mid, lo)
+    return hi.to(torch.int32)
+
+
+# Keys: float32 logits as int32 in the same order (the sign-magnitude bits, negatives' magnitude flipped).
+_MAGNITUDE = 0x7FFFFFFF
+_NEG_INF_KEY = -1 - 0x7F800000  # the key of -inf, below every other float's
+
+
+def _float_keys(x: Tensor) -> Tensor:
+    """[..] float32 -> [..] int32 keys ordered as the floats are (-0.0 taken as 0.0, so that they tie)."""
+    bits = (x.float() + 0.0).view(torch.int32)
+    return torch.where(bits < 0, bits ^ _MAGNITUDE, bits)
+
+
+def _key_to_float(key: Tensor) -> Tensor:
+    bits = key.to(torch.int32)
+    return torch.where(bits < 0, bits ^ _MAGNITUDE, bits).view(torch.float32)
 
 
 def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:
     """[N, V] float32 log-probs -> (token ids [N] long, the model's log-prob of each [N] float32), on the same
-    device, with no host synchronisation (but for CPU top-p widening)."""
+    device, with no host synchronisation (but for CPU top-p, where the host decides what to search)."""
     logits = log_probs / rows.temperature[:, None]
     threshold = keep_thresholds(logits, rows)
     weights = torch.exp(logits - logits.amax(-1, keepdim=True)).masked_fill(logits < threshold, 0)  # [N, V]
     cdf = weights.cumsum(-1)
+    total = cdf[:, -1:].contiguous()  # [N, 1]
     target = counter_uniform(rows.seeds, rows.counters).to(cdf.dtype) * cdf[:, -1]  # [N]
-    # The first token whose cdf exceeds the target: a token of zero weight never does.
-    drawn = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp(max=log_probs.size(1) - 1)
+    # The first token whose cdf exceeds the target: a token of zero weight never does. The target may round up to
+    # the total (a number within 2**-25 of 1 becomes 1.0 in float32); the last token at which the cdf reaches the
+    # total is then the one drawn, a kept token like every other the search can return.
+    drawn = torch.searchsorted(cdf, target[:, None], right=True)
+    last = torch.searchsorted(cdf, total)  # [N, 1]: the first index where the cdf equals the total
+    drawn = torch.minimum(drawn, last).squeeze(1)
     tokens = torch.where(rows.greedy, log_probs.argmax(-1), drawn)
     return tokens, log_probs.gather(1, tokens[:, None]).squeeze(1)
 
