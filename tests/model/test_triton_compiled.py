@@ -1,4 +1,5 @@
-"""The Triton decode kernels compile for the GPUs the image targets, without a GPU, and fit in registers."""
+"""The Triton kernels (decoding attention, top-p's masses) compile for the GPUs the image targets, without a GPU,
+and fit in registers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def test_kernels_compile_for_sm80_and_sm90_without_spills(capsys):
         usage = triton_report.compile_variant(variant)
         rows.append((variant, usage))
     with capsys.disabled():  # the report, shown with -s or in CI logs
-        print("\nTriton decode kernels compiled ahead of time (registers a thread, spills, shared memory):")
+        print("\nTriton kernels compiled ahead of time (registers a thread, spills, shared memory):")
         for variant, usage in rows:
             print(
                 f"  {variant.label():58s} {usage.registers:3d} registers, spills {usage.spill_stores}/"
