@@ -7,8 +7,8 @@ on its own distribution, seed and index: not on what else is in the batch, nor o
 it, and a fork given the same seed samples the same tokens.
 
 Sampling is by inverse CDF in vocabulary order over the kept tokens: top-k and top-p decide which tokens are
-kept (a threshold on the logits: a partial selection for top-k, and for top-p a partial selection on a CPU or a
-threshold search, never a sort of the vocabulary), never the order in which they are searched. The draw is
+kept (a threshold on the logits: a partial selection for top-k, and for top-p a partial selection or a threshold
+search, `txl.nucleus`; never a sort of the vocabulary), never the order in which they are searched. The draw is
 always a kept token, even where the random number rounds to the top of the distribution.
 The log-prob returned with a token is the model's own (before temperature and truncation), which scoring needs.
 
@@ -22,15 +22,14 @@ edge of top-p); from there the texts may diverge.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .kernels import triton_decode, triton_sampling
+from .nucleus import nucleus_thresholds
 
 
 @dataclass(frozen=True)
@@ -142,12 +141,6 @@ def _signed64(seed: int) -> int:
 # ---------------------------------------------------------------------- sampling
 
 
-# Top-p on a CPU: the best NUCLEUS_CANDIDATES words first (a partial selection: 4 ms for [64, 267,735]); rows
-# whose nucleus they do not cover (a flat distribution) look at 8 times as many, while that stays a small part of
-# the vocabulary (a quarter), and take the threshold search beyond.
-NUCLEUS_CANDIDATES = 1024
-
-
 def keep_thresholds(logits: Tensor, rows: RowParams) -> Tensor:
     """[N, V] logits (tempered) -> [N, 1]: the smallest logit each row keeps (-inf: all). Every token at or above
     it is kept, so tied tokens are kept or dropped together."""
@@ -162,139 +155,6 @@ def keep_thresholds(logits: Tensor, rows: RowParams) -> Tensor:
     if rows.any_top_p:
         threshold = torch.maximum(threshold, nucleus_thresholds(logits, rows.top_p))
     return threshold
-
-
-def nucleus_thresholds(logits: Tensor, top_p: Tensor) -> Tensor:
-    """[N, V] logits, [N] top_p -> [N, 1]: per row, the smallest logit v whose better tokens (logit > v) hold
-    less than top_p of the mass. Keeping every token >= v keeps the smallest most-likely set whose mass reaches
-    top_p (ties at its edge included, whatever order a sort would give them); the best token always stays.
-
-    On a CPU the best candidates decide it for the rows whose nucleus they cover (the host checks, and widens);
-    elsewhere, and for the other rows, the threshold search over the whole vocabulary, which never leaves the
-    device. Both are exact, and neither sorts the vocabulary."""
-    n, vocab = logits.shape
-    normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, 1]
-    if logits.device.type != "cpu":
-        return searched_nucleus_thresholds(logits, normaliser, top_p)
-    threshold = torch.full((n, 1), -math.inf)
-    todo = torch.arange(n)  # rows not decided yet
-    k = min(vocab, NUCLEUS_CANDIDATES)
-    while True:
-        values = torch.topk(logits.index_select(0, todo), k).values  # [n', k] best first
-        probs = torch.exp(values - normaliser.index_select(0, todo))
-        before = probs.cumsum(-1) - probs  # [n', k]: mass of the better candidates
-        limit = top_p.index_select(0, todo)[:, None]
-        kept = (before < limit).sum(-1, keepdim=True).clamp(min=1)  # [n', 1] tokens kept
-        # The candidates decide a row when its nucleus ends among them: their mass reaches top_p.
-        decided = ((before[:, -1:] + probs[:, -1:]) >= limit)[:, 0] | (k == vocab)
-        threshold[todo[decided]] = values.gather(1, kept - 1)[decided]
-        todo = todo[~decided]
-        if not todo.numel():  # a host decision: free on a CPU
-            return threshold
-        k = min(vocab, k * 8)
-        if k > max(vocab // 4, NUCLEUS_CANDIDATES):
-            break
-    threshold[todo] = searched_nucleus_thresholds(
-        logits.index_select(0, todo), normaliser.index_select(0, todo), top_p.index_select(0, todo)
-    )
-    return threshold
-
-
-def searched_nucleus_thresholds(
-    logits: Tensor,
-    normaliser: Tensor,
-    top_p: Tensor,
-    *,
-    use_triton: bool | None = None,
-    stop_early: bool | None = None,
-) -> Tensor:
-    """`nucleus_thresholds` by the threshold search, on every row: [N, V] logits, [N, 1] their logsumexp, [N]
-    -> [N, 1]. The masses come from the Triton kernel (PIVOTS pivots a pass) where `use_triton` (default: on
-    CUDA, where Triton kernels are available), else from torch (one pivot a pass)."""
-    if use_triton is None:
-        use_triton = logits.device.type == "cuda" and triton_decode.available(logits.device)
-    masses: Callable[[Tensor], Tensor]
-    if use_triton:
-        ways = triton_sampling.PIVOTS
-        masses = functools.partial(triton_sampling.masses_above, logits, normaliser)
-    else:
-        ways = 1
-        keys = _float_keys(logits)  # [N, V]
-        probs = torch.exp(logits - normaliser)  # [N, V]
-        zero = torch.zeros((), device=logits.device)
-
-        def masses(pivots: Tensor) -> Tensor:  # [N, 1] -> [N, 1]
-            return torch.where(keys > pivots.to(torch.int32), probs, zero).sum(-1, keepdim=True)
-
-    largest = _float_keys(logits.amax(-1))  # [N]: nothing lies above it
-    found = threshold_search(masses, largest, top_p, ways=ways, stop_early=stop_early)
-    return _key_to_float(found)[:, None]
-
-
-def threshold_search(
-    masses_above: Callable[[Tensor], Tensor],
-    largest: Tensor,
-    target: Tensor,
-    *,
-    ways: int,
-    stop_early: bool | None = None,
-) -> Tensor:
-    """Per row, the smallest key t (a logit's float bits, ordered; see `_float_keys`) whose mass above it,
-    `masses_above(pivots [N, ways]) -> [N, ways]`, is below `target` [N]; `largest` [N] is the largest key of
-    each row. The answer is a key some token holds (the mass above only changes at one), or the key of -inf where
-    even the whole row weighs less than the target (then every token is kept).
-
-    An interval (lo, hi] holds the answer: mass above hi < target (hi starts at the largest key) and mass above
-    lo >= target (lo starts below every float). Each pass weighs `ways` pivots that cut it into ways + 1 parts
-    and keeps the part where the mass crosses the target. The keys span at most 2**32 values, so a fixed number
-    of passes, `search_passes(ways)` (32 for one pivot a pass, 8 for 16), leaves one: on a GPU the loop is not
-    decided by the host (no synchronisation; a CUDA graph captures it). Where `stop_early` (default: on a CPU)
-    the loop ends as soon as every row's interval is down to one key."""
-    device = largest.device
-    hi = largest.long()
-    lo = torch.full_like(hi, _NEG_INF_KEY - 1)
-    cuts = torch.arange(1, ways + 1, device=device)  # [J]
-    if stop_early is None:
-        stop_early = device.type == "cpu"
-    for _ in range(search_passes(ways)):
-        active = hi - lo > 1
-        if stop_early and not bool(active.any()):
-            break
-        pivots = lo[:, None] + (hi - lo)[:, None] * cuts // (ways + 1)  # [N, J] increasing, in (lo, hi]
-        # The mass above a pivot falls as the pivot rises: `below` reads False.. then True.. along a row.
-        below = masses_above(pivots) < target[:, None]  # [N, J]
-        count = below.sum(-1)  # [N]
-        first = ways - count  # the first pivot whose mass above is below the target (ways: none)
-        hi = torch.where(active & (count > 0), pivots.gather(1, first.clamp(max=ways - 1)[:, None])[:, 0], hi)
-        lo = torch.where(active & (first > 0), pivots.gather(1, (first - 1).clamp(min=0)[:, None])[:, 0], lo)
-    # Where the whole row weighs less than the target, the search ends at lo's start: every token is kept.
-    return hi.clamp(min=_NEG_INF_KEY)
-
-
-@functools.cache
-def search_passes(ways: int) -> int:
-    """Passes that leave one key of 2**32 when each keeps at most the largest of ways + 1 parts."""
-    width, passes = 1 << 32, 0
-    while width > 1:
-        width, passes = -(-width // (ways + 1)), passes + 1
-    return passes
-
-
-# Keys: float32 logits as int32 in the same order (the sign-magnitude bits, negatives' magnitude flipped).
-_MAGNITUDE = 0x7FFFFFFF
-_NEG_INF_KEY = -1 - 0x7F800000  # the key of -inf, below every other float's
-
-
-def _float_keys(x: Tensor) -> Tensor:
-    """[..] float32 -> [..] int32 keys ordered as the floats are (-0.0 taken as 0.0, so that they tie). The
-    Triton kernel computes the same keys (kernels/triton_sampling.py)."""
-    bits = (x.float() + 0.0).view(torch.int32)
-    return torch.where(bits < 0, bits ^ _MAGNITUDE, bits)
-
-
-def _key_to_float(key: Tensor) -> Tensor:
-    bits = key.to(torch.int32)
-    return torch.where(bits < 0, bits ^ _MAGNITUDE, bits).view(torch.float32)
 
 
 def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:

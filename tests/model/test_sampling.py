@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from txl import nucleus
 from txl.sampling import (
     RowParams,
     SamplingParams,
@@ -15,7 +16,6 @@ from txl.sampling import (
     sample,
     sample_batch,
     sample_rows,
-    searched_nucleus_thresholds,
     truncated_logits,
 )
 
@@ -177,7 +177,9 @@ def test_top_p_keeps_what_a_full_sort_keeps_on_every_kind_of_distribution(top_p)
         # The search alone (what a GPU runs on every row), with the fixed number of steps and stopping early.
         normaliser = torch.logsumexp(logits, -1, keepdim=True)
         for stop_early in (False, True):
-            searched = searched_nucleus_thresholds(logits, normaliser, rows.top_p, stop_early=stop_early)
+            searched = nucleus.searched_nucleus_thresholds(
+                logits, normaliser, rows.top_p, stop_early=stop_early
+            )
             assert searched[:, 0].tolist() == got
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from txl import sampling
+from txl import nucleus
 from txl.kernels import triton_decode, triton_sampling
 
 from .test_sampling import _rows_of_every_kind, _sorted_thresholds
@@ -25,8 +25,8 @@ def test_the_search_with_triton_masses_keeps_what_a_full_sort_keeps():
 
 
 def test_passes_leave_one_key_of_two_to_the_32():
-    assert sampling.search_passes(1) == 32
-    assert sampling.search_passes(triton_sampling.PIVOTS) == 8
+    assert nucleus.search_passes(1) == 32
+    assert nucleus.search_passes(triton_sampling.PIVOTS) == 8
 
 
 @needs_triton
@@ -41,5 +41,5 @@ def test_the_search_on_cuda_keeps_what_a_full_sort_keeps():
     normaliser = torch.logsumexp(log_probs, -1, keepdim=True)
     for top_p in (0.05, 0.9, 0.999):
         limit = torch.full((len(log_probs),), top_p, device="cuda")
-        found = sampling.searched_nucleus_thresholds(log_probs, normaliser, limit)
+        found = nucleus.searched_nucleus_thresholds(log_probs, normaliser, limit)
         assert found[:, 0].tolist() == [_sorted_thresholds(row, 0, top_p) for row in log_probs.cpu()]

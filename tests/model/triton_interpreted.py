@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator
 
 import torch
-from txl import sampling
+from txl import nucleus
 from txl.kernels import prefer, triton_decode, triton_sampling
 from txl.kernels.triton_decode import LaunchPlan, plan_launch, tile_keys
 
@@ -96,13 +96,13 @@ def top_p_search() -> dict[str, object]:
     for top_p in (0.05, 0.5, 0.9, 0.999):
         limit = torch.full((len(log_probs),), top_p)
         for name, use_triton in (("triton", True), ("torch", False)):
-            found = sampling.searched_nucleus_thresholds(
+            found = nucleus.searched_nucleus_thresholds(
                 log_probs, normaliser, limit, use_triton=use_triton, stop_early=False
             )
             thresholds[name].append(found[:, 0].tolist())
         thresholds["sorted"].append([_sorted_thresholds(row, 0, top_p) for row in log_probs])
     # The masses themselves, at pivots spread over each row's keys.
-    keys = sampling._float_keys(log_probs)  # [N, V]
+    keys = nucleus.float_keys(log_probs)  # [N, V]
     pivots = torch.quantile(
         keys.double(), torch.linspace(0, 1, triton_sampling.PIVOTS, dtype=torch.float64), dim=1
     ).T.long()
