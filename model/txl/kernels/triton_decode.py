@@ -18,10 +18,10 @@ scores cover, the batch size and the device's SM count, never from a row's lengt
 
 No recompilation while serving: the integers that vary from step to step (batch size, table width, pool size,
 distances, partition size) are marked `do_not_specialize`, so Triton compiles one variant per (dtype, d_head,
-block size, split or not), all known at start-up. A warm-up of every variant would have needed the set of
-per-step shapes up front, and Triton's specialisation on divisibility by 16 and on 1 (27 variants in the issue's
-count) to be enumerated; not specialising costs a few integer multiplications a program, against a kernel that
-waits on memory.
+block size, split or not), all known at start-up. A warm-up of every variant instead would have needed every
+per-step shape up front, crossed with Triton's specialisation of each integer on divisibility by 16 and on 1 (up
+to ~27 compilations while serving, by issue 24's count); not specialising costs a few integer multiplications a
+program, in a kernel that waits on memory.
 
 Runs on CUDA; on a CPU only under Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check it
 against the torch path where no GPU is present.
@@ -46,10 +46,10 @@ try:  # Triton ships with CUDA builds of torch; the CPU build has it only if ins
 except ImportError:  # pragma: no cover - depends on the installation
     triton = None
 
-# One warp a program: its reductions (a tile's scores, the weighted sum of values) stay within the warp, with
-# no barrier between warps (4 warps: 10 barriers an iteration). A tile of keys, then of values, is TILE_ELEMENTS
-# numbers: 64 a thread, e.g. 32 keys (two blocks of 16) at d_head 64; 96-120 registers, no spills (compiled for
-# sm_80 and sm_90 in tests/model/test_triton_compiled.py).
+# One warp a program: its reductions (a tile's scores, the weighted sum of values) are shuffles within the warp;
+# across 4 warps they went through shared memory, with 10 to 15 barriers in the loop (0 to 4 now). A tile of
+# keys, then of values, is TILE_ELEMENTS numbers: 64 a thread, e.g. 32 keys (two blocks of 16) at d_head 64;
+# 80-120 registers, no spills (compiled for sm_80 and sm_90 in tests/model/test_triton_compiled.py).
 TILE_ELEMENTS = 2048
 NUM_WARPS = 1
 # Keys per partition: a few hundred where the grid is full anyway; fewer (down to one tile) where (rows x heads)
