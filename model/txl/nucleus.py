@@ -1,18 +1,16 @@
 """Top-p's threshold without sorting the vocabulary: per row, the smallest logit v whose better tokens (logit > v)
 hold less than top_p of the mass. Keeping every token >= v keeps the smallest most-likely set whose mass reaches
 top_p, with the tokens tied at its edge (whatever order a sort would have given them); the best token always
-stays. Sorting [64, 267,735] logits (wt103) for it every step cost more than the rest of sampling.
+stays. Sorting the [64, 267,735] logits of a wt103 step for it is what this replaces.
 
 Three ways to the same threshold, all exact:
 - on a CPU, the best candidates first (a partial selection, `torch.topk`): they decide every row whose nucleus
   ends among them, which the host checks, widening once for the others;
-- on a CPU, for rows with a wider nucleus (a flat distribution), a search that narrows each row to the tokens
-  still in question after every step (`_narrowing_search`): most of a row is settled in the first step;
-- off the CPU, a search of a fixed number of passes over every row, with no host decision: a CUDA graph captures
-  it (`threshold_search`). On CUDA a Triton kernel weighs 16 pivots a pass (8 passes); elsewhere torch weighs
-  one (32 passes).
-
-The search runs on keys: each float32 logit's bits as an int32, ordered as the floats are (`float_keys`).
+- on a CPU, for rows with a wider nucleus (a flat distribution), a search that cuts the range of logits still in
+  question into parts and keeps the part that holds the threshold (`_narrowing_search`), a few steps;
+- off the CPU, a search of a fixed number of passes over every row, with no host decision, so that a CUDA graph
+  captures it (`threshold_search`, on keys: each float32 logit's bits as an int32, ordered as the floats are).
+  On CUDA a Triton kernel weighs 16 pivots a pass (8 passes); elsewhere torch weighs one (32 passes).
 """
 
 from __future__ import annotations

@@ -183,6 +183,15 @@ def test_top_p_keeps_what_a_full_sort_keeps_on_every_kind_of_distribution(top_p)
             assert searched[:, 0].tolist() == got
 
 
+@pytest.mark.parametrize("top_p", [0.05, 0.9, 0.999])
+def test_the_cpu_search_keeps_what_a_full_sort_keeps(monkeypatch, top_p):
+    """With 16 candidates, every row but the most peaked goes on to the CPU's narrowing search."""
+    monkeypatch.setattr(nucleus, "NUCLEUS_CANDIDATES", 16)
+    log_probs = _rows_of_every_kind(3000, torch.Generator().manual_seed(int(top_p * 100)))
+    got = nucleus.nucleus_thresholds(log_probs, torch.full((len(log_probs),), top_p))[:, 0].tolist()
+    assert got == [_sorted_thresholds(row, 0, top_p) for row in log_probs]
+
+
 def test_ties_at_the_edge_of_the_nucleus_are_kept_together():
     # Sorted: 0.4, then three tokens of 0.2. The nucleus reaches 0.5 at the second token; its two ties stay too.
     logits = truncated_logits(_log_probs(0.2, 0.4, 0.2, 0.2), SamplingParams(top_p=0.5))
