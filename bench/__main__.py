@@ -22,6 +22,7 @@ SUITES = {
     "quality": "bench.quality",
     "speedwork": "bench.speedwork",
     "gpu": "bench.gpu",
+    "gpu_kernels": "bench.gpu_kernels",
 }
 
 

@@ -136,6 +136,7 @@ ORDER = [
     "quality",
     "speedwork",
     "gpu",
+    "gpu_kernels",
 ]
 
 
