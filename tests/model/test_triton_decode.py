@@ -48,7 +48,7 @@ def test_triton_decode_kernel_equals_the_torch_path_under_the_interpreter(same_l
 @needs_triton
 def test_triton_decode_kernel_meets_its_contract_on_random_rows():
     """fp32, fp16 and bf16 pools; block sizes 1, 4, 16 and 12; shuffled blocks; rows of different lengths with
-    windows shorter than their memories; split into partitions of one and two tiles, by the default plan, and
+    windows shorter than their memories; split by the default plan and into partitions of two 16-key tiles, and
     in one pass: all equal the dense float64 computation. Every launch ran under its tensors' device."""
     result = _interpreted("contract", "2024")
     for dtype, error in result["max_error"].items():

@@ -15,7 +15,7 @@ needs_triton = pytest.mark.skipif(triton_decode.triton is None, reason="triton i
 
 @needs_triton
 def test_the_search_with_triton_masses_keeps_what_a_full_sort_keeps():
-    """Peaked, flat, tied, uniform rows and rows with -inf words, top_p from 0.05 to 0.999: the 8-pass search
+    """Peaked, flat, tied, uniform rows and rows with -inf words, top_p 0.05, 0.9, 0.999: the 8-pass search
     over 16 pivots finds the same thresholds as torch's 32-pass search and as a full sort."""
     result = _interpreted("sampling")
     thresholds = result["thresholds"]
