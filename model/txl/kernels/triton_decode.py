@@ -325,3 +325,29 @@ def triton_paged_decode(
                 num_warps=1,
             )
     return out
+
+
+@dataclass(frozen=True)
+class _WarmUpRows:
+    table: Tensor
+    starts: Tensor
+    key_lengths: Tensor
+    windows: Tensor
+
+
+def warm_up(device: torch.device, dtype: torch.dtype, *, heads: int, d_head: int, block_size: int) -> None:
+    """Compiles, at start-up, every variant a pool of `dtype` can launch while serving: the split kernel with its
+    combining kernel, and the single pass (the other launch parameters are not specialised on). One row of two
+    positions, in blocks 1 and 2 of a three-block pool."""
+    keys = torch.zeros((heads, 3, block_size, d_head), dtype=dtype, device=device)
+
+    def index(*values: object) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    # Positions bs - 1 and bs: the end of block 1 and the start of block 2.
+    rows = _WarmUpRows(index([1, 2]), index(block_size - 1), index(2), index(3))
+    q = torch.zeros((1, heads, d_head), device=device)
+    bd = torch.zeros((heads, 1, 2), device=device)
+    tile = tile_keys(d_head)
+    for plan in (LaunchPlan(tile, tile, 2), LaunchPlan(tile, 2 * tile, 1)):
+        triton_paged_decode(q, bd, keys, keys, rows, plan=plan)

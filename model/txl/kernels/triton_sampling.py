@@ -92,3 +92,9 @@ def masses_above(logits: Tensor, normaliser: Tensor, pivots: Tensor) -> Tensor:
             num_warps=NUM_WARPS,
         )
     return partial.sum(1)
+
+
+def warm_up(device: torch.device) -> None:
+    """Compiles the kernel at start-up (its one variant)."""
+    logits = torch.zeros((1, 8), device=device)
+    masses_above(logits, logits[:, :1], torch.zeros((1, PIVOTS), dtype=torch.int32, device=device))
