@@ -25,6 +25,7 @@ SUITES = {
     "speedwork": "bench.speedwork",
     "host": "bench.host",
     "gpu": "bench.gpu",
+    "gpu_kernels": "bench.gpu_kernels",
 }
 
 

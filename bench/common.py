@@ -139,6 +139,7 @@ ORDER = [
     "speedwork",
     "host",
     "gpu",
+    "gpu_kernels",
 ]
 
 

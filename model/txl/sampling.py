@@ -4,13 +4,20 @@ Everything here is tensor arithmetic that runs where the log-probabilities are (
 distribution to the host): each row carries its own parameters, and its randomness is a counter-based hash of
 (the request's seed, the token's index in the request), not a generator's state. So a row's sample depends only
 on its own distribution, seed and index: not on what else is in the batch, nor on how many steps ran before
-it, and a fork given the same seed samples the same tokens. The arithmetic is exact integer arithmetic, the same
-on every device.
+it, and a fork given the same seed samples the same tokens.
 
 Sampling is by inverse CDF in vocabulary order over the kept tokens: top-k and top-p decide which tokens are
-kept (a threshold on the logits), never the order in which they are searched, so CPU and GPU, which find the
-threshold differently (a partial search here, a full sort there), draw the same token from the same number.
+kept (a threshold on the logits: a partial selection for top-k, and for top-p a partial selection or a threshold
+search, `txl.nucleus`; never a sort of the vocabulary), never the order in which they are searched. The draw is
+always a kept token, even where the random number rounds to the top of the distribution.
 The log-prob returned with a token is the model's own (before temperature and truncation), which scoring needs.
+
+What a seed promises. The random number is exact integer arithmetic, the same on every device. The token drawn
+from it is a function of the distribution as computed: on the same device, in the same dtype and through the same
+batch path (eager or graph, the same kernels) a seeded request repeats exactly. Across devices, or in bfloat16,
+the log-probabilities differ in their last bits, so the same numbers give the same tokens until the first
+near-tie (a number that falls within that difference of a boundary between two tokens' shares, or a token at the
+edge of top-p); from there the texts may diverge.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from .nucleus import nucleus_thresholds
 
 
 @dataclass(frozen=True)
@@ -133,54 +142,37 @@ def signed64(seed: int) -> int:
 # ---------------------------------------------------------------------- sampling
 
 
-# Candidates examined first for top-p where sorting the whole vocabulary costs more than the model step (a CPU
-# with a 267,735-word vocabulary); widened only if they hold less than top_p of the mass.
-NUCLEUS_CANDIDATES = 1024
-
-
 def keep_thresholds(logits: Tensor, rows: RowParams) -> Tensor:
-    """[N, V] logits (tempered) -> [N, 1]: the smallest logit each row keeps (-inf: all)."""
+    """[N, V] logits (tempered) -> [N, 1]: the smallest logit each row keeps (-inf: all). Every token at or above
+    it is kept, so tied tokens are kept or dropped together."""
     n, vocab = logits.shape
     threshold = torch.full((n, 1), -math.inf, device=logits.device)
     if rows.max_top_k:
+        # A partial selection of the max_top_k best (not a sort of the vocabulary); the k-th best is the threshold.
         kth = torch.topk(logits, rows.max_top_k, dim=-1).values  # [N, kmax] best first
         k = rows.top_k.clamp(max=rows.max_top_k)[:, None] - 1
         limited = (rows.top_k < vocab)[:, None]
         threshold = torch.where(limited, kth.gather(1, k), threshold)
     if rows.any_top_p:
-        threshold = torch.maximum(threshold, _nucleus_thresholds(logits, rows.top_p))
+        threshold = torch.maximum(threshold, nucleus_thresholds(logits, rows.top_p))
     return threshold
-
-
-def _nucleus_thresholds(logits: Tensor, top_p: Tensor) -> Tensor:
-    """Per row, the logit of the last token of the smallest most-likely set whose mass reaches top_p (the best
-    token always stays). A full sort on accelerators; on a CPU, the best candidates first, widened as needed."""
-    vocab = logits.size(1)
-    normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, 1]
-    k = vocab if logits.device.type != "cpu" else min(vocab, NUCLEUS_CANDIDATES)
-    while True:
-        values = (
-            torch.sort(logits, dim=-1, descending=True).values if k == vocab else torch.topk(logits, k).values
-        )
-        probs = torch.exp(values - normaliser)  # [N, k]
-        before = probs.cumsum(-1) - probs  # mass of the better tokens
-        if k == vocab or bool(((before[:, -1:] + probs[:, -1:]) >= top_p[:, None]).all()):
-            break
-        k = min(vocab, k * 8)  # CPU only: a host decision there costs nothing
-    kept = (before < top_p[:, None]).sum(-1, keepdim=True).clamp(min=1)  # [N, 1] tokens kept
-    return values.gather(1, kept - 1)
 
 
 def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:
     """[N, V] float32 log-probs -> (token ids [N] long, the model's log-prob of each [N] float32), on the same
-    device, with no host synchronisation (but for CPU top-p widening)."""
+    device, with no host synchronisation (but for CPU top-p, where the host decides what to search)."""
     logits = log_probs / rows.temperature[:, None]
     threshold = keep_thresholds(logits, rows)
     weights = torch.exp(logits - logits.amax(-1, keepdim=True)).masked_fill(logits < threshold, 0)  # [N, V]
     cdf = weights.cumsum(-1)
+    total = cdf[:, -1:].contiguous()  # [N, 1]
     target = counter_uniform(rows.seeds, rows.counters).to(cdf.dtype) * cdf[:, -1]  # [N]
-    # The first token whose cdf exceeds the target: a token of zero weight never does.
-    drawn = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp(max=log_probs.size(1) - 1)
+    # The first token whose cdf exceeds the target: a token of zero weight never does. The target may round up to
+    # the total (a number within 2**-25 of 1 becomes 1.0 in float32); the last token at which the cdf reaches the
+    # total is then the one drawn, a kept token like every other the search can return.
+    drawn = torch.searchsorted(cdf, target[:, None], right=True)
+    last = torch.searchsorted(cdf, total)  # [N, 1]: the first index where the cdf equals the total
+    drawn = torch.minimum(drawn, last).squeeze(1)
     tokens = torch.where(rows.greedy, log_probs.argmax(-1), drawn)
     return tokens, log_probs.gather(1, tokens[:, None]).squeeze(1)
 

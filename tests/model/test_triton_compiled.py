@@ -1,0 +1,35 @@
+"""The Triton kernels (decoding attention, top-p's masses) compile for the GPUs the image targets, without a GPU,
+and fit in registers."""
+
+from __future__ import annotations
+
+import pytest
+from txl.kernels import triton_report
+
+_missing = triton_report.toolchain_missing()
+pytestmark = pytest.mark.skipif(_missing is not None, reason=f"cannot compile ahead of time: {_missing}")
+
+
+def test_kernels_compile_for_sm80_and_sm90_without_spills(capsys):
+    rows = []
+    for variant in triton_report.standard_variants(archs=(80, 90)):
+        usage = triton_report.compile_variant(variant)
+        rows.append((variant, usage))
+    with capsys.disabled():  # the report, shown with -s or in CI logs
+        print("\nTriton kernels compiled ahead of time (registers a thread, spills, shared memory):")
+        for variant, usage in rows:
+            print(
+                f"  {variant.label():58s} {usage.registers:3d} registers, spills {usage.spill_stores}/"
+                f"{usage.spill_loads} bytes, stack {usage.stack}, shared {usage.shared} bytes, "
+                f"{usage.barriers} barriers, {usage.warps} warp(s)"
+            )
+    spilling = [variant.label() for variant, usage in rows if usage.spills or usage.stack]
+    assert not spilling
+    # One warp a program can hold 255 registers a thread; above 128 an SM runs fewer programs than it can hold.
+    assert max(usage.registers for _, usage in rows) <= 128
+
+
+def test_a_block_size_that_is_not_a_power_of_two_compiles():
+    variant = triton_report.Variant("partitions", 90, "bfloat16", 64, block_size=12)
+    usage = triton_report.compile_variant(variant)
+    assert not usage.spills
