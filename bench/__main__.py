@@ -23,6 +23,7 @@ SUITES = {
     "quality": "bench.quality",
     "speedwork": "bench.speedwork",
     "host": "bench.host",
+    "prefix": "bench.prefix",
     "gpu": "bench.gpu",
 }
 

@@ -133,6 +133,7 @@ ORDER = [
     "http",
     "memory",
     "persistence",
+    "prefix",
     "handoff",
     "quality",
     "speedwork",
