@@ -24,6 +24,7 @@ SUITES = {
     "quality": "bench.quality",
     "speedwork": "bench.speedwork",
     "host": "bench.host",
+    "prefix": "bench.prefix",
     "gpu": "bench.gpu",
     "gpu_kernels": "bench.gpu_kernels",
 }

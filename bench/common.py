@@ -133,7 +133,11 @@ ORDER = [
     "http",
     "memory",
     "persistence",
+<<<<<<< HEAD
     "responses",
+=======
+    "prefix",
+>>>>>>> core
     "handoff",
     "quality",
     "speedwork",
