@@ -133,11 +133,8 @@ ORDER = [
     "http",
     "memory",
     "persistence",
-<<<<<<< HEAD
-    "responses",
-=======
     "prefix",
->>>>>>> core
+    "responses",
     "handoff",
     "quality",
     "speedwork",
