@@ -59,10 +59,7 @@ def load_model(settings: Settings) -> LoadedModel:
         raise ValueError(
             f"{model_dir}: the tokenizer has {tokenizer.vocab_size} symbols but the model {model.config.vocab_size}"
         )
-    model_id = settings.model_id or model_dir.name
-    if model_id == "default_model":
-        model_id = "txl-books-byte"
-    return model, tokenizer, model_id
+    return model, tokenizer, settings.served_model_id
 
 
 def worker_threads(settings: Settings) -> int:
