@@ -23,7 +23,7 @@ from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
-from ..errors import Overloaded, PayloadTooLarge, ServiceError
+from ..errors import Conflict, Overloaded, PayloadTooLarge, ServiceError
 from ..metrics import Metrics
 from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
@@ -80,10 +80,17 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     return app
 
 
+# A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer: steps take
+# tens of milliseconds to seconds, so a retry a second later usually finds the session free.
+CONFLICT_RETRY_AFTER_SECONDS = 1
+
+
 def error_response(error: ServiceError) -> JSONResponse:
     headers = {}
     if isinstance(error, Overloaded):
         headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    elif isinstance(error, Conflict):
+        headers["Retry-After"] = str(CONFLICT_RETRY_AFTER_SECONDS)
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 

@@ -15,7 +15,8 @@ import dataclasses
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +42,7 @@ from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
 from ..settings import Persistence, Settings
 from .cache import DEVICE, HOST, Entry, MemoryCache
 from .store import DeltaBaseMissing, Lease, SessionMeta, SessionStore, StoredMemory, now
+from .turns import Turns
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,6 +132,7 @@ class SessionService:
         )
         self._tier_lock = asyncio.Lock()
         self._expiry: dict[str, float] = {}
+        self.turns = Turns()
 
     # ------------------------------------------------------------------ reading
 
@@ -207,7 +210,11 @@ class SessionService:
 
     async def delete(self, owner: str, session_id: str) -> None:
         meta = await self.get(owner, session_id)
-        async with self.store.lease(session_id, self.settings.lease_ttl_seconds):
+        async with contextlib.AsyncExitStack() as stack:
+            wait = await stack.enter_async_context(self._turn(owner, session_id))
+            await stack.enter_async_context(
+                self.store.lease(session_id, self.settings.lease_ttl_seconds, wait_seconds=wait())
+            )
             await self.store.delete(meta)
         self.cache.drop(session_id)
         self._expiry.pop(session_id, None)
@@ -345,8 +352,9 @@ class SessionService:
     ) -> AsyncIterator[tuple[SessionMeta, ModelState, Lease]]:
         async with contextlib.AsyncExitStack() as stack:
             try:  # the committed metadata, under the lease; 404 before 409 (a foreign session's state is private)
+                wait = await stack.enter_async_context(self._turn(owner, session_id))
                 meta, lease = await stack.enter_async_context(
-                    self.store.step(session_id, owner, self.settings.lease_ttl_seconds)
+                    self.store.step(session_id, owner, self.settings.lease_ttl_seconds, wait_seconds=wait())
                 )
             except Conflict:
                 self.observer.on_conflict()
@@ -357,6 +365,14 @@ class SessionService:
                 yield meta, state, lease
             finally:
                 self.cache.unpin(session_id)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, owner: str, session_id: str) -> AsyncIterator[Callable[[], float]]:
+        """This request's turn among this process's requests on the session (waiting for those before it),
+        yielding how much of `lease_wait_seconds` is left to wait for a writer elsewhere."""
+        deadline = time.monotonic() + self.settings.lease_wait_seconds
+        async with self.turns.take(owner, session_id, wait_seconds=self.settings.lease_wait_seconds):
+            yield lambda: max(0.0, deadline - time.monotonic())
 
     async def _commit(
         self, meta: SessionMeta, state: ModelState, tokens_added: int, *, base: ModelState, lease: Lease

@@ -16,6 +16,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import secrets
@@ -34,6 +35,9 @@ from ..engine.blocks import BlockSnapshot
 from ..errors import Conflict, NotFound, Unavailable
 
 T = TypeVar("T")
+
+# Waiting for a lease held elsewhere: polls from 10 ms, doubling up to 200 ms (a step takes tens of ms).
+LEASE_POLL_SECONDS = (0.01, 0.2)
 
 _COMMIT = """
 -- KEYS[1] s:{id} (metadata), KEYS[2] m:{id} (memory). ARGV: expected version, ttl, n, n field/value pairs,
@@ -325,34 +329,41 @@ class SessionStore:
 
     @asynccontextmanager
     async def step(
-        self, session_id: str, owner: str, ttl_seconds: float
+        self, session_id: str, owner: str, ttl_seconds: float, *, wait_seconds: float = 0.0
     ) -> AsyncIterator[tuple[SessionMeta, Lease]]:
         """The owner's session's committed metadata, read under its single-writer lease, in one round trip.
-        Raises NotFound (no such session of this owner) before Conflict (another writer holds it)."""
+        Raises NotFound (no such session of this owner) before Conflict (another writer still holds it after
+        `wait_seconds`)."""
         lease = Lease(self, session_id, secrets.token_hex(16), ttl_seconds)
-        reply = await self._call(
-            lambda: self._begin_step(
-                keys=[self._s(session_id), self._l(session_id)], args=[owner, lease.token, lease.ttl_ms]
-            )
-        )
-        if reply[0] == -1:
-            raise NotFound(f"no session {session_id!r}", param="session_id")
-        if reply[0] == -2:
-            raise Conflict("another request is working on this session; retry when it has finished")
+        keys = [self._s(session_id), self._l(session_id)]
+        args: list[EncodableT] = [owner, lease.token, lease.ttl_ms]
+
+        async def attempt() -> list[Any] | None:
+            reply = await self._call(lambda: self._begin_step(keys=keys, args=args))
+            if reply[0] == -1:
+                raise NotFound(f"no session {session_id!r}", param="session_id")
+            return None if reply[0] == -2 else list(reply)
+
+        reply = await _until_free(attempt, wait_seconds)
         meta = SessionMeta.from_redis(dict(zip(reply[1::2], reply[2::2], strict=True)))
         async with self._holding(lease):
             yield meta, lease
 
     @asynccontextmanager
-    async def lease(self, session_id: str, ttl_seconds: float) -> AsyncIterator[Lease]:
-        """Holds the session's single-writer lease, or raises Conflict. A holder that dies loses it after
-        `ttl_seconds`; a live holder keeps it with `Lease.renew` during long steps."""
+    async def lease(
+        self, session_id: str, ttl_seconds: float, *, wait_seconds: float = 0.0
+    ) -> AsyncIterator[Lease]:
+        """Holds the session's single-writer lease, or raises Conflict if another holder keeps it longer than
+        `wait_seconds`. A holder that dies loses it after `ttl_seconds`; a live holder keeps it with
+        `Lease.renew` during long steps."""
         lease = Lease(self, session_id, secrets.token_hex(16), ttl_seconds)
-        acquired = await self._call(
-            lambda: self.redis.set(self._l(session_id), lease.token, nx=True, px=lease.ttl_ms)
-        )
-        if not acquired:
-            raise Conflict("another request is working on this session; retry when it has finished")
+
+        async def attempt() -> bool | None:
+            key = self._l(session_id)
+            taken = await self._call(lambda: self.redis.set(key, lease.token, nx=True, px=lease.ttl_ms))
+            return True if taken else None
+
+        await _until_free(attempt, wait_seconds)
         async with self._holding(lease):
             yield lease
 
@@ -385,6 +396,22 @@ class SessionStore:
 
     async def drop_idempotent(self, owner: str, key: str) -> None:
         await self._call(lambda: self.redis.delete(self._i(owner, key)))
+
+
+async def _until_free(attempt: Callable[[], Awaitable[T | None]], wait_seconds: float) -> T:
+    """The first result of `attempt` that is not None (None: the lease is held), polling for `wait_seconds`:
+    a writer in another replica, or one that died and whose lease has yet to expire. Then Conflict."""
+    deadline = time.monotonic() + wait_seconds
+    pause = LEASE_POLL_SECONDS[0]
+    while True:
+        result = await attempt()
+        if result is not None:
+            return result
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Conflict("another request is working on this session: retry when it has finished")
+        await asyncio.sleep(min(pause, left))
+        pause = min(2 * pause, LEASE_POLL_SECONDS[1])
 
 
 @dataclass(frozen=True)
