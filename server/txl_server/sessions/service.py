@@ -38,10 +38,11 @@ from ..engine.jobs import (
 )
 from ..engine.state import ModelState, snapshot_metadata
 from ..engine.worker import Worker
-from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
+from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded, Unavailable
 from ..settings import Persistence, Settings
 from .cache import DEVICE, HOST, Entry, MemoryCache
-from .store import DeltaBaseMissing, Lease, SessionMeta, SessionStore, StoredMemory, now
+from .recovery import Lost, Replica, gone_error, held_elsewhere, settle
+from .store import DeltaBaseMissing, Lease, SessionGone, SessionMeta, SessionStore, StoredMemory, now
 from .turns import Turns
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,14 @@ class AppendOutcome:
     session: SessionMeta
     tokens: int
     logprob: float
+
+
+@dataclass(frozen=True)
+class Released:
+    """What a shutdown did with the sessions held in this process's memory."""
+
+    saved: int  # written to Redis
+    lost: int  # marked gone (persistence none, or no time left)
 
 
 @dataclass(frozen=True)
@@ -107,8 +116,14 @@ class SessionService:
         store: SessionStore,
         model_id: str,
         observer: SessionObserver | None = None,
+        replica: Replica | None = None,
+        exclusive: bool = False,
     ) -> None:
         self.settings = settings
+        # Who this process is to other replicas (the holder of the sessions it commits), and whether it is the
+        # only one using its Redis (a private Redis): see recovery.py.
+        self.replica = replica or Replica.new(settings.port)
+        self.exclusive = exclusive
         self.model = model
         self.tokenizer = tokenizer
         self.worker = worker
@@ -137,13 +152,25 @@ class SessionService:
     # ------------------------------------------------------------------ reading
 
     async def get(self, owner: str, session_id: str) -> SessionMeta:
+        """The owner's session, if it can be continued; 410 if its memory is lost (recovery.py)."""
+        meta = await self._owned(owner, session_id)
+        if meta.tier == "gone" or not await self._settle([meta]):
+            gone = await self.store.get(session_id)
+            raise gone_error(gone.gone if gone is not None else Lost.CRASHED)
+        return meta
+
+    async def _owned(self, owner: str, session_id: str) -> SessionMeta:
         meta = await self.store.get(session_id)
         if meta is None or not secrets.compare_digest(meta.owner, owner):
             raise NotFound(f"no session {session_id!r}", param="session_id")
         return meta
 
     async def list_sessions(self, owner: str) -> list[SessionMeta]:
-        return await self.store.list(owner)
+        """The owner's sessions that can be continued: never one whose memory is lost."""
+        return await self._settle(await self.store.list(owner))
+
+    async def _settle(self, metas: list[SessionMeta]) -> list[SessionMeta]:
+        return await settle(self.store, metas, me=self.replica, exclusive=self.exclusive)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -185,6 +212,7 @@ class SessionService:
             tokens=tokens,
             mem_tokens=state.memory.length,
             version=1,
+            holder=self.replica.id,
             metadata=metadata,
         )
         snapshot = await self._snapshot(state) if self._persist_always else None
@@ -209,7 +237,7 @@ class SessionService:
             raise InvalidRequest(f"session limit reached ({limit}); delete some first")
 
     async def delete(self, owner: str, session_id: str) -> None:
-        meta = await self.get(owner, session_id)
+        meta = await self._owned(owner, session_id)  # a gone session too: its owner may tidy up
         async with contextlib.AsyncExitStack() as stack:
             wait = await stack.enter_async_context(self._turn(owner, session_id))
             await stack.enter_async_context(
@@ -386,12 +414,21 @@ class SessionService:
             version=meta.version + 1,
             last_used=now(),
             tier=DEVICE,
+            holder=self.replica.id,
         )
         if self._persist_always:
             delta = await self._snapshot(state, since=base.fed)
             stale = sorted(set(block_keys(base)) - set(block_keys(state)))
 
         async def commit() -> None:
+            try:
+                await write()
+            except SessionGone:  # declared lost meanwhile (its holder looked dead): gone for every replica
+                fresh = await self.store.get(meta.id)
+                raise gone_error(fresh.gone if fresh is not None else Lost.CRASHED) from None
+            await self._place(new, state)
+
+        async def write() -> None:
             if not self._persist_always:
                 # In "evict" mode an older snapshot may sit in Redis: drop it with the commit, it is stale now.
                 committed = await self.store.commit(
@@ -409,7 +446,6 @@ class SessionService:
                     )
             if not committed:
                 raise NotFound(f"no session {meta.id!r}", param="session_id")
-            await self._place(new, state)
 
         await to_the_end(commit())
         return new
@@ -453,6 +489,9 @@ class SessionService:
 
     async def _state(self, meta: SessionMeta) -> ModelState:
         """The session's memory at its committed version, brought to the device tier."""
+        if meta.tier == "gone":
+            self.cache.drop(meta.id)
+            raise gone_error(meta.gone)
         entry = self.cache.get(meta.id)
         if entry is not None and entry.version == meta.version:
             if entry.tier == HOST:
@@ -465,10 +504,7 @@ class SessionService:
             self.cache.drop(meta.id)
         stored = await self.store.load_snapshot(meta.id)
         if stored is None or stored.version != meta.version:
-            raise Gone(
-                "this session's memory was dropped to make room (persistence is off); create a new session",
-                param="session_id",
-            )
+            raise await self._missing(meta)
         try:
             state = await self._restore(stored)
         except ValueError as exc:
@@ -477,6 +513,15 @@ class SessionService:
             ) from exc
         await self._place(meta, state, source="redis")
         return state
+
+    async def _missing(self, meta: SessionMeta) -> Gone | Unavailable:
+        """Why a session's memory at its version is neither here nor in Redis."""
+        elsewhere = meta.holder and meta.holder != self.replica.id and not self.exclusive
+        if elsewhere and meta.holder in await self.store.live_replicas([meta.holder]):
+            return held_elsewhere()
+        if meta.holder != self.replica.id:  # this process never had it: its holder died without saving it
+            await self.store.mark_gone(meta, Lost.CRASHED)
+        return gone_error(Lost.CRASHED)
 
     async def _load(self, data: bytes) -> ModelState:
         """An exported snapshot's state, in the device's pool (written on the worker thread)."""
@@ -542,8 +587,9 @@ class SessionService:
                     continue
             await self._spill(victim, entry)
 
-    async def _spill(self, victim: str, entry: Entry) -> None:
-        """Out of this process: to Redis (persistence on), else dropped (the session answers 410 gone)."""
+    async def _spill(self, victim: str, entry: Entry, *, lost: Lost = Lost.EVICTED) -> None:
+        """Out of this process: to Redis (persistence on), else dropped: the session is marked gone for `lost`
+        (it answers 410 saying so, and is no longer listed)."""
         target = "gone"
         if self.settings.persistence is not Persistence.NONE:
             if not self._persist_always:  # "always" already wrote this version at commit
@@ -555,11 +601,50 @@ class SessionService:
         if self.cache.peek(victim) is entry:
             self.cache.drop(victim)
             self.observer.on_tier_move(entry.tier, target)
-            await self._set_tier(victim, target)
+            if target == "gone":
+                await self._mark_gone(victim, entry.version, lost)
+            else:
+                await self._set_tier(victim, target)
+
+    async def _mark_gone(self, session_id: str, version: int, lost: Lost) -> None:
+        with contextlib.suppress(Exception):  # Redis away: start-up reconciliation will find it
+            meta = await self.store.get(session_id)
+            if meta is not None and meta.version == version:
+                await self.store.mark_gone(meta, lost)
 
     async def _set_tier(self, session_id: str, tier: str) -> None:
         with contextlib.suppress(Exception):  # bookkeeping only: a session's truth is its version
             await self.store.touch_tier(session_id, tier)
+
+    async def release_all(self, deadline: float) -> Released:
+        """At shutdown: the sessions whose memory only this process holds are saved to Redis (persistence
+        `evict`), most recently used first, until `deadline` (time.monotonic()); those left, and all of them
+        with persistence `none`, are marked gone with the reason. With `always` Redis holds them already."""
+        saved = marked = 0
+        if self._persist_always:
+            return Released(saved=0, lost=0)
+        async with self._tier_lock:
+            for session_id in self.cache.most_recent_first():
+                entry = self.cache.peek(session_id)
+                if entry is None:
+                    continue
+                if self.settings.persistence is Persistence.NONE:
+                    lost: Lost | None = Lost.RESTARTED
+                elif time.monotonic() >= deadline:
+                    lost = Lost.UNSAVED
+                else:
+                    lost = None
+                try:
+                    if lost is None:
+                        await self._spill(session_id, entry)
+                        saved += 1
+                    else:
+                        self.cache.drop(session_id)
+                        await self._mark_gone(session_id, entry.version, lost)
+                        marked += 1
+                except Exception as exc:  # Redis away: start-up reconciliation marks what is lost
+                    log.warning("could not save session memory at shutdown: %s", exc)
+        return Released(saved=saved, lost=marked)
 
     async def reap_expired(self) -> int:
         """Frees the memory of sessions whose TTL ran out (Redis already dropped their metadata)."""
