@@ -61,7 +61,9 @@ class Settings(BaseSettings):
     # ---- memory tiers and persistence
     device_memory_bytes: int = Field(2 * 1024**3, ge=0)
     host_memory_bytes: int = Field(4 * 1024**3, ge=0)
-    persistence: Persistence = Persistence.EVICT
+    # "always" by default: a stateful server keeps its state, as a database keeps its rows (each step writes
+    # the memory blocks its new positions touch; docs/benchmarks.md, persistence)
+    persistence: Persistence = Persistence.ALWAYS
 
     # ---- redis
     redis_url: str | None = None  # None: start a private redis-server for this process

@@ -125,10 +125,7 @@ class EmbeddedRedis:
         self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
-
-    @property
-    def ephemeral(self) -> bool:
-        return self._tmp is not None
+        self.ephemeral = self._tmp is not None  # its directory is deleted at stop
 
     @property
     def url(self) -> str:
