@@ -595,7 +595,7 @@ class SessionService:
             if not self._persist_always:  # "always" already wrote this version at commit
                 snapshot = await self._snapshot(entry.state)
                 meta = await self.store.get(victim)
-                if meta is not None and meta.version == entry.version:
+                if meta is not None and meta.version == entry.version and meta.tier != "gone":
                     await self.store.save_snapshot(victim, entry.version, snapshot, meta.ttl_seconds)
             target = "redis"
         if self.cache.peek(victim) is entry:

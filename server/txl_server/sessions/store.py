@@ -116,6 +116,12 @@ redis.call('SREM', ARGV[3] .. redis.call('HGET', KEYS[1], 'owner'), ARGV[4])
 return 1
 """
 
+_TOUCH_TIER = """
+local tier = redis.call('HGET', KEYS[1], 'tier')
+if tier and tier ~= 'gone' then redis.call('HSET', KEYS[1], 'tier', ARGV[1]) end
+return 0
+"""
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -175,6 +181,7 @@ class SessionStore:
         self._commit = redis.register_script(_COMMIT)
         self._release = redis.register_script(_RELEASE)
         self._mark_gone = redis.register_script(_MARK_GONE)
+        self._touch_tier = redis.register_script(_TOUCH_TIER)
         self._begin_step = redis.register_script(_BEGIN_STEP)
         self._renew = redis.register_script(_RENEW)
 
@@ -278,13 +285,10 @@ class SessionStore:
         return outcome == 1
 
     async def touch_tier(self, session_id: str, tier: str) -> None:
-        """Records where the memory now lives (no version change: tiers do not change what a session is)."""
-
-        async def run() -> None:
-            if await self.redis.exists(self._s(session_id)):
-                await self.redis.hset(self._s(session_id), "tier", tier)
-
-        await self._call(run)
+        """Records where the memory now lives (no version change: tiers do not change what a session is); a
+        session marked gone stays gone."""
+        key = self._s(session_id)
+        await self._call(lambda: self._touch_tier(keys=[key], args=[tier]))
 
     async def delete(self, meta: SessionMeta) -> None:
         async def run() -> None:
