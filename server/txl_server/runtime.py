@@ -218,6 +218,13 @@ class Runtime:
             except Exception as exc:  # Redis away: beat again next round
                 log.debug("heartbeat skipped: %s", exc)
 
+    def save_reserve(self) -> float:
+        """Seconds of the shutdown grace period kept for saving sessions after the requests: half of it with
+        persistence `evict` and sessions held in memory, else none."""
+        held = self.service is not None and len(self.service.cache) > 0
+        evict = self.settings.persistence is Persistence.EVICT
+        return self.settings.shutdown_grace_seconds / 2 if held and evict else 0.0
+
     def begin_shutdown(self) -> None:
         """No longer ready (a load balancer stops sending traffic); requests still running finish."""
         self.stopping = True
