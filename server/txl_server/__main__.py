@@ -66,6 +66,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     except PortUnavailable as exc:
         print(f"{exc} (another server?): stop it or choose another --port (TXL_PORT)", file=sys.stderr)
         return 2
+    if settings.redis_url is None and (data_dir := settings.private_redis_dir()) is not None:
+        from .sessions.redis_server import DataDirInUse, lock_data_dir
+
+        try:  # before loading too: two servers on one directory would corrupt it (the runtime locks it again)
+            lock_data_dir(data_dir).close()
+        except DataDirInUse as exc:
+            for sock in sockets:
+                sock.close()
+            print(exc, file=sys.stderr)
+            return 2
     try:
         return _serve(settings, sockets)
     except KeyboardInterrupt:  # Ctrl-C while loading, before the server handles signals itself

@@ -3,13 +3,16 @@ Redis starts (it used to load for seconds, then die with uvicorn's raw `[Errno 9
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from txl_server.__main__ import main
 from txl_server.serving import PortUnavailable, bind_sockets
+from txl_server.sessions import redis_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,3 +59,18 @@ def test_bound_sockets_refuse_a_second_binder_and_free_the_port_when_closed():
             sock.close()
     for sock in bind_sockets("127.0.0.1", port):
         sock.close()
+
+
+def test_a_data_directory_in_use_stops_start_up_in_one_line(tmp_path, capsys, monkeypatch):
+    """Two servers on one private Redis directory would corrupt it: the second stops before loading."""
+    monkeypatch.setattr(redis_server, "LOCK_WAIT_SECONDS", 0.2)
+    held = redis_server.lock_data_dir(tmp_path / "sessions")
+    try:
+        argv = ["--port", str(redis_server.free_port())]
+        monkeypatch.setenv("TXL_REDIS_DATA_DIR", str(tmp_path / "sessions"))
+        assert main(argv) == 2
+    finally:
+        held.close()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "in use by another TXL server" in lines[0] and "--ephemeral" in lines[0], lines
+    assert f"pid {os.getpid()}" in lines[0]

@@ -32,7 +32,7 @@ from typing import IO
 LOCK_FILE = "txl.lock"
 # After a `kill -9` of a server, its redis-server (told to stop by the kernel) may take a moment to write its
 # file and exit: a new server waits this long for the directory before calling it in use.
-LOCK_WAIT_SECONDS = 10.0
+LOCK_WAIT_SECONDS = 5.0
 
 
 class RedisServerError(RuntimeError):
@@ -43,9 +43,10 @@ class DataDirInUse(RedisServerError):
     """Another server (or its Redis) holds the data directory."""
 
 
-def lock_data_dir(data_dir: Path, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> IO[str]:
+def lock_data_dir(data_dir: Path, *, wait_seconds: float | None = None) -> IO[str]:
     """The data directory's lock, held as long as the returned file is open (and by the processes that
-    inherit it). Raises DataDirInUse if another holder keeps it past `wait_seconds`."""
+    inherit it). Raises DataDirInUse if another holder keeps it past `wait_seconds` (default LOCK_WAIT_SECONDS)."""
+    wait_seconds = LOCK_WAIT_SECONDS if wait_seconds is None else wait_seconds
     data_dir.mkdir(parents=True, exist_ok=True)
     handle = open(data_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held open: the lock lives with it
     deadline = time.monotonic() + wait_seconds
@@ -136,7 +137,7 @@ class EmbeddedRedis:
         self.launch()
         return self.wait_ready(timeout)
 
-    def lock(self, wait_seconds: float = LOCK_WAIT_SECONDS) -> None:
+    def lock(self, wait_seconds: float | None = None) -> None:
         """Takes the data directory (blocking up to `wait_seconds`) until `stop` or `kill`."""
         if self._lock is None:
             self._lock = lock_data_dir(self.data_dir, wait_seconds=wait_seconds)
