@@ -20,6 +20,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m txl_server"
         prog=prog,
         description="Stateful Transformer-XL inference server. Every setting can also come from a TXL_* "
         "environment variable (e.g. TXL_PORT, TXL_REDIS_URL, TXL_API_KEYS); flags win.",
+        epilog="Sessions survive restarts: every step is saved to Redis (TXL_PERSISTENCE=always; evict and none "
+        "keep memory in the process), and the server says at start-up and at shutdown where they are kept. "
+        "Ctrl-C or SIGTERM stops taking requests and lets running ones finish for TXL_SHUTDOWN_GRACE_SECONDS "
+        "(20); a second Ctrl-C stops them at once.",
     )
     parser.add_argument("--host", help="interface to listen on (TXL_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (TXL_PORT, default 8000)")
