@@ -33,6 +33,7 @@ class Server:
             **os.environ,
             "TXL_LOG_LEVEL": "warning",
             "TXL_MAX_CONCURRENT_REQUESTS": "1024",
+            "TXL_EPHEMERAL": "1",  # a benchmark's sessions are throw-away, never the user's kept ones
             **(env or {}),
         }
         if model_dir is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m txl_server"
         prog=prog,
         description="Stateful Transformer-XL inference server. Every setting can also come from a TXL_* "
         "environment variable (e.g. TXL_PORT, TXL_REDIS_URL, TXL_API_KEYS); flags win.",
+        epilog="Sessions survive restarts: every step is saved to Redis (TXL_PERSISTENCE=always; evict and none "
+        "keep memory in the process), and the server says at start-up and at shutdown where they are kept. "
+        "Ctrl-C or SIGTERM stops taking requests and lets running ones finish for TXL_SHUTDOWN_GRACE_SECONDS "
+        "(20); a second Ctrl-C stops them at once.",
     )
     parser.add_argument("--host", help="interface to listen on (TXL_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (TXL_PORT, default 8000)")
@@ -32,6 +37,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m txl_server"
     )
     parser.add_argument("--device", help="torch device, e.g. cuda:0 (TXL_DEVICE, default cpu)")
     parser.add_argument("--log-level", default=None, help="debug, info, warning (TXL_LOG_LEVEL)")
+    parser.add_argument(
+        "--ephemeral",
+        action="store_true",
+        default=None,
+        help="throw-away sessions: the private Redis in a temporary directory deleted at shutdown (TXL_EPHEMERAL=1). "
+        "By default sessions are kept, and survive restarts, in ~/.local/share/txl-serve/redis/MODEL "
+        "($XDG_DATA_HOME/txl-serve/... if set; TXL_REDIS_DATA_DIR to choose), or in the Redis of TXL_REDIS_URL",
+    )
     return parser.parse_args(argv)
 
 
@@ -48,7 +61,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"invalid settings: {exc}", file=sys.stderr)
+        print(f"invalid settings: {one_line(exc)}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -58,6 +71,34 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     if not settings.model_dir.is_dir():
         print(f"model directory not found: {settings.model_dir}", file=sys.stderr)
         return 2
+    from .serving import PortUnavailable, bind_sockets
+
+    try:  # first: a port in use is known in a millisecond, before torch is even imported
+        sockets = bind_sockets(settings.host, settings.port)
+    except PortUnavailable as exc:
+        print(f"{exc} (another server?): stop it or choose another --port (TXL_PORT)", file=sys.stderr)
+        return 2
+    if settings.redis_url is None and (data_dir := settings.private_redis_dir()) is not None:
+        from .sessions.redis_server import DataDirInUse, lock_data_dir
+
+        try:  # before loading too: two servers on one directory would corrupt it (the runtime locks it again)
+            lock_data_dir(data_dir).close()
+        except DataDirInUse as exc:
+            for sock in sockets:
+                sock.close()
+            print(exc, file=sys.stderr)
+            return 2
+    try:
+        return _serve(settings, sockets)
+    except KeyboardInterrupt:  # Ctrl-C while loading, before the server handles signals itself
+        print("stopped before the server started", file=sys.stderr)
+        return 130
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _serve(settings: Any, sockets: list[Any]) -> int:
     from .runtime import UnsupportedDtype, check_dtype, load_model
 
     try:  # before loading: a dtype this CPU cannot run is the settings' fault, not the model's
@@ -74,18 +115,29 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     import uvicorn
 
     from .api.app import create_app
+    from .serving import TxlServer
 
     config = uvicorn.Config(
         create_app(settings, loaded=loaded),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=10,
+        # The app drains itself first (TXL_SHUTDOWN_GRACE_SECONDS); what uvicorn still waits for after that is
+        # a response being written.
+        timeout_graceful_shutdown=5,
     )
-    server = _announcing(config, ready_message(settings.host, settings.port))
-    server.run()
+    server = TxlServer(config, ready_message=ready_message(settings.host, settings.port))
+    server.run(sockets=sockets)
     # uvicorn returns normally when startup failed (e.g. an unreadable checkpoint): report it as a failure.
     return 0 if server.started else 1
+
+
+def one_line(error: ValidationError) -> str:
+    """pydantic's errors as one line: `field: message; ...`."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in e['loc']) or 'settings'}: {e['msg'].removeprefix('Value error, ')}"
+        for e in error.errors()
+    )
 
 
 def ready_message(host: str, port: int) -> str:
@@ -103,19 +155,15 @@ def ready_message(host: str, port: int) -> str:
     return f"ready: the playground is at {base}/ and the API docs at {base}/docs"
 
 
-def _announcing(config: Any, message: str) -> Any:
-    """uvicorn's server, logging `message` once start-up is complete (the model loaded, Redis up, listening),
-    so that a first `scripts/serve.sh` ends with where to go."""
-    import uvicorn
-
-    class AnnouncingServer(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets)
-            if self.started:
-                log.info("%s", message)
-
-    return AnnouncingServer(config)
+def exit_now(code: int) -> None:
+    """Ends the process once everything has stopped: the interpreter's own teardown would then spend seconds
+    in the garbage collector walking torch's and triton's objects (5-7 s on a 2-core machine), with nothing
+    left to close, which makes a Ctrl-C or a restart wait for nothing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,6 +1,10 @@
 """Everything one server process runs, assembled from settings and torn down in reverse.
 
-model + tokenizer -> worker thread -> Redis (given or embedded) -> session service (+ expiry reaper)
+model + tokenizer -> worker thread -> Redis (given or embedded) -> heartbeat, reconciliation -> session service
+(+ expiry reaper)
+
+It says where sessions are kept when it starts, and again when it stops; stopping first saves the sessions only
+this process holds (persistence `evict`; sessions/recovery.py).
 """
 
 from __future__ import annotations
@@ -9,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import torch
 from redis import asyncio as aioredis
@@ -19,11 +25,13 @@ from txl.tokenizers import Tokenizer, load_tokenizer
 from .engine.device_report import DeviceReport, describe
 from .engine.selfcheck import ServingPath, graphs_setting, prepare
 from .engine.worker import Worker, WorkerObserver
+from .errors import Unavailable
+from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Replica, reconcile
 from .sessions.redis_server import EmbeddedRedis
-from .sessions.service import SessionObserver, SessionService
+from .sessions.service import Released, SessionObserver, SessionService
 from .sessions.stateless import StatelessService
 from .sessions.store import SessionStore
-from .settings import Settings
+from .settings import Persistence, Settings
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +69,7 @@ def load_model(settings: Settings) -> LoadedModel:
         raise ValueError(
             f"{model_dir}: the tokenizer has {tokenizer.vocab_size} symbols but the model {model.config.vocab_size}"
         )
-    model_id = settings.model_id or model_dir.name
-    if model_id == "default_model":
-        model_id = "txl-books-byte"
-    return model, tokenizer, model_id
+    return model, tokenizer, settings.served_model_id
 
 
 def worker_threads(settings: Settings) -> int:
@@ -158,6 +163,9 @@ class Runtime:
         self.stateless: StatelessService | None = None
         self.serving: ServingPath | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.replica = Replica.new(settings.port)
+        self.stopping = False  # shutting down: not ready for new traffic
         self.model_id = ""
 
     async def start(self) -> None:
@@ -172,13 +180,24 @@ class Runtime:
         self.worker.start()
         url = settings.redis_url
         if url is None:
-            self.embedded_redis = EmbeddedRedis(settings.redis_data_dir)
-            url = await asyncio.to_thread(self.embedded_redis.start)
-            log.info("started a private Redis at %s (data in %s)", url, self.embedded_redis.data_dir)
+            self.embedded_redis = redis = EmbeddedRedis(settings.private_redis_dir())
+            await asyncio.to_thread(redis.lock)  # may wait for a killed server's Redis to exit
+            redis.launch()  # from the loop's thread, which lives as long as the server (see launch)
+            url = await asyncio.to_thread(redis.wait_ready)
+            log.info("started a private Redis at %s (data in %s)", url, redis.data_dir)
         self.redis = aioredis.from_url(
             url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10
         )
-        store = SessionStore(self.redis, prefix=settings.redis_prefix)
+        store = SessionStore(self.redis, prefix=settings.redis_prefix, replica=self.replica.id)
+        exclusive = self.embedded_redis is not None  # a private Redis has no other replica
+        log.info("%s", self.where_sessions_are())
+        try:
+            await self._reconcile(store, exclusive)
+            pending = False
+        except Unavailable as exc:  # the server still starts (and says it is not ready until Redis answers)
+            log.warning("%s: sessions are reconciled once it answers", exc.message)
+            pending = True
+        self._heartbeat = asyncio.create_task(self._beat_forever(store, exclusive, pending))
         self.service = SessionService(
             settings=settings,
             model=model,
@@ -187,6 +206,8 @@ class Runtime:
             store=store,
             model_id=self.model_id,
             observer=self.session_observer,
+            replica=self.replica,
+            exclusive=exclusive,
         )
         self.stateless = StatelessService(
             model=model,
@@ -208,11 +229,56 @@ class Runtime:
             except Exception as exc:  # Redis away: try again next round
                 log.debug("expiry sweep skipped: %s", exc)
 
-    async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+    async def _reconcile(self, store: SessionStore, exclusive: bool) -> None:
+        # Alive before reconciling: a restart after `kill -9` replaces its earlier incarnation's heartbeat.
+        await store.beat(self.replica.name, self.replica.incarnation, HEARTBEAT_TTL_SECONDS)
+        found = await reconcile(store, me=self.replica, exclusive=exclusive)
+        if found.kept or found.lost or found.leases_broken:
+            log.info(
+                "%d sessions from before can be continued; %d whose memory was not saved are now gone "
+                "(they answer 410 saying so); %d leases of stopped servers freed",
+                found.kept,
+                found.lost,
+                found.leases_broken,
+            )
+
+    async def _beat_forever(self, store: SessionStore, exclusive: bool, reconcile_pending: bool) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            try:
+                if reconcile_pending:
+                    await self._reconcile(store, exclusive)
+                    reconcile_pending = False
+                else:
+                    await store.beat(self.replica.name, self.replica.incarnation, HEARTBEAT_TTL_SECONDS)
+            except Exception as exc:  # Redis away: beat again next round
+                log.debug("heartbeat skipped: %s", exc)
+
+    def save_reserve(self) -> float:
+        """Seconds of the shutdown grace period kept for saving sessions after the requests: half of it with
+        persistence `evict` and sessions held in memory, else none."""
+        held = self.service is not None and len(self.service.cache) > 0
+        evict = self.settings.persistence is Persistence.EVICT
+        return self.settings.shutdown_grace_seconds / 2 if held and evict else 0.0
+
+    def begin_shutdown(self) -> None:
+        """No longer ready (a load balancer stops sending traffic); requests still running finish."""
+        self.stopping = True
+
+    async def stop(self, deadline: float | None = None) -> None:
+        """Stops everything; the sessions only this process holds are saved (or marked gone) until `deadline`
+        (time.monotonic(); default: the shutdown grace period from now)."""
+        self.stopping = True
+        if deadline is None:
+            deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+        for task in (self._reaper, self._heartbeat):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        released = None
+        if self.service is not None:
+            released = await self._release(self.service, deadline)
         if self.worker is not None:
             await asyncio.to_thread(self.worker.stop)
         if self.redis is not None:
@@ -220,6 +286,17 @@ class Runtime:
                 await self.redis.aclose()
         if self.embedded_redis is not None:
             await asyncio.to_thread(self.embedded_redis.stop)
+        if self.service is not None:
+            log.info("%s", self.where_sessions_were(released))
+
+    async def _release(self, service: SessionService, deadline: float) -> Released | None:
+        try:
+            released = await service.release_all(deadline)
+            await service.store.retire(self.replica.name, self.replica.incarnation)
+        except Exception as exc:  # Redis away: start-up reconciliation marks what is lost
+            log.warning("could not save the sessions held in memory: %s", exc)
+            return None
+        return released
 
     def device_report(self) -> DeviceReport | None:
         """What serves: device, dtype, attention kernel, graphs, pool and windows (None before start-up)."""
@@ -229,8 +306,56 @@ class Runtime:
         return describe(self.worker, self.serving, mem_len=mem_len, max_mem_len=max_mem_len)
 
     async def ready(self) -> bool:
-        """Redis answers and the device works (a CUDA error that poisoned the context is not recovered from:
-        failing readiness lets an orchestrator restart the process)."""
-        if self.worker is not None and self.worker.device_error is not None:
+        """Not stopping, Redis answers and the device works (a CUDA error that poisoned the context is not
+        recovered from: failing readiness lets an orchestrator restart the process)."""
+        if self.stopping or (self.worker is not None and self.worker.device_error is not None):
             return False
         return self.service is not None and await self.service.store.ping()
+
+    # ------------------------------------------------------------------ where sessions are kept
+
+    def where_sessions_are(self) -> str:
+        """One line for the start-up log: where sessions are kept, and what survives a restart."""
+        settings = self.settings
+        survive = {
+            Persistence.ALWAYS: "every step is saved: sessions survive restarts and crashes",
+            Persistence.EVICT: "sessions are saved when evicted and at shutdown: they survive a graceful "
+            "restart, a crash loses those held in memory",
+            Persistence.NONE: "memory stays in this process: sessions do not survive a restart",
+        }[settings.persistence]
+        mode = f"persistence {settings.persistence.value}"
+        if self.embedded_redis is None:
+            return (
+                f"sessions are kept in the Redis at {redacted(settings.redis_url or '')} ({mode}): {survive}"
+            )
+        if self.embedded_redis.ephemeral:
+            return (
+                "sessions are throw-away (--ephemeral): kept in a temporary directory deleted at shutdown, "
+                f"{self.embedded_redis.data_dir}"
+            )
+        return (
+            f"sessions are kept in {self.embedded_redis.data_dir} ({mode}): {survive}; "
+            "--ephemeral (TXL_EPHEMERAL=1) for throw-away ones"
+        )
+
+    def where_sessions_were(self, released: Released | None) -> str:
+        """One line for the shutdown log."""
+        what = ""
+        if released is not None and (released.saved or released.lost):
+            what = f" ({released.saved} saved from memory now, {released.lost} lost)"
+        if self.embedded_redis is None:
+            return (
+                f"stopped; sessions are kept in the Redis at {redacted(self.settings.redis_url or '')}{what}"
+            )
+        if self.embedded_redis.ephemeral:
+            return "stopped; the throw-away sessions were deleted with their temporary directory"
+        return f"stopped; sessions are kept in {self.embedded_redis.data_dir} for the next start{what}"
+
+
+def redacted(url: str) -> str:
+    """A Redis URL fit for a log: its password replaced."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -6,11 +6,13 @@ command line.
 
 from __future__ import annotations
 
+import os
+import re
 import string
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "default_model"
@@ -20,11 +22,9 @@ TRANSCRIPT_TEMPLATE = "{Role}: {content}\n"
 class Persistence(StrEnum):
     """Where session memory may live besides this process."""
 
-    NONE = "none"  # memory only here; beyond the host budget it is dropped (the session reports 410 gone)
-    EVICT = "evict"  # evicted memory is written to Redis, and read back on the next request
-    ALWAYS = (
-        "always"  # every commit is written to Redis: survives restarts, any replica can serve any session
-    )
+    NONE = "none"  # memory only here: dropped beyond the host budget and at shutdown (then gone)
+    EVICT = "evict"  # memory goes to Redis when evicted and at a graceful shutdown; a crash loses the rest
+    ALWAYS = "always"  # every commit is written to Redis: survives crashes, any replica can serve any session
 
 
 class Settings(BaseSettings):
@@ -71,15 +71,18 @@ class Settings(BaseSettings):
     # device_memory_bytes; 0: no prefix cache.
     prefix_cache_bytes: int | None = Field(None, ge=0)
     host_memory_bytes: int = Field(4 * 1024**3, ge=0)
-    persistence: Persistence = Persistence.EVICT
+    # "always" by default: a stateful server keeps its state, as a database keeps its rows (each step writes
+    # the memory blocks its new positions touch; docs/benchmarks.md, persistence)
+    persistence: Persistence = Persistence.ALWAYS
     # Versions of each session kept (rewind, forks at a version, Responses chaining); 0 keeps only the newest.
     keep_versions: int = Field(32, ge=0, le=1024)
 
     # ---- redis
     redis_url: str | None = None  # None: start a private redis-server for this process
-    redis_data_dir: Path | None = (
-        None  # embedded Redis: where it keeps its append-only file (default: a temp dir)
-    )
+    # The private Redis's directory (its append-only file). None: the user's data directory (see
+    # `private_redis_dir`), so that sessions outlive the process like a database's rows.
+    redis_data_dir: Path | None = None
+    ephemeral: bool = False  # the private Redis in a temporary directory, deleted at shutdown
     redis_prefix: str = "txl:"
 
     # ---- sessions
@@ -90,6 +93,15 @@ class Settings(BaseSettings):
     lease_ttl_seconds: float = Field(
         10.0, gt=0
     )  # a crashed writer's lease expires after this (renewed at 1/3)
+    # A step on a session another request is stepping waits this long for it (then 409 with Retry-After):
+    # a client that sends two steps at once gets them done one after the other.
+    lease_wait_seconds: float = Field(5.0, ge=0, le=600)
+
+    # ---- shutdown
+    # On SIGTERM/SIGINT: running requests get this long to finish (streams still open then end with an error
+    # event); in persistence "evict", saving the sessions held in memory to Redis fits in the same time.
+    # Kubernetes' terminationGracePeriodSeconds must be longer (deploy/k8s/server.yaml).
+    shutdown_grace_seconds: float = Field(20.0, ge=0, le=3600)
 
     # ---- limits
     max_body_bytes: int = Field(16 * 1024**2, ge=1024)  # also the largest scoring document
@@ -154,6 +166,15 @@ class Settings(BaseSettings):
             raise ValueError("chat_template must hold {content} once, and no fields but {role} and {Role}")
         return value
 
+    @field_validator("ephemeral")
+    @classmethod
+    def _ephemeral_needs_private_redis(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("redis_url"):
+            raise ValueError(
+                "ephemeral applies to the private Redis; with TXL_REDIS_URL sessions live in that Redis"
+            )
+        return value
+
     @property
     def prefix_cache_budget(self) -> int:
         return self.device_memory_bytes // 4 if self.prefix_cache_bytes is None else self.prefix_cache_bytes
@@ -161,3 +182,30 @@ class Settings(BaseSettings):
     @property
     def model_dir(self) -> Path:
         return self.model if self.model is not None else BUNDLED_MODEL_DIR
+
+    @property
+    def served_model_id(self) -> str:
+        """The model's name in the API: `model_id`, else the model directory's name."""
+        if self.model_id:
+            return self.model_id
+        name = self.model_dir.name
+        return "txl-books-byte" if name == BUNDLED_MODEL_DIR.name else name
+
+    def private_redis_dir(self) -> Path | None:
+        """Where the private Redis keeps sessions; None: a temporary directory (`ephemeral`).
+
+        By default the user's data directory, one folder per model (a session continues only on the model that
+        made it, so another model's server must neither list nor reconcile them away):
+        `$XDG_DATA_HOME/txl-serve/redis/<model>`, else `~/.local/share/txl-serve/redis/<model>`."""
+        if self.ephemeral:
+            return None
+        if self.redis_data_dir is not None:
+            return self.redis_data_dir
+        return user_data_dir() / "redis" / re.sub(r"[^A-Za-z0-9._-]", "_", self.served_model_id)
+
+
+def user_data_dir() -> Path:
+    """The XDG base directory for this user's data (read when called, never at import)."""
+    base = os.environ.get("XDG_DATA_HOME") or ""
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
+    return root / "txl-serve"

@@ -25,6 +25,8 @@ def server_settings(model_dir, redis_url: str, **overrides) -> Settings:
         redis_prefix=f"clients-{uuid.uuid4().hex[:6]}:",
         max_batch_size=16,
         threads=1,
+        # No waiting for a session's writer: the SDK's handling of 409 conflicts needs conflicts to happen.
+        lease_wait_seconds=0,
     )
     values.update(overrides)
     return Settings(**values)

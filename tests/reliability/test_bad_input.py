@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from txl_server.sessions.redis_server import free_port
 
 from .servers import REPO, error_of, sse_payloads
 
@@ -344,7 +345,8 @@ def start_with_models(model_dirs: dict[str, Path], tmp_path: Path) -> dict[str, 
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("TXL_")}
     processes = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "txl_server", "--model", str(model_dir), "--port", "1"],
+            # A free port: the port is checked before the model is loaded (port 1 is refused to non-root users).
+            [sys.executable, "-m", "txl_server", "--model", str(model_dir), "--port", str(free_port())],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -419,7 +419,9 @@ def test_twenty_parallel_appends_one_writer_at_a_time(api_server, figures):
         (body for status, body in results if status == 200), key=lambda b: b["session"]["version"]
     )
     assert set(codes) <= {200, 409}, codes
-    assert successes and 409 in codes, codes
+    # Each waits for the writer before it (TXL_LEASE_WAIT_SECONDS, 5 s) instead of a 409 at once: nearly all
+    # succeed, one after the other (a 409 only for a step that waited longer than that on a loaded machine).
+    assert len(successes) >= 15, codes
     for status, body in results:
         if status == 409:
             assert body["error"]["type"] == "conflict"

@@ -225,19 +225,35 @@ async def test_cancelled_generation_leaves_the_session_unchanged(runtime):
     assert runtime.worker.active_jobs == 0
 
 
-async def test_two_concurrent_steps_on_one_session_one_conflicts_no_update_lost(runtime):
+async def test_two_concurrent_steps_on_one_session_one_conflicts_no_update_lost(make_settings):
+    rt = Runtime(make_settings(lease_wait_seconds=0))  # no waiting for the writer: the second one conflicts
+    await rt.start()
+    try:
+        service = rt.service
+        meta = await service.create(OWNER, text="start")
+        results = await asyncio.gather(
+            service.append(OWNER, meta.id, "x" * 400),
+            service.append(OWNER, meta.id, "y" * 400),
+            return_exceptions=True,
+        )
+        conflicts = [r for r in results if isinstance(r, Conflict)]
+        successes = [r for r in results if not isinstance(r, Exception)]
+        assert len(conflicts) == 1 and len(successes) == 1
+        after = await check_cache_matches_redis(service, meta.id)
+        assert after.version == meta.version + 1 and after.tokens == meta.tokens + 400
+    finally:
+        await rt.stop()
+
+
+async def test_two_concurrent_steps_on_one_session_take_turns(runtime):
     service = runtime.service
     meta = await service.create(OWNER, text="start")
     results = await asyncio.gather(
-        service.append(OWNER, meta.id, "x" * 400),
-        service.append(OWNER, meta.id, "y" * 400),
-        return_exceptions=True,
+        service.append(OWNER, meta.id, "x" * 400), service.append(OWNER, meta.id, "y" * 400)
     )
-    conflicts = [r for r in results if isinstance(r, Conflict)]
-    successes = [r for r in results if not isinstance(r, Exception)]
-    assert len(conflicts) == 1 and len(successes) == 1
+    assert sorted(r.session.version for r in results) == [meta.version + 1, meta.version + 2]
     after = await check_cache_matches_redis(service, meta.id)
-    assert after.version == meta.version + 1 and after.tokens == meta.tokens + 400
+    assert after.version == meta.version + 2 and after.tokens == meta.tokens + 800
 
 
 async def test_sessions_are_scoped_to_their_owner(runtime):

@@ -30,7 +30,8 @@ def no_native_bfloat16(monkeypatch):
 def test_bfloat16_without_native_support_stops_start_up_in_one_line(
     no_native_bfloat16, tiny_model_dir, capsys
 ):
-    assert main(["--model", str(tiny_model_dir), "--dtype", "bfloat16"]) == 2
+    argv = ["--model", str(tiny_model_dir), "--dtype", "bfloat16", "--port", str(free_port())]
+    assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "--dtype float32" in lines[0] and "bfloat16" in lines[0], lines
 

@@ -1,6 +1,7 @@
 """The FastAPI application: `create_app(settings)`.
 
-The lifespan starts the runtime (model, worker, Redis, sessions) and always stops it. Every error leaves as
+The lifespan starts the runtime (model, worker, Redis, sessions) and always stops it; on SIGTERM/SIGINT the
+requests are drained first (`api/shutdown.py`). Every error leaves as
 `{"error": {"type", "message", "param"}}` with its HTTP status; internals are logged, never returned.
 """
 
@@ -23,7 +24,7 @@ from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
-from ..errors import Overloaded, PayloadTooLarge, ServiceError
+from ..errors import Conflict, Overloaded, PayloadTooLarge, ServiceError
 from ..metrics import Metrics
 from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
@@ -32,6 +33,7 @@ from .auth import ApiKeys
 from .common import validation_message
 from .disconnect import CLIENT_CLOSED_REQUEST, ClientGone
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
+from .shutdown import Shutdown, ShutdownGate
 
 log = logging.getLogger("txl_server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -40,11 +42,14 @@ STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> FastAPI:
     """The application; `loaded` is a model already loaded from `settings` (else the lifespan loads it)."""
     metrics = Metrics()
+    shutdown = Shutdown(settings.shutdown_grace_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = Runtime(settings, worker_observer=metrics, session_observer=metrics, loaded=loaded)
         app.state.runtime = runtime
+        shutdown.on_begin = runtime.begin_shutdown
+        shutdown.reserve = runtime.save_reserve
         try:
             await runtime.start()
         except Exception as exc:
@@ -56,8 +61,8 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         log.info("serving %s from %s", runtime.model_id, settings.model_dir)
         try:
             yield
-        finally:
-            await runtime.stop()
+        finally:  # after the drain (api/shutdown.py), within what is left of the grace period
+            await runtime.stop(deadline=shutdown.deadline)
 
     # FastAPIOffline: FastAPI whose /docs and /redoc load Swagger UI and ReDoc from files installed with the
     # server (the fastapi-offline wheel), not from a CDN, so that the API docs work on an air-gapped host.
@@ -70,6 +75,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.shutdown = shutdown
     app.state.api_keys = ApiKeys.from_settings(settings)
     app.state.started_at = time.time()
     app.state.replica = replica_name(settings)
@@ -79,16 +85,24 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     # Outermost first: metrics see every response, including the limits' 413 and 429.
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(ShutdownGate, shutdown=shutdown)
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(ReplicaHeader, replica=app.state.replica)
     app.mount("/", Fallback(app, STATIC_DIR), name="playground")
     return app
 
 
+# A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer: steps take
+# tens of milliseconds to seconds, so a retry a second later usually finds the session free.
+CONFLICT_RETRY_AFTER_SECONDS = 1
+
+
 def error_response(error: ServiceError) -> JSONResponse:
     headers = {}
     if isinstance(error, Overloaded):
         headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    elif isinstance(error, Conflict):
+        headers["Retry-After"] = str(CONFLICT_RETRY_AFTER_SECONDS)
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 

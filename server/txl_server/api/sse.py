@@ -18,3 +18,9 @@ _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": 
 def event(payload: Any) -> str:
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
     return f"data: {data}\n\n"
+
+
+def error_end(error: dict[str, Any]) -> str:
+    """The end of a stream cut short: an `error` event, then `[DONE]`. The event's shape is read by both kinds
+    of stream reader: ours (`type` "error") and OpenAI's clients (an `error` key)."""
+    return event({"type": "error", "error": error}) + DONE

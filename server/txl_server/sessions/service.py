@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import secrets
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,22 +39,25 @@ from ..engine.jobs import (
 )
 from ..engine.state import ModelState, snapshot_metadata
 from ..engine.worker import Worker
-from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded
+from ..errors import Conflict, Gone, InvalidRequest, NotFound, Overloaded, Unavailable
 from ..settings import Persistence, Settings
 from . import prefix_cache
 from .cache import DEVICE, HOST, Entry, MemoryCache
 from .history import SessionHistory
 from .prefix_cache import PrefixCache
+from .recovery import Lost, Replica, gone_error, held_elsewhere, settle
 from .store import (
     BlocksMissing,
     Lease,
     MemoryWrite,
+    SessionGone,
     SessionMeta,
     SessionStore,
     StoredMemory,
     VersionSummary,
     now,
 )
+from .turns import Turns
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,6 +81,14 @@ class AppendOutcome:
     session: SessionMeta
     tokens: int
     logprob: float
+
+
+@dataclass(frozen=True)
+class Released:
+    """What a shutdown did with the sessions held in this process's memory."""
+
+    saved: int  # written to Redis
+    lost: int  # marked gone (persistence none, or no time left)
 
 
 @dataclass(frozen=True)
@@ -130,8 +142,14 @@ class SessionService:
         store: SessionStore,
         model_id: str,
         observer: SessionObserver | None = None,
+        replica: Replica | None = None,
+        exclusive: bool = False,
     ) -> None:
         self.settings = settings
+        # Who this process is to other replicas (the holder of the sessions it commits), and whether it is the
+        # only one using its Redis (a private Redis): see recovery.py.
+        self.replica = replica or Replica.new(settings.port)
+        self.exclusive = exclusive
         self.model = model
         self.tokenizer = tokenizer
         self.worker = worker
@@ -164,17 +182,30 @@ class SessionService:
         self._loop = asyncio.get_running_loop()
         self._relieving = False
         worker.on_pool_pressure = self._on_pool_pressure
+        self.turns = Turns()
 
     # ------------------------------------------------------------------ reading
 
     async def get(self, owner: str, session_id: str) -> SessionMeta:
+        """The owner's session, if it can be continued; 410 if its memory is lost (recovery.py)."""
+        meta = await self._owned(owner, session_id)
+        if meta.tier == "gone" or not await self._settle([meta]):
+            gone = await self.store.get(session_id)
+            raise gone_error(gone.gone if gone is not None else Lost.CRASHED)
+        return meta
+
+    async def _owned(self, owner: str, session_id: str) -> SessionMeta:
         meta = await self.store.get(session_id)
         if meta is None or not secrets.compare_digest(meta.owner, owner):
             raise NotFound(f"no session {session_id!r}", param="session_id")
         return meta
 
     async def list_sessions(self, owner: str) -> list[SessionMeta]:
-        return await self.store.list(owner)
+        """The owner's sessions that can be continued: never one whose memory is lost."""
+        return await self._settle(await self.store.list(owner))
+
+    async def _settle(self, metas: list[SessionMeta]) -> list[SessionMeta]:
+        return await settle(self.store, metas, me=self.replica, exclusive=self.exclusive)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -228,6 +259,7 @@ class SessionService:
             tokens=tokens,
             mem_tokens=state.memory.length,
             version=1,
+            holder=self.replica.id,
             metadata=metadata,
         )
         summary = version_summary(1, tokens, stamp, kind, text)
@@ -256,8 +288,12 @@ class SessionService:
             raise InvalidRequest(f"session limit reached ({limit}); delete some first")
 
     async def delete(self, owner: str, session_id: str) -> None:
-        meta = await self.get(owner, session_id)
-        async with self.store.lease(session_id, self.settings.lease_ttl_seconds):
+        meta = await self._owned(owner, session_id)  # a gone session too: its owner may tidy up
+        async with contextlib.AsyncExitStack() as stack:
+            wait = await stack.enter_async_context(self._turn(owner, session_id))
+            await stack.enter_async_context(
+                self.store.lease(session_id, self.settings.lease_ttl_seconds, wait_seconds=wait())
+            )
             await self.store.delete(meta)
         self.cache.drop(session_id)
         self._expiry.pop(session_id, None)
@@ -420,8 +456,9 @@ class SessionService:
     ) -> AsyncIterator[tuple[SessionMeta, ModelState, Lease]]:
         async with contextlib.AsyncExitStack() as stack:
             try:  # the committed metadata, under the lease; 404 before 409 (a foreign session's state is private)
+                wait = await stack.enter_async_context(self._turn(owner, session_id))
                 meta, lease = await stack.enter_async_context(
-                    self.store.step(session_id, owner, self.settings.lease_ttl_seconds)
+                    self.store.step(session_id, owner, self.settings.lease_ttl_seconds, wait_seconds=wait())
                 )
             except Conflict:
                 self.observer.on_conflict()
@@ -432,6 +469,14 @@ class SessionService:
                 yield meta, state, lease
             finally:
                 self.cache.unpin(session_id)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, owner: str, session_id: str) -> AsyncIterator[Callable[[], float]]:
+        """This request's turn among this process's requests on the session (waiting for those before it),
+        yielding how much of `lease_wait_seconds` is left to wait for a writer elsewhere."""
+        deadline = time.monotonic() + self.settings.lease_wait_seconds
+        async with self.turns.take(owner, session_id, wait_seconds=self.settings.lease_wait_seconds):
+            yield lambda: max(0.0, deadline - time.monotonic())
 
     async def _commit(
         self,
@@ -453,12 +498,21 @@ class SessionService:
             version=meta.version + 1,
             last_used=now(),
             tier=DEVICE,
+            holder=self.replica.id,
         )
         summary = version_summary(new.version, new.tokens, new.last_used, kind, text)
-        write = await self._memory_write(state, summary) if self._persist_always else None
+        write_memory = await self._memory_write(state, summary) if self._persist_always else None
 
         async def commit() -> None:
-            if write is None:
+            try:
+                await write()
+            except SessionGone:  # declared lost meanwhile (its holder looked dead): gone for every replica
+                fresh = await self.store.get(meta.id)
+                raise gone_error(fresh.gone if fresh is not None else Lost.CRASHED) from None
+            await self._place(new, state, summary=summary)
+
+        async def write() -> None:
+            if write_memory is None:
                 # In "evict" mode an older stored memory may sit in Redis: drop it with the commit, it is stale.
                 committed = await self.store.commit(
                     new, expected_version=meta.version, drop_memory=True, lease=lease
@@ -466,12 +520,11 @@ class SessionService:
             else:
                 committed = await self._stored(
                     lambda w: self.store.commit(new, expected_version=meta.version, write=w, lease=lease),
-                    write,
+                    write_memory,
                     state,
                 )
             if not committed:
                 raise NotFound(f"no session {meta.id!r}", param="session_id")
-            await self._place(new, state, summary=summary)
 
         await to_the_end(commit())
         return new
@@ -533,6 +586,9 @@ class SessionService:
 
     async def _state(self, meta: SessionMeta) -> ModelState:
         """The session's memory at its committed version, brought to the device tier."""
+        if meta.tier == "gone":
+            self.cache.drop(meta.id)
+            raise gone_error(meta.gone)
         entry = self.cache.get(meta.id)
         if entry is not None and entry.version == meta.version:
             if entry.tier == HOST:
@@ -548,10 +604,7 @@ class SessionService:
         except BlocksMissing as exc:
             raise Gone("this session's stored memory has expired", param="session_id") from exc
         if stored is None or stored.version != meta.version:
-            raise Gone(
-                "this session's memory was dropped to make room (persistence is off); create a new session",
-                param="session_id",
-            )
+            raise await self._missing(meta)
         try:
             state = await self._restore(stored)
         except ValueError as exc:
@@ -560,6 +613,15 @@ class SessionService:
             ) from exc
         await self._place(meta, state, source="redis")
         return state
+
+    async def _missing(self, meta: SessionMeta) -> Gone | Unavailable:
+        """Why a session's memory at its version is neither here nor in Redis."""
+        elsewhere = meta.holder and meta.holder != self.replica.id and not self.exclusive
+        if elsewhere and meta.holder in await self.store.live_replicas([meta.holder]):
+            return held_elsewhere()
+        if meta.holder != self.replica.id:  # this process never had it: its holder died without saving it
+            await self.store.mark_gone(meta, Lost.CRASHED)
+        return gone_error(Lost.CRASHED)
 
     async def _load(self, data: bytes) -> ModelState:
         """An exported snapshot's state, in the device's pool (written on the worker thread)."""
@@ -685,13 +747,14 @@ class SessionService:
         finally:
             self._relieving = False
 
-    async def _spill(self, victim: str, entry: Entry) -> None:
-        """Out of this process: to Redis (persistence on), else dropped (the session answers 410 gone)."""
+    async def _spill(self, victim: str, entry: Entry, *, lost: Lost = Lost.EVICTED) -> None:
+        """Out of this process: to Redis (persistence on), else dropped: the session is marked gone for `lost`
+        (it answers 410 saying so, and is no longer listed)."""
         target = "gone"
         if self.settings.persistence is not Persistence.NONE:
             if not self._persist_always:  # "always" already wrote this version at commit
                 meta = await self.store.get(victim)
-                if meta is not None and meta.version == entry.version:
+                if meta is not None and meta.version == entry.version and meta.tier != "gone":
                     summary = (
                         entry.summaries[-1]
                         if entry.summaries
@@ -707,11 +770,50 @@ class SessionService:
         if self.cache.peek(victim) is entry:
             self.cache.drop(victim)
             self.observer.on_tier_move(entry.tier, target)
-            await self._set_tier(victim, target)
+            if target == "gone":
+                await self._mark_gone(victim, entry.version, lost)
+            else:
+                await self._set_tier(victim, target)
+
+    async def _mark_gone(self, session_id: str, version: int, lost: Lost) -> None:
+        with contextlib.suppress(Exception):  # Redis away: start-up reconciliation will find it
+            meta = await self.store.get(session_id)
+            if meta is not None and meta.version == version:
+                await self.store.mark_gone(meta, lost)
 
     async def _set_tier(self, session_id: str, tier: str) -> None:
         with contextlib.suppress(Exception):  # bookkeeping only: a session's truth is its version
             await self.store.touch_tier(session_id, tier)
+
+    async def release_all(self, deadline: float) -> Released:
+        """At shutdown: the sessions whose memory only this process holds are saved to Redis (persistence
+        `evict`), most recently used first, until `deadline` (time.monotonic()); those left, and all of them
+        with persistence `none`, are marked gone with the reason. With `always` Redis holds them already."""
+        saved = marked = 0
+        if self._persist_always:
+            return Released(saved=0, lost=0)
+        async with self._tier_lock:
+            for session_id in self.cache.most_recent_first():
+                entry = self.cache.peek(session_id)
+                if entry is None:
+                    continue
+                if self.settings.persistence is Persistence.NONE:
+                    lost: Lost | None = Lost.RESTARTED
+                elif time.monotonic() >= deadline:
+                    lost = Lost.UNSAVED
+                else:
+                    lost = None
+                try:
+                    if lost is None:
+                        await self._spill(session_id, entry)
+                        saved += 1
+                    else:
+                        self.cache.drop(session_id)
+                        await self._mark_gone(session_id, entry.version, lost)
+                        marked += 1
+                except Exception as exc:  # Redis away: start-up reconciliation marks what is lost
+                    log.warning("could not save session memory at shutdown: %s", exc)
+        return Released(saved=saved, lost=marked)
 
     async def reap_expired(self) -> int:
         """Frees the memory of sessions whose TTL ran out (Redis already dropped their metadata)."""

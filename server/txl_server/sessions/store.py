@@ -7,8 +7,14 @@ Keys (all under the configured prefix):
                     header listing its blocks (see memory_lua.py and engine/blocks.py)
     k:{block}       hash: one block of positions, shared by every version, fork and session that lists it; a
                     commit writes only the blocks the store does not hold yet
-    l:{id}          string: the single-writer lease (a random token), expires by itself
+    l:{id}          string: the single-writer lease ("{replica}/{random}"), expires by itself
     i:{owner}:{key} string: a request's first result under an Idempotency-Key
+    r:{name}        string: a live replica's heartbeat (its incarnation), expires unless renewed
+
+A session's `holder` is the replica ("{name}#{incarnation}") that committed its version: where its memory is
+when Redis does not hold that version (persistence `evict` or `none`). A session whose memory is in neither
+is marked gone (tier `gone`, with the reason) and leaves its owner's index: it is never listed again, and
+answers `410` saying what happened until it expires or is deleted.
 
 Every commit checks and bumps the version atomically (a Lua script), together with the memory's changed blocks
 when they are written, so the memory and the metadata never disagree. Any Redis failure surfaces as `Unavailable`, and
@@ -17,12 +23,13 @@ changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -30,12 +37,16 @@ from typing import Any, TypeVar
 import anyio
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT
 
 from ..engine.blocks import StoredVersion
 from ..errors import Conflict, NotFound, Unavailable
 from . import memory_lua
 
 T = TypeVar("T")
+
+# Waiting for a lease held elsewhere: polls from 10 ms, doubling up to 200 ms (a step takes tens of ms).
+LEASE_POLL_SECONDS = (0.01, 0.2)
 
 _COMMIT = (
     memory_lua.FUNCTIONS
@@ -46,6 +57,7 @@ _COMMIT = (
 local version = redis.call('HGET', KEYS[1], 'version')
 if not version then return {-1} end
 if tonumber(version) ~= tonumber(ARGV[1]) then return {-2} end
+if redis.call('HGET', KEYS[1], 'tier') == 'gone' then return {-4} end
 local ttl = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local at = 4 + 2 * n
@@ -124,6 +136,26 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+_MARK_GONE = (
+    memory_lua.FUNCTIONS
+    + """
+-- KEYS[1] s:{id}, KEYS[2] m:{id}. ARGV: version, reason, the owner index's key prefix, id, block prefix. Marks
+-- the session gone if it is still at that version (a commit since means someone holds its memory after all).
+local version = redis.call('HGET', KEYS[1], 'version')
+if not version or tonumber(version) ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'tier', 'gone', 'gone', ARGV[2])
+drop_memory(KEYS[2], ARGV[5])
+redis.call('SREM', ARGV[3] .. redis.call('HGET', KEYS[1], 'owner'), ARGV[4])
+return 1
+"""
+)
+
+_TOUCH_TIER = """
+local tier = redis.call('HGET', KEYS[1], 'tier')
+if tier and tier ~= 'gone' then redis.call('HSET', KEYS[1], 'tier', ARGV[1]) end
+return 0
+"""
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -143,6 +175,8 @@ class SessionMeta:
     mem_tokens: int = 0
     version: int = 0
     tier: str = "device"  # device | host | redis | gone
+    holder: str = ""  # the replica that committed this version ("{name}#{incarnation}"; "": older servers)
+    gone: str = ""  # with tier "gone": why the memory was lost (sessions/recovery.py `Lost`)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -167,14 +201,17 @@ class SessionMeta:
             mem_tokens=int(d["mem_tokens"]),
             version=int(d["version"]),
             tier=d["tier"],
+            holder=d.get("holder", ""),
+            gone=d.get("gone", ""),
             metadata=json.loads(d["metadata"]),
         )
 
 
 class SessionStore:
-    def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:") -> None:
+    def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:", replica: str = "") -> None:
         self.redis = redis
         self.prefix = prefix
+        self.replica = replica  # this process's replica id: leases name their holder
         self._commit = redis.register_script(_COMMIT)
         self._create = redis.register_script(_CREATE)
         self._delete = redis.register_script(_DELETE)
@@ -182,6 +219,8 @@ class SessionStore:
         self._save = redis.register_script(memory_lua.SAVE)
         self._drop = redis.register_script(memory_lua.DROP)
         self._release = redis.register_script(_RELEASE)
+        self._mark_gone = redis.register_script(_MARK_GONE)
+        self._touch_tier = redis.register_script(_TOUCH_TIER)
         self._begin_step = redis.register_script(_BEGIN_STEP)
         self._renew = redis.register_script(_RENEW)
 
@@ -205,6 +244,9 @@ class SessionStore:
 
     def _i(self, owner: str, key: str) -> str:
         return f"{self.prefix}i:{owner}:{key}"
+
+    def _r(self, name: str) -> str:
+        return f"{self.prefix}r:{name}"
 
     async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -284,16 +326,15 @@ class SessionStore:
             lease.released = True
         if reply[0] == -2:
             raise Conflict("the session was changed by another request; retry with its latest state")
+        if reply[0] == -4:
+            raise SessionGone(meta.id)
         return bool(reply[0] == 1)
 
     async def touch_tier(self, session_id: str, tier: str) -> None:
-        """Records where the memory now lives (no version change: tiers do not change what a session is)."""
-
-        async def run() -> None:
-            if await self.redis.exists(self._s(session_id)):
-                await self.redis.hset(self._s(session_id), "tier", tier)
-
-        await self._call(run)
+        """Records where the memory now lives (no version change: tiers do not change what a session is); a
+        session marked gone stays gone."""
+        key = self._s(session_id)
+        await self._call(lambda: self._touch_tier(keys=[key], args=[tier]))
 
     async def delete(self, meta: SessionMeta) -> None:
         """Deletes the session, its stored versions and their references to blocks (blocks other sessions or
@@ -331,6 +372,92 @@ class SessionStore:
 
     async def count_exact(self, owner: str) -> int:
         return len(await self.list(owner))
+
+    async def scan(self, batch: int = 500) -> AsyncIterator[Sequence[SessionMeta]]:
+        """Every session under this prefix (gone ones included), in batches (start-up reconciliation)."""
+        pattern = _glob_escape(self.prefix) + "s:*"
+
+        async def scan_from(at: int) -> Any:
+            return await self._call(lambda: self.redis.scan(at, match=pattern, count=batch))
+
+        cursor = 0
+        while True:
+            cursor, keys = await scan_from(cursor)
+            if keys:
+
+                async def fetch(keys: list[Any] = keys) -> list[Any]:
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        for key in keys:
+                            pipe.hgetall(key)
+                        return await pipe.execute()
+
+                yield [SessionMeta.from_redis(raw) for raw in await self._call(fetch) if raw]
+            if cursor == 0:
+                return
+
+    async def memory_versions(self, session_ids: Sequence[str]) -> dict[str, int]:
+        """The version of each session's memory in Redis (sessions without one are left out)."""
+
+        async def fetch() -> list[Any]:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for session_id in session_ids:
+                    pipe.hmget(self._m(session_id), "v", "version")  # "version": memories before blocks
+                return await pipe.execute()
+
+        if not session_ids:
+            return {}
+        versions = {}
+        for session_id, (v, legacy) in zip(session_ids, await self._call(fetch), strict=True):
+            if v is not None or legacy is not None:
+                versions[session_id] = int(_text(v if v is not None else legacy))
+        return versions
+
+    async def mark_gone(self, meta: SessionMeta, reason: str) -> bool:
+        """Marks the session gone (still at `meta.version`): tier `gone` with `reason`, its memory deleted,
+        out of its owner's index. False if it changed (or went) meanwhile."""
+        keys = [self._s(meta.id), self._m(meta.id)]
+        args: list[EncodableT] = [meta.version, reason, f"{self.prefix}t:", meta.id, self.block_prefix]
+        return bool(await self._call(lambda: self._mark_gone(keys=keys, args=args)))
+
+    # ------------------------------------------------------------------ replicas
+
+    async def beat(self, name: str, incarnation: str, ttl_seconds: float) -> None:
+        """This replica is alive for `ttl_seconds` more (a new incarnation of a name replaces the old one)."""
+        await self._call(lambda: self.redis.set(self._r(name), incarnation, px=int(ttl_seconds * 1000)))
+
+    async def retire(self, name: str, incarnation: str) -> None:
+        """This replica stops: its heartbeat goes at once (if still its own)."""
+        await self._call(lambda: self._release(keys=[self._r(name)], args=[incarnation]))
+
+    async def live_replicas(self, holders: Sequence[str]) -> set[str]:
+        """Which of these replica ids ("{name}#{incarnation}") have a live heartbeat of that incarnation."""
+        holders = sorted(set(holders))
+        if not holders:
+            return set()
+        names = [holder.rpartition("#")[0] for holder in holders]
+        beats = await self._call(lambda: self.redis.mget([self._r(name) for name in names]))
+        return {
+            holder
+            for holder, beat in zip(holders, beats, strict=True)
+            if beat is not None and holder.rpartition("#")[2] == _text(beat)
+        }
+
+    async def leases(self) -> AsyncIterator[tuple[str, str]]:
+        """(session id, token) of every lease held under this prefix."""
+        pattern = _glob_escape(self.prefix) + "l:*"
+        start = len(self.prefix) + 2
+
+        async def token_of(key: Any) -> Any:
+            return await self._call(lambda: self.redis.get(key))
+
+        async for key in self.redis.scan_iter(match=pattern, count=500):
+            token = await token_of(key)
+            if token is not None:
+                yield _text(key)[start:], _text(token)
+
+    async def break_lease(self, session_id: str, token: str) -> bool:
+        """Deletes a lease whose holder is known to be dead, if it still holds it."""
+        return bool(await self._call(lambda: self._release(keys=[self._l(session_id)], args=[token])))
 
     # ------------------------------------------------------------------ stored memories
 
@@ -391,36 +518,48 @@ class SessionStore:
 
     @asynccontextmanager
     async def step(
-        self, session_id: str, owner: str, ttl_seconds: float
+        self, session_id: str, owner: str, ttl_seconds: float, *, wait_seconds: float = 0.0
     ) -> AsyncIterator[tuple[SessionMeta, Lease]]:
         """The owner's session's committed metadata, read under its single-writer lease, in one round trip.
-        Raises NotFound (no such session of this owner) before Conflict (another writer holds it)."""
-        lease = Lease(self, session_id, secrets.token_hex(16), ttl_seconds)
-        reply = await self._call(
-            lambda: self._begin_step(
-                keys=[self._s(session_id), self._l(session_id)], args=[owner, lease.token, lease.ttl_ms]
-            )
-        )
-        if reply[0] == -1:
-            raise NotFound(f"no session {session_id!r}", param="session_id")
-        if reply[0] == -2:
-            raise Conflict("another request is working on this session; retry when it has finished")
+        Raises NotFound (no such session of this owner) before Conflict (another writer still holds it after
+        `wait_seconds`)."""
+        lease = Lease(self, session_id, self._token(), ttl_seconds)
+        keys = [self._s(session_id), self._l(session_id)]
+        args: list[EncodableT] = [owner, lease.token, lease.ttl_ms]
+
+        async def attempt() -> list[Any] | None:
+            reply = await self._call(lambda: self._begin_step(keys=keys, args=args))
+            if reply[0] == -1:
+                raise NotFound(f"no session {session_id!r}", param="session_id")
+            return None if reply[0] == -2 else list(reply)
+
+        reply = await _until_free(attempt, wait_seconds)
         meta = SessionMeta.from_redis(dict(zip(reply[1::2], reply[2::2], strict=True)))
         async with self._holding(lease):
             yield meta, lease
 
     @asynccontextmanager
-    async def lease(self, session_id: str, ttl_seconds: float) -> AsyncIterator[Lease]:
-        """Holds the session's single-writer lease, or raises Conflict. A holder that dies loses it after
-        `ttl_seconds`; a live holder keeps it with `Lease.renew` during long steps."""
-        lease = Lease(self, session_id, secrets.token_hex(16), ttl_seconds)
-        acquired = await self._call(
-            lambda: self.redis.set(self._l(session_id), lease.token, nx=True, px=lease.ttl_ms)
-        )
-        if not acquired:
-            raise Conflict("another request is working on this session; retry when it has finished")
+    async def lease(
+        self, session_id: str, ttl_seconds: float, *, wait_seconds: float = 0.0
+    ) -> AsyncIterator[Lease]:
+        """Holds the session's single-writer lease, or raises Conflict if another holder keeps it longer than
+        `wait_seconds`. A holder that dies loses it after `ttl_seconds`; a live holder keeps it with
+        `Lease.renew` during long steps."""
+        lease = Lease(self, session_id, self._token(), ttl_seconds)
+
+        async def attempt() -> bool | None:
+            key = self._l(session_id)
+            taken = await self._call(lambda: self.redis.set(key, lease.token, nx=True, px=lease.ttl_ms))
+            return True if taken else None
+
+        await _until_free(attempt, wait_seconds)
         async with self._holding(lease):
             yield lease
+
+    def _token(self) -> str:
+        """A lease's token: its holder's replica id (so that a dead replica's leases can be broken at once), and
+        a random part."""
+        return f"{self.replica}/{secrets.token_hex(16)}"
 
     @asynccontextmanager
     async def _holding(self, lease: Lease) -> AsyncIterator[None]:
@@ -460,6 +599,22 @@ class SessionStore:
 
     async def drop_idempotent(self, owner: str, key: str) -> None:
         await self._call(lambda: self.redis.delete(self._i(owner, key)))
+
+
+async def _until_free(attempt: Callable[[], Awaitable[T | None]], wait_seconds: float) -> T:
+    """The first result of `attempt` that is not None (None: the lease is held), polling for `wait_seconds`:
+    a writer in another replica, or one that died and whose lease has yet to expire. Then Conflict."""
+    deadline = time.monotonic() + wait_seconds
+    pause = LEASE_POLL_SECONDS[0]
+    while True:
+        result = await attempt()
+        if result is not None:
+            return result
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Conflict("another request is working on this session: retry when it has finished")
+        await asyncio.sleep(min(pause, left))
+        pause = min(2 * pause, LEASE_POLL_SECONDS[1])
 
 
 @dataclass(frozen=True)
@@ -514,6 +669,15 @@ class BlocksMissing(Exception):
     def __init__(self, ids: set[str]) -> None:
         super().__init__(f"{len(ids)} stored blocks are gone")
         self.ids = ids
+
+
+class SessionGone(Exception):
+    """A commit on a session marked gone meanwhile (its memory was declared lost)."""
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally in a Redis MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _check_missing(reply: Any) -> None:

@@ -1,0 +1,107 @@
+"""The HTTP server process around the app: its listening sockets, taken before anything slow, and uvicorn's
+server with start-up and shutdown the way this server wants them.
+
+- The port is taken (bound and listening) before the model loads or Redis starts: a port in use is one line and
+  exit status 2 at once, not uvicorn's raw `[Errno 98]` after seconds of loading. Connections made meanwhile
+  wait in the socket's queue and are answered once the server starts.
+- Once it answers, the log ends with where to go.
+- SIGTERM/SIGINT drain the app first (`api/shutdown.py`: no new requests, running ones finish within the grace
+  period, open streams end with an error event), then uvicorn closes the connections and the lifespan stops
+  the runtime (which saves the sessions held in memory). A second signal stops waiting for requests. The
+  signals are not raised again afterwards: a clean shutdown exits 0, without a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+log = logging.getLogger("txl_server")
+
+
+BACKLOG = 2048  # uvicorn's default
+
+
+class PortUnavailable(OSError):
+    """The address cannot be bound (in use, or not allowed)."""
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address `host` resolves to, as uvicorn would make them. Listening at once, not
+    only bound: two sockets with SO_REUSEADDR may both bind a port nobody listens on. Raises PortUnavailable."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sockets: list[socket.socket] = []
+    seen = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio does: "::" is IPv6 only, "0.0.0.0" its own socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        why = "the address is already in use" if exc.errno == 98 else (exc.strerror or str(exc))
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {why}") from exc
+    return sockets
+
+
+class TxlServer(uvicorn.Server):
+    """uvicorn's server, announcing where to go once it answers and draining the app before it shuts down."""
+
+    def __init__(self, config: uvicorn.Config, *, ready_message: str) -> None:
+        super().__init__(config)
+        self.ready_message = ready_message
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            if sockets is not None:  # uvicorn announces only the sockets it bound itself
+                with contextlib.suppress(AttributeError):
+                    self._log_started_message(sockets)
+            log.info("%s", self.ready_message)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = getattr(getattr(self.config.app, "state", None), "shutdown", None)
+        if drain is not None:
+            await drain.drain()
+        await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        drain = getattr(getattr(self.config.app, "state", None), "shutdown", None)
+        if self.should_exit and drain is not None:
+            drain.hurry()  # a second Ctrl-C: stop the remaining requests now
+            return
+        self.should_exit = True
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, without raising the signals again once the server has stopped (which would end a clean
+        shutdown in a KeyboardInterrupt traceback, or a death by SIGTERM)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous: dict[int, Any] = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
