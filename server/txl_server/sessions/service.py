@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +44,7 @@ from .store import DeltaBaseMissing, Lease, SessionMeta, SessionStore, StoredMem
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Progress = Callable[[int, int], None]  # (tokens_done, tokens_total)
 
 
 class SessionObserver:
@@ -83,6 +84,13 @@ async def to_the_end(step: Coroutine[Any, Any, T]) -> T:
             current = asyncio.current_task()
             if current is not None:
                 current.uncancel()
+
+
+def _after_start_token(progress: Progress | None, total: int) -> Progress | None:
+    """Progress over a text's own tokens, for a job that feeds the start token before them."""
+    if progress is None:
+        return None
+    return lambda done, _: progress(max(0, done - 1), total)
 
 
 def new_session_id() -> str:
@@ -152,7 +160,10 @@ class SessionService:
         mem_len: int | None = None,
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
+        progress: Progress | None = None,
     ) -> SessionMeta:
+        """A new session primed with `text`; `progress(tokens_done, tokens_total)` is called as the text is fed
+        (first with 0, once the session is admitted)."""
         mem_len = self.default_mem_len if mem_len is None else mem_len
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
@@ -160,7 +171,8 @@ class SessionService:
         await self._admit_session(owner, mem_len)
         tokens = self.tokenizer.encode(text)
         empty = ModelState.empty(self.model.empty_memory(mem_len=mem_len, pool=self.pool))
-        result = await self._run(AdvanceJob(empty, [self.start_id, *tokens]))
+        job = AdvanceJob(empty, [self.start_id, *tokens], report_progress=progress is not None)
+        result = await self._run(job, progress=_after_start_token(progress, len(tokens)))
         assert isinstance(result, AdvanceResult)
         meta = await self._register(owner, result.state, len(tokens), ttl, dict(metadata or {}))
         self.observer.on_tokens("ingested", len(tokens) + 1)
@@ -270,10 +282,15 @@ class SessionService:
 
     # ------------------------------------------------------------------ steps
 
-    async def append(self, owner: str, session_id: str, text: str) -> AppendOutcome:
+    async def append(
+        self, owner: str, session_id: str, text: str, *, progress: Progress | None = None
+    ) -> AppendOutcome:
+        """Feeds `text`; `progress(tokens_done, tokens_total)` is called as it is fed (first with 0, once the step
+        holds the session)."""
         tokens = self.tokenizer.encode(text)
         async with self._step(owner, session_id) as (meta, state, lease):
-            result = await self._run(AdvanceJob(state, tokens), lease)
+            job = AdvanceJob(state, tokens, report_progress=progress is not None)
+            result = await self._run(job, lease, progress=progress)
             assert isinstance(result, AdvanceResult)
             committed = await self._commit(meta, result.state, len(tokens), base=state, lease=lease)
         self.observer.on_tokens("ingested", len(tokens))
@@ -398,9 +415,19 @@ class SessionService:
         await to_the_end(commit())
         return new
 
-    async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:
+    async def _run(
+        self, job: Job, lease: Lease | None = None, *, progress: Progress | None = None
+    ) -> AdvanceResult | GenerateResult:
+        """The job's result; its progress events (an AdvanceJob's, with report_progress) go to `progress`."""
+
+        def report(event: Any) -> None:
+            if isinstance(event, ProgressEvent) and progress is not None:
+                progress(event.done, event.total)
+
+        if progress is not None and isinstance(job, AdvanceJob):
+            progress(0, len(job.tokens))
         async with self._renewing(lease):
-            result: AdvanceResult | GenerateResult = await job_result(self.worker, job)
+            result: AdvanceResult | GenerateResult = await job_result(self.worker, job, report)
         return result
 
     async def _events(self, job: Job, lease: Lease | None) -> AsyncGenerator[Any, None]:

@@ -100,6 +100,9 @@ class StatelessService:
             if isinstance(event, ProgressEvent) and progress is not None:
                 progress(max(0, event.done - 1), len(tokens))
 
+        if progress is not None:
+            progress(0, len(tokens))
+
         result: AdvanceResult = await job_result(self.worker, job, report)
         self.observer.on_tokens("scored", len(tokens))
         per_token = result.token_logprobs[1:] if result.token_logprobs is not None else None
