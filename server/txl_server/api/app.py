@@ -31,6 +31,7 @@ from . import chat, completions, score, sessions, system
 from .auth import ApiKeys
 from .common import validation_message
 from .disconnect import CLIENT_CLOSED_REQUEST, ClientGone
+from .openai_errors import OpenAIErrors
 
 log = logging.getLogger("txl_server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -75,6 +76,9 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     # Outermost first: metrics see every response, including the limits' 413 and 429.
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(
+        OpenAIErrors
+    )  # the errors of the OpenAI routes, the limits' included, in OpenAI's shape
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.mount("/", Fallback(app, STATIC_DIR), name="playground")
     return app
