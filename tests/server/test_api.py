@@ -208,9 +208,38 @@ def test_score_json_plain_text_and_streamed_progress_agree(a):
 
 def test_score_rejects_invalid_utf8_and_empty_documents(a):
     bad = a.post("/v1/score", content=b"abc\xff\xfe", headers={"Content-Type": "text/plain"})
-    assert bad.status_code == 400 and error_of(bad)["type"] == "invalid_request"
+    assert bad.status_code == 400 and error_of(bad) == {
+        "type": "invalid_request", "message": "the body is not valid UTF-8: byte 3 (0xff)", "param": "body"
+    }  # fmt: skip
     assert a.post("/v1/score", json={"text": ""}).status_code == 400
     assert a.post("/v1/score", content=b"x", headers={"Content-Type": "application/xml"}).status_code == 400
+
+
+def test_invalid_utf8_in_a_json_body_names_the_byte_and_the_field(a):
+    sid = create(a, text="utf-8")["id"]
+    cases = [
+        ("/v1/sessions", b'{"text": "abc\xff\xfe"}', 13, "text"),
+        (f"/v1/sessions/{sid}/append", b'{"text": "caf\xc3"}', 13, "text"),
+        (f"/v1/sessions/{sid}/generate", b'{"max_tokens": 1, "stop": ["ok", "\xe2\x82"]}', 34, "stop.1"),
+        ("/v1/sessions", b'{"metadata": {"user": {"na\xffme": 1}}}', 26, "metadata.user"),
+        ("/v1/score", b'{"text": "\x80"}', 10, "text"),
+        ("/v1/sessions", b'{"text": "\xff', 10, "body"),  # not JSON either: the offset is all there is
+    ]
+    for path, raw, offset, field in cases:
+        response = a.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (path, response.text)
+        error = error_of(response)
+        where = "" if field == "body" else f", in {field}"
+        assert error == {
+            "type": "invalid_request",
+            "message": f"the body is not valid UTF-8: byte {offset} (0x{raw[offset]:02x}){where}",
+            "param": field,
+        }, path
+    completion = a.post(
+        "/v1/completions", content=b'{"prompt": ["ok", "\xff"]}', headers={"Content-Type": "application/json"}
+    )
+    assert completion.status_code == 400 and error_of(completion)["param"] == "prompt.1"
+    assert a.get(f"/v1/sessions/{sid}").json()["version"] == 1
 
 
 # ---------------------------------------------------------------------------------------------- errors, limits

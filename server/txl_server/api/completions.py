@@ -48,10 +48,11 @@ from .completions_protocol import (
     ModelCard,
     ModelList,
 )
-from .disconnect import WatchedRoute, watch_connection
+from .disconnect import watch_connection
+from .json_body import JsonBodyRoute
 from .openai_errors import OPENAI_ERROR_RESPONSES, ModelNotFound, stream_error
 
-router = APIRouter(tags=["openai"], responses=OPENAI_ERROR_RESPONSES, route_class=WatchedRoute)
+router = APIRouter(tags=["openai"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.get("/v1/models", response_model=ModelList)

@@ -11,6 +11,7 @@ from ..errors import InvalidBody, InvalidRequest
 from ..sessions.stateless import ScoreOutcome
 from .common import ERROR_RESPONSES, AppSettings, Stateless, Tenant, validation_message
 from .disconnect import WatchedRoute, watch_connection
+from .json_body import utf8_error
 from .progress import Progress, long_work, streamed_responses
 
 router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
@@ -73,14 +74,12 @@ async def score(
 async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: bool) -> ScoreRequest:
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     raw = await request.body()
-    if content_type == "text/plain":
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidRequest("the body is not valid UTF-8", param="body") from exc
-        return ScoreRequest(text=text, token_logprobs=token_logprobs, stream=stream)
-    if content_type not in ("application/json", ""):
+    if content_type not in ("text/plain", "application/json", ""):
         raise InvalidRequest("send the document as application/json or text/plain", param="content-type")
+    if (error := utf8_error(raw, json_body=content_type != "text/plain")) is not None:
+        raise error
+    if content_type == "text/plain":
+        return ScoreRequest(text=raw.decode("utf-8"), token_logprobs=token_logprobs, stream=stream)
     try:
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:

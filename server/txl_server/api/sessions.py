@@ -32,13 +32,14 @@ from .common import (
     log_text,
     progress_event,
 )
-from .disconnect import WatchedRoute, watch_connection
+from .disconnect import watch_connection
 from .idempotency import Idempotent, IdempotentCall
+from .json_body import JsonBodyRoute
 from .progress import Progress, long_work, streamed_responses
 
 log = logging.getLogger(__name__)
 router = APIRouter(
-    prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=WatchedRoute
+    prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute
 )
 
 MAX_SEED = 2**63 - 1
