@@ -630,6 +630,17 @@ def test_openapi_document_matches_the_committed_one(server):
     )
 
 
+def test_the_api_docs_example_body_makes_a_session_with_memory_that_lasts(server, a):
+    """ReDoc and Swagger UI fill a request with the schema's example, else with each field's minimum: a session
+    with mem_len 0 that expires after 1 s. The example given makes a useful one."""
+    schema = server.app.openapi()["components"]["schemas"]["SessionCreate"]
+    [example] = schema["examples"]
+    session = create(a, **example)
+    assert session["mem_len"] == 32 and session["mem_tokens"] > 1  # the model's default, holding the text
+    assert session["expires_at"] - session["created_at"] >= 3600
+    assert schema["properties"]["ttl_seconds"]["examples"] == [3600]
+
+
 # ---------------------------------------------------------------------------------------------- separate servers
 
 

@@ -61,9 +61,7 @@ class SessionCreate(BaseModel):
         },
     )
     text: str = Field("", description="Text the session starts with (may be empty)")
-    mem_len: int | None = Field(
-        None, ge=0, examples=[512], description="Positions of memory to keep; default: the model's"
-    )
+    mem_len: int | None = Field(None, ge=0, description="Positions of memory to keep; default: the model's")
     ttl_seconds: int | None = Field(
         None, ge=1, examples=[3600], description="Expires this long after its last use; default: the server's"
     )
