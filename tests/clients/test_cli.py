@@ -188,6 +188,35 @@ def test_score_prints_a_table_json_and_progress(tmp_path, env, sdk):
     assert f"100% {expected.tokens}/{expected.tokens} tokens" in as_json.stderr
 
 
+def test_score_prints_each_result_as_it_comes_and_keeps_it_when_a_later_file_fails(server, tmp_path, env):
+    """Output to a pipe: the first file's row arrives while the second is still being scored; a third file
+    the server refuses (larger than its 64 KiB body limit) ends the run with status 1, naming the file, and
+    loses nothing printed before. --json's list stays valid JSON."""
+    short, slow, big = tmp_path / "short.txt", tmp_path / "slow.txt", tmp_path / "big.txt"
+    short.write_text("Hello there.\n", encoding="utf-8")
+    slow.write_text("It was the best of times, it was the worst of times. " * 2, encoding="utf-8")
+    big.write_text("x" * 70_000, encoding="utf-8")
+    runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    environment = {k: v for k, v in os.environ.items() if k not in ("TXL_URL", "TXL_API_KEY")} | env
+    with Gate(runner, "run", delay=0.15):  # the slow file: 14 forwards, ~2 s
+        process = subprocess.Popen(
+            [TXL, "score", str(short), str(slow), str(big)],
+            env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert process.stdout is not None
+        header, first = process.stdout.readline(), process.stdout.readline()
+        assert process.poll() is None  # still scoring the slow file
+        rest, errors = process.communicate(timeout=60)
+    assert header.split()[-1] == "file" and first.split()[-1] == str(short)
+    assert process.returncode == 1 and rest.splitlines()[0].split()[-1] == str(slow)
+    assert len(rest.splitlines()) == 1  # no total: the run did not finish
+    assert errors.startswith(f"txl: error: {big}: 413 payload_too_large"), errors
+
+    as_json = run("score", str(short), str(big), "--json", env=env)
+    assert as_json.returncode == 1 and str(big) in as_json.stderr
+    assert [row["file"] for row in json.loads(as_json.stdout)] == [str(short)]
+
+
 # ---------------------------------------------------------------------------------------------- chat
 
 

@@ -43,10 +43,21 @@ def b(server):
     yield from client_of(server, KEY_B)
 
 
+OPENAI_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+
+
 def error_of(response: httpx.Response) -> dict:
+    """The error object, in the server's shape; on the OpenAI routes, in OpenAI's (with `code`)."""
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "message", "param"}, body
+    shape = {"type", "message", "param"} | ({"code"} if response.url.path in OPENAI_ROUTES else set())
+    assert set(body) == {"error"} and set(body["error"]) == shape, body
     return body["error"]
+
+
+def kind_of(response: httpx.Response) -> str:
+    """What went wrong: the error's type, or on the OpenAI routes its code (the type is OpenAI's category)."""
+    error = error_of(response)
+    return error["code"] if "code" in error else error["type"]
 
 
 def sse_events(response: httpx.Response) -> list:
@@ -197,9 +208,38 @@ def test_score_json_plain_text_and_streamed_progress_agree(a):
 
 def test_score_rejects_invalid_utf8_and_empty_documents(a):
     bad = a.post("/v1/score", content=b"abc\xff\xfe", headers={"Content-Type": "text/plain"})
-    assert bad.status_code == 400 and error_of(bad)["type"] == "invalid_request"
+    assert bad.status_code == 400 and error_of(bad) == {
+        "type": "invalid_request", "message": "the body is not valid UTF-8: byte 3 (0xff)", "param": "body"
+    }  # fmt: skip
     assert a.post("/v1/score", json={"text": ""}).status_code == 400
     assert a.post("/v1/score", content=b"x", headers={"Content-Type": "application/xml"}).status_code == 400
+
+
+def test_invalid_utf8_in_a_json_body_names_the_byte_and_the_field(a):
+    sid = create(a, text="utf-8")["id"]
+    cases = [
+        ("/v1/sessions", b'{"text": "abc\xff\xfe"}', 13, "text"),
+        (f"/v1/sessions/{sid}/append", b'{"text": "caf\xc3"}', 13, "text"),
+        (f"/v1/sessions/{sid}/generate", b'{"max_tokens": 1, "stop": ["ok", "\xe2\x82"]}', 34, "stop.1"),
+        ("/v1/sessions", b'{"metadata": {"user": {"na\xffme": 1}}}', 26, "metadata.user"),
+        ("/v1/score", b'{"text": "\x80"}', 10, "text"),
+        ("/v1/sessions", b'{"text": "\xff', 10, "body"),  # not JSON either: the offset is all there is
+    ]
+    for path, raw, offset, field in cases:
+        response = a.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (path, response.text)
+        error = error_of(response)
+        where = "" if field == "body" else f", in {field}"
+        assert error == {
+            "type": "invalid_request",
+            "message": f"the body is not valid UTF-8: byte {offset} (0x{raw[offset]:02x}){where}",
+            "param": field,
+        }, path
+    completion = a.post(
+        "/v1/completions", content=b'{"prompt": ["ok", "\xff"]}', headers={"Content-Type": "application/json"}
+    )
+    assert completion.status_code == 400 and error_of(completion)["param"] == "prompt.1"
+    assert a.get(f"/v1/sessions/{sid}").json()["version"] == 1
 
 
 # ---------------------------------------------------------------------------------------------- errors, limits
@@ -226,7 +266,7 @@ def test_tenants_cannot_see_or_touch_each_others_sessions(a, b):
         ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, "session_id": sid}),
     ):
         response = b.request(method, path, json=body)
-        assert response.status_code == 404 and error_of(response)["type"] == "not_found", (method, path)
+        assert response.status_code == 404 and kind_of(response) == "not_found", (method, path)
     assert sid not in [s["id"] for s in b.get("/v1/sessions").json()["data"]]
     assert a.get(f"/v1/sessions/{sid}").json()["version"] == session["version"]
 
@@ -555,9 +595,20 @@ def test_completions_echo_logprobs_scores_the_prompt(a):
     assert choice["text"] == prompt
     logprobs = choice["logprobs"]
     assert "".join(logprobs["tokens"]) == prompt and len(logprobs["token_logprobs"]) == len(prompt)
-    assert all(len(t) == 2 for t in logprobs["top_logprobs"])
-    direct = a.post("/v1/score", json={"text": prompt}).json()
-    assert sum(logprobs["token_logprobs"]) == pytest.approx(direct["logprob"], rel=1e-5)
+    # As OpenAI: nothing in the prompt comes before its first token, so it has no log-prob.
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    # The chosen token is among the alternatives, added when it is not in the top 2 (as OpenAI does).
+    added = 0
+    for token, logprob, top in zip(
+        logprobs["tokens"][1:], logprobs["token_logprobs"][1:], logprobs["top_logprobs"][1:], strict=True
+    ):
+        assert top[token] == logprob and len(top) in (2, 3)
+        if len(top) == 3:
+            added += 1
+            assert logprob <= min(lp for text, lp in top.items() if text != token)
+    assert added  # a random tiny model rarely picks the likeliest bytes of this prompt
+    direct = a.post("/v1/score", json={"text": prompt, "token_logprobs": True}).json()
+    assert logprobs["token_logprobs"][1:] == pytest.approx(direct["token_logprobs"][1:], rel=1e-5)
 
 
 def test_completions_can_continue_a_session(a):
@@ -579,6 +630,17 @@ def test_openapi_document_matches_the_committed_one(server):
     assert json.loads(committed.read_text()) == json.loads(json.dumps(served)), (
         "docs/openapi.json is stale: run `python -m txl_server.openapi > docs/openapi.json`"
     )
+
+
+def test_the_api_docs_example_body_makes_a_session_with_memory_that_lasts(server, a):
+    """ReDoc and Swagger UI fill a request with the schema's example, else with each field's minimum: a session
+    with mem_len 0 that expires after 1 s. The example given makes a useful one."""
+    schema = server.app.openapi()["components"]["schemas"]["SessionCreate"]
+    [example] = schema["examples"]
+    session = create(a, **example)
+    assert session["mem_len"] == 32 and session["mem_tokens"] > 1  # the model's default, holding the text
+    assert session["expires_at"] - session["created_at"] >= 3600
+    assert schema["properties"]["ttl_seconds"]["examples"] == [3600]
 
 
 # ---------------------------------------------------------------------------------------------- separate servers

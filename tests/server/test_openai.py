@@ -161,4 +161,70 @@ def test_chat_refuses_what_it_cannot_do(client):
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": image}]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages.0.content"
     empty = client.post("/v1/chat/completions", json={"messages": []})
-    assert empty.status_code == 422 and empty.json()["error"]["param"] == "messages"
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "messages"
+
+
+# ---------------------------------------------------------------------------------------------- OpenAI's behaviour
+
+
+def test_an_echoed_prompt_starts_with_a_null_logprob_and_alternatives_hold_the_chosen_token(openai_client):
+    """As OpenAI: the first token of an echoed prompt has no log-prob (nothing of the prompt precedes it), and
+    each position's top_logprobs hold the chosen token even when it is not among the top n."""
+    scored = openai_client.completions.create(
+        model="tiny-byte",
+        prompt="Call me Ishmael.",
+        echo=True,
+        logprobs=1,
+        max_tokens=6,
+        temperature=1,
+        seed=4,
+    )
+    logprobs = scored.choices[0].logprobs
+    assert (
+        logprobs.tokens[0] == "C" and logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    )
+    rows = list(zip(logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True))
+    assert len(rows) == len("Call me Ishmael.") - 1 + 6
+    for token, logprob, top in rows:
+        assert len(top) in (1, 2) and logprob in top.values()
+        if len(token) == 1 and token.isprintable() and token.isascii():  # a byte's text is its character
+            assert top[token] == logprob
+    assert any(len(top) == 2 for _, _, top in rows)  # the tiny random model often picks an unlikely byte
+
+
+def test_openai_routes_answer_errors_as_openai_does(openai_client, server):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError) as out_of_range:
+        openai_client.completions.create(model="tiny-byte", prompt="x", max_tokens=1, temperature=3)
+    error = out_of_range.value
+    assert error.status_code == 400 and (error.type, error.param, error.code) == (
+        "invalid_request_error", "temperature", None
+    )  # fmt: skip
+    with pytest.raises(openai.NotFoundError) as unknown:
+        openai_client.completions.create(model="gpt-4o", prompt="x", max_tokens=1)
+    assert (unknown.value.status_code, unknown.value.type, unknown.value.code) == (
+        404, "invalid_request_error", "model_not_found"
+    )  # fmt: skip
+    assert "gpt-4o" in unknown.value.message and "tiny-byte" in unknown.value.message
+    with pytest.raises(openai.NotFoundError) as unknown_in_chat:
+        openai_client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
+    assert unknown_in_chat.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad_chat:
+        openai_client.chat.completions.create(
+            model="tiny-byte", messages=[{"role": "user", "content": "Hi"}], n=0
+        )
+    assert (bad_chat.value.type, bad_chat.value.param) == ("invalid_request_error", "n")
+    stranger = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as wrong_key:
+        stranger.models.list()
+    assert wrong_key.value.code == "invalid_api_key"
+
+
+def test_the_native_routes_keep_their_own_error_shape(client):
+    session = client.post("/v1/sessions", json={"text": "x"}).json()
+    response = client.post(f"/v1/sessions/{session['id']}/generate", json={"temperature": 300})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert set(error) == {"type", "message", "param"} and (error["type"], error["param"]) == (
+        "invalid_request", "temperature"
+    )  # fmt: skip

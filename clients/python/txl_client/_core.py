@@ -1,6 +1,10 @@
 """What the sync and async clients share: options, the requests each method sends, the retry rule, SSE parsing.
 
 The clients themselves only send: `Client` with `httpx.Client`, `AsyncClient` with `httpx.AsyncClient`.
+
+Work that may take long (append, create with text, import, score, generate) is always asked for as a stream: the
+server reports progress (or tokens) while it works, and the timeout, httpx's read timeout, bounds the silence
+between two events rather than the whole call.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import re
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from ._version import __version__
 from .errors import (
@@ -28,15 +34,17 @@ from .errors import (
     Unavailable,
     error_from_body,
 )
-from .types import GenerateResult, Progress, ScoreResult, TokenEvent
+from .types import GenerateResult, Progress, TokenEvent
+
+M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger("txl_client")
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_RETRIES = 2
 BACKOFF_BASE_SECONDS = 0.25
 BACKOFF_MAX_SECONDS = 8.0
-
-log = logging.getLogger("txl_client")
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -46,9 +54,10 @@ log = logging.getLogger("txl_client")
 class Options:
     url: str
     api_key: str | None
-    timeout: float
+    timeout: float  # seconds without an answer or progress
     max_retries: int
     retry_overloaded: bool
+    retry_conflicts: bool = False
     retries: Retries = field(default_factory=lambda: Retries())  # shared by the clients with_options makes
 
     @classmethod
@@ -60,13 +69,14 @@ class Options:
         timeout: float,
         max_retries: int,
         retry_overloaded: bool,
+        retry_conflicts: bool = False,
     ) -> Options:
         """Arguments win over TXL_URL / TXL_API_KEY, read now (when the client is made), never at import."""
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         url = url or os.environ.get("TXL_URL") or DEFAULT_URL
         api_key = api_key if api_key is not None else (os.environ.get("TXL_API_KEY") or None)
-        return cls(url.rstrip("/"), api_key, timeout, max_retries, retry_overloaded)
+        return cls(url.rstrip("/"), api_key, timeout, max_retries, retry_overloaded, retry_conflicts)
 
     def with_changes(self, **changes: Any) -> Options:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -92,9 +102,11 @@ class Call:
 
     method: str
     path: str
-    body: dict[str, Any] | None = None
+    body: dict[str, Any] | None = None  # sent as JSON
     idempotency_key: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    content: bytes | None = None  # sent as it is (a snapshot), instead of a JSON body
+    params: dict[str, str] = field(default_factory=dict)
     changes_nothing: bool = False  # a POST that only reads (scoring): as safe to send again as a GET
 
     def request_headers(self) -> dict[str, str]:
@@ -155,10 +167,17 @@ def create_session_call(
     ttl_seconds: int | None,
     metadata: dict[str, Any] | None,
     idempotency_key: str | None = None,
+    *,
+    stream: bool = False,
 ) -> Call:
     """Keyed like a step: a retry after a lost response returns the session the first attempt made."""
     body = _compact(text=text, mem_len=mem_len, ttl_seconds=ttl_seconds, metadata=metadata)
-    return Call("POST", "/v1/sessions", body, idempotency_key=idempotency_key or new_idempotency_key())
+    return Call(
+        "POST",
+        "/v1/sessions",
+        {**body, "stream": True} if stream else body,
+        idempotency_key=idempotency_key or new_idempotency_key(),
+    )
 
 
 def session_call(method: str, session_id: str, suffix: str = "") -> Call:
@@ -171,6 +190,28 @@ def delete_call(session_id: str, idempotency_key: str | None = None) -> Call:
         "DELETE",
         f"/v1/sessions/{_segment(session_id)}",
         idempotency_key=idempotency_key or new_idempotency_key(),
+    )
+
+
+def append_call(session_id: str, text: str, idempotency_key: str | None) -> Call:
+    """Streamed: progress while a long text is fed."""
+    return step_call(session_id, "append", {"text": text, "stream": True}, idempotency_key)
+
+
+def export_call(session_id: str) -> Call:
+    return session_call("GET", session_id, "/snapshot")
+
+
+def import_call(data: bytes, ttl_seconds: int | None, idempotency_key: str | None) -> Call:
+    """Streamed, and keyed: a retry after a lost response returns the session the first attempt made."""
+    params = {"stream": "true", **({"ttl_seconds": str(ttl_seconds)} if ttl_seconds is not None else {})}
+    return Call(
+        "POST",
+        "/v1/sessions/import",
+        idempotency_key=idempotency_key or new_idempotency_key(),
+        headers={"Content-Type": "application/octet-stream"},
+        content=data,
+        params=params,
     )
 
 
@@ -206,9 +247,14 @@ def generate_body(
     return {**body, "stream": True} if stream else body
 
 
-def score_call(text: str, token_logprobs: bool, stream: bool) -> Call:
-    body: dict[str, Any] = {"text": text, "token_logprobs": token_logprobs}
-    return Call("POST", "/v1/score", {**body, "stream": True} if stream else body, changes_nothing=True)
+def score_call(text: str, token_logprobs: bool) -> Call:
+    """Streamed: progress while the document is read. Not keyed: scoring changes nothing, a retry is harmless."""
+    return Call(
+        "POST",
+        "/v1/score",
+        {"text": text, "token_logprobs": token_logprobs, "stream": True},
+        changes_nothing=True,
+    )
 
 
 def _segment(session_id: str) -> str:
@@ -279,6 +325,9 @@ def _delay(
     if isinstance(error, Unavailable) and error.status in RETRIED_STATUSES and call.repeatable:
         return backoff
     if isinstance(error, Overloaded) and options.retry_overloaded:
+        return max(error.retry_after or 0.0, backoff)
+    if isinstance(error, Conflict) and options.retry_conflicts:
+        # Another writer holds the session (or our key's first attempt still runs): nothing was done; wait.
         return max(error.retry_after or 0.0, backoff)
     if isinstance(error, Conflict) and call.idempotency_key is not None and after_lost_response:
         # Our own earlier attempt (whose response was lost) still holds the session or the key: wait for it,
@@ -383,13 +432,18 @@ def generate_event(event: dict[str, Any]) -> TokenEvent | GenerateResult | Progr
     return None  # an event type this client does not know: skip it
 
 
-def score_event(event: dict[str, Any]) -> Progress | ScoreResult | None:
-    kind = event.get("type")
-    if kind == "progress":
-        return Progress.model_validate(event)
-    if kind == "result":
-        return ScoreResult.model_validate({k: v for k, v in event.items() if k != "type"})
-    return None
+def result_events(result: type[M], kind: str = "result") -> Callable[[dict[str, Any]], Progress | M | None]:
+    """The parser of a stream of progress events that ends with one `kind` event holding a `result`; other
+    events (a generation's tokens, types this client does not know) are skipped."""
+
+    def parse(event: dict[str, Any]) -> Progress | M | None:
+        if event.get("type") == "progress":
+            return Progress.model_validate(event)
+        if event.get("type") == kind:
+            return result.model_validate({k: v for k, v in event.items() if k != "type"})
+        return None
+
+    return parse
 
 
 def ended_early(what: str) -> TxlConnectionError:

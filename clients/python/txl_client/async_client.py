@@ -10,9 +10,10 @@ async with AsyncClient() as txl:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
 
@@ -30,6 +31,7 @@ from .types import (
 )
 
 AsyncProgressCallback = Callable[[int, int], object | Awaitable[object]]
+T = TypeVar("T")
 
 
 class AsyncClient:
@@ -43,10 +45,16 @@ class AsyncClient:
         timeout: float = _core.DEFAULT_TIMEOUT,
         max_retries: int = _core.DEFAULT_MAX_RETRIES,
         retry_overloaded: bool = False,
+        retry_conflicts: bool = False,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         self._options = _core.Options.resolve(
-            url, api_key, timeout=timeout, max_retries=max_retries, retry_overloaded=retry_overloaded
+            url,
+            api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            retry_overloaded=retry_overloaded,
+            retry_conflicts=retry_conflicts,
         )
         self._http = http_client or httpx.AsyncClient(timeout=self._options.httpx_timeout())
         self._owns_http = http_client is None
@@ -66,10 +74,14 @@ class AsyncClient:
         timeout: float | None = None,
         max_retries: int | None = None,
         retry_overloaded: bool | None = None,
+        retry_conflicts: bool | None = None,
     ) -> AsyncClient:
         other = object.__new__(AsyncClient)
         other._options = self._options.with_changes(
-            timeout=timeout, max_retries=max_retries, retry_overloaded=retry_overloaded
+            timeout=timeout,
+            max_retries=max_retries,
+            retry_overloaded=retry_overloaded,
+            retry_conflicts=retry_conflicts,
         )
         other._http, other._owns_http = self._http, False
         return other
@@ -94,9 +106,16 @@ class AsyncClient:
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        on_progress: AsyncProgressCallback | None = None,
     ) -> Session:
-        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata, idempotency_key)
-        return Session.model_validate(await self._json(call))
+        """See `Client.create_session`; `on_progress` may be a plain function or a coroutine function."""
+        streamed = bool(text) or on_progress is not None
+        call = _core.create_session_call(
+            text, mem_len, ttl_seconds, metadata, idempotency_key, stream=streamed
+        )
+        if not streamed:
+            return Session.model_validate(await self._json(call))
+        return await self._long(call, _core.result_events(Session), on_progress)
 
     async def get_session(self, session_id: str) -> Session:
         return Session.model_validate(await self._json(_core.session_call("GET", session_id)))
@@ -120,9 +139,29 @@ class AsyncClient:
         call = _core.step_call(session_id, "fork", body, idempotency_key)
         return Session.model_validate(await self._json(call))
 
-    async def append(self, session_id: str, text: str, *, idempotency_key: str | None = None) -> AppendResult:
-        call = _core.step_call(session_id, "append", {"text": text}, idempotency_key)
-        return AppendResult.model_validate(await self._json(call))
+    async def append(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        idempotency_key: str | None = None,
+        on_progress: AsyncProgressCallback | None = None,
+    ) -> AppendResult:
+        """See `Client.append`."""
+        call = _core.append_call(session_id, text, idempotency_key)
+        return await self._long(call, _core.result_events(AppendResult), on_progress)
+
+    async def export_snapshot(self, session_id: str) -> bytes:
+        """See `Client.export_snapshot`."""
+        response = await self._send(_core.export_call(session_id))
+        return response.content
+
+    async def import_snapshot(
+        self, data: bytes, *, ttl_seconds: int | None = None, idempotency_key: str | None = None
+    ) -> Session:
+        """See `Client.import_snapshot`."""
+        call = _core.import_call(data, ttl_seconds, idempotency_key)
+        return await self._long(call, _core.result_events(Session), None)
 
     @overload
     async def generate(
@@ -174,16 +213,11 @@ class AsyncClient:
         on_progress: AsyncProgressCallback | None = None,
     ) -> GenerateResult | AsyncGenerateStream:
         """See `Client.generate`; `on_progress` may be a plain function or a coroutine function."""
-        streamed = stream or on_progress is not None
-        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, streamed)
+        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, True)
         call = _core.step_call(session_id, "generate", body, idempotency_key)
-        if not streamed:
-            return GenerateResult.model_validate(await self._json(call))
-        generation = AsyncGenerateStream(self, call, await self._send(call, stream=True), on_progress)
-        if stream:
-            return generation
-        async with generation:
-            return await generation.finish()
+        if not stream:
+            return await self._long(call, _core.result_events(GenerateResult, "done"), on_progress)
+        return AsyncGenerateStream(self, call, await self._send(call, stream=True), on_progress)
 
     # ------------------------------------------------------------------------------------------ stateless
 
@@ -195,35 +229,8 @@ class AsyncClient:
         on_progress: AsyncProgressCallback | None = None,
     ) -> ScoreResult:
         """See `Client.score`; `on_progress` may be a plain function or a coroutine function."""
-        if on_progress is None:
-            call = _core.score_call(text, token_logprobs, False)
-            return ScoreResult.model_validate(await self._json(call))
-        call = _core.score_call(text, token_logprobs, True)
-        attempt = 0
-        while True:
-            try:
-                return await self._score_stream(await self._send(call, stream=True), on_progress)
-            except TxlConnectionError as error:  # scoring changes nothing: safe to run again
-                delay = _core.retry_delay(
-                    self._options, call, error, attempt=attempt, after_lost_response=True
-                )
-                if delay is None:
-                    raise
-                await asyncio.sleep(delay)
-                attempt += 1
-
-    async def _score_stream(
-        self, response: httpx.Response, on_progress: AsyncProgressCallback
-    ) -> ScoreResult:
-        try:
-            async for event in _events(response, _core.score_event):
-                if isinstance(event, Progress):
-                    await _call(on_progress, event.tokens_done, event.tokens_total)
-                elif isinstance(event, ScoreResult):
-                    return event
-        finally:
-            await response.aclose()
-        raise _core.ended_early("score")
+        call = _core.score_call(text, token_logprobs)
+        return await self._long(call, _core.result_events(ScoreResult), on_progress)
 
     async def models(self) -> list[ModelCard]:
         body = await self._json(_core.Call("GET", "/v1/models"))
@@ -244,38 +251,77 @@ class AsyncClient:
     async def _send(
         self, call: _core.Call, *, stream: bool = False, lost: TxlError | None = None
     ) -> httpx.Response:
-        attempt = 0
+        return await self._retrying(call, lambda: self._attempt(call, stream=stream), lost=lost)
+
+    async def _long(
+        self,
+        call: _core.Call,
+        parse: Callable[[dict[str, Any]], Progress | T | None],
+        on_progress: AsyncProgressCallback | None,
+    ) -> T:
+        """See `Client._long`."""
+
+        async def attempt() -> T:
+            response = await self._attempt(call, stream=True)
+            try:
+                async with contextlib.aclosing(_events(response, parse)) as events:
+                    async for event in events:
+                        if not isinstance(event, Progress):
+                            return event
+                        if on_progress is not None:
+                            await _call(on_progress, event.tokens_done, event.tokens_total)
+            finally:
+                await response.aclose()
+            raise _core.ended_early("result")
+
+        return await self._retrying(call, attempt)
+
+    async def _retrying(
+        self,
+        call: _core.Call,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        lost: TxlError | None = None,
+    ) -> T:
+        attempts = 0
         while True:
-            request = self._http.build_request(
-                call.method,
-                self._options.url + call.path,
-                json=call.body,
-                headers={**self._options.headers(), **call.request_headers()},
-                timeout=self._options.httpx_timeout(),
-            )
             error: TxlError
             try:
-                response = await self._http.send(request, stream=stream)
-            except httpx.TransportError as exc:
-                error = _core.transport_error(exc, self._options.timeout)
-            else:
-                if response.is_success:
-                    return response
-                try:
-                    content = await response.aread()
-                except httpx.TransportError:
-                    content = b""
-                await response.aclose()
-                error = error_from_response(response.status_code, content, response.headers)
+                return await attempt()
+            except TxlError as exc:
+                error = exc
             if _core.response_lost(error):
                 lost = error
             delay = _core.retry_delay(
-                self._options, call, error, attempt=attempt, after_lost_response=lost is not None
+                self._options, call, error, attempt=attempts, after_lost_response=lost is not None
             )
             if delay is None:
                 raise _core.final_error(error, lost)
             await asyncio.sleep(delay)
-            attempt += 1
+            attempts += 1
+
+    async def _attempt(self, call: _core.Call, *, stream: bool) -> httpx.Response:
+        request = self._http.build_request(
+            call.method,
+            self._options.url + call.path,
+            json=call.body,
+            content=call.content,
+            params=call.params,
+            headers={**self._options.headers(), **call.request_headers()},
+            timeout=self._options.httpx_timeout(),
+        )
+        try:
+            response = await self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise _core.transport_error(exc, self._options.timeout) from exc
+        if response.is_success:
+            return response
+        try:
+            content = await response.aread()
+        except httpx.TransportError:
+            content = b""
+        await response.aclose()
+        raise error_from_response(response.status_code, content, response.headers)
 
 
 class AsyncGenerateStream(AsyncIterator[TokenEvent]):
@@ -357,7 +403,9 @@ async def _call(callback: AsyncProgressCallback, done: int, total: int) -> None:
         await outcome
 
 
-async def _events(response: httpx.Response, parse: Callable[[dict[str, Any]], Any]) -> AsyncIterator[Any]:
+async def _events(
+    response: httpx.Response, parse: Callable[[dict[str, Any]], Any]
+) -> AsyncGenerator[Any, None]:
     decoder = _core.SSEDecoder()
     timeout = response.request.extensions.get("timeout", {}).get("read")
     try:

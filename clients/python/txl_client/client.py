@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
 
@@ -32,18 +32,24 @@ from .types import (
 )
 
 ProgressCallback = Callable[[int, int], object]
+T = TypeVar("T")
 
 
 class Client:
     """A TXL Serve client. `url` defaults to $TXL_URL (else http://127.0.0.1:8000), `api_key` to $TXL_API_KEY.
 
-    Steps that change a session (append, generate, fork) carry an Idempotency-Key, fresh per call and the same
-    on its retries: transport failures are retried (up to `max_retries`) without ever stepping twice, and so are a
-    proxy's 502, 503 and 504 (a replica that failed or is restarting). 429 Overloaded is retried, honouring
-    Retry-After, only with `retry_overloaded=True` (or `with_options`). `retries` counts what was sent again, and
-    each retry is logged (logger "txl_client"). Every request that works on a session carries its id in an
-    `X-TXL-Session` header too (from the path, `session_id` or `previous_response_id`), for proxies that route
-    by session.
+    `timeout` is how long the client waits for the server to answer or to report progress: work that may take
+    long (append, create with text, import, score, generate) is streamed, so a 1 MiB append takes as long as it
+    takes, while a server that says nothing for `timeout` seconds raises TxlTimeoutError.
+
+    Steps that change a session (create, append, generate, fork, import, delete) carry an Idempotency-Key, fresh
+    per call and the same on its retries: transport failures are retried (up to `max_retries`) without ever
+    stepping twice, and so are a proxy's 502, 503 and 504 (a replica that failed or is restarting). 429
+    Overloaded is retried, honouring Retry-After, only with `retry_overloaded=True`; 409 Conflict (another step
+    on the same session is running) only with `retry_conflicts=True` (or `with_options`). `retries` counts what
+    was sent again, and each retry is logged (logger "txl_client"). Every request that works on a session carries
+    its id in an `X-TXL-Session` header too (from the path, `session_id` or `previous_response_id`), for proxies
+    that route by session.
     """
 
     def __init__(
@@ -54,10 +60,16 @@ class Client:
         timeout: float = _core.DEFAULT_TIMEOUT,
         max_retries: int = _core.DEFAULT_MAX_RETRIES,
         retry_overloaded: bool = False,
+        retry_conflicts: bool = False,
         http_client: httpx.Client | None = None,
     ) -> None:
         self._options = _core.Options.resolve(
-            url, api_key, timeout=timeout, max_retries=max_retries, retry_overloaded=retry_overloaded
+            url,
+            api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            retry_overloaded=retry_overloaded,
+            retry_conflicts=retry_conflicts,
         )
         self._http = http_client or httpx.Client(timeout=self._options.httpx_timeout())
         self._owns_http = http_client is None
@@ -77,11 +89,15 @@ class Client:
         timeout: float | None = None,
         max_retries: int | None = None,
         retry_overloaded: bool | None = None,
+        retry_conflicts: bool | None = None,
     ) -> Client:
         """A client sharing this one's connections, with some options changed (for one call or a few)."""
         other = object.__new__(Client)
         other._options = self._options.with_changes(
-            timeout=timeout, max_retries=max_retries, retry_overloaded=retry_overloaded
+            timeout=timeout,
+            max_retries=max_retries,
+            retry_overloaded=retry_overloaded,
+            retry_conflicts=retry_conflicts,
         )
         other._http, other._owns_http = self._http, False
         return other
@@ -106,9 +122,17 @@ class Client:
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> Session:
-        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata, idempotency_key)
-        return Session.model_validate(self._json(call))
+        """A new session primed with `text`; `on_progress(tokens_done, tokens_total)` is called as the server
+        feeds it (a long text is streamed, so it never times out while progress arrives)."""
+        streamed = bool(text) or on_progress is not None
+        call = _core.create_session_call(
+            text, mem_len, ttl_seconds, metadata, idempotency_key, stream=streamed
+        )
+        if not streamed:
+            return Session.model_validate(self._json(call))
+        return self._long(call, _core.result_events(Session), on_progress)
 
     def get_session(self, session_id: str) -> Session:
         return Session.model_validate(self._json(_core.session_call("GET", session_id)))
@@ -130,9 +154,29 @@ class Client:
         body = {"metadata": metadata} if metadata is not None else None
         return Session.model_validate(self._json(_core.step_call(session_id, "fork", body, idempotency_key)))
 
-    def append(self, session_id: str, text: str, *, idempotency_key: str | None = None) -> AppendResult:
-        call = _core.step_call(session_id, "append", {"text": text}, idempotency_key)
-        return AppendResult.model_validate(self._json(call))
+    def append(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        idempotency_key: str | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> AppendResult:
+        """Adds `text` to the session; `on_progress(tokens_done, tokens_total)` is called as the server feeds it."""
+        call = _core.append_call(session_id, text, idempotency_key)
+        return self._long(call, _core.result_events(AppendResult), on_progress)
+
+    def export_snapshot(self, session_id: str) -> bytes:
+        """The session's memory and metadata as one safetensors file, for `import_snapshot` (here or elsewhere)."""
+        response = self._send(_core.export_call(session_id))
+        return response.content
+
+    def import_snapshot(
+        self, data: bytes, *, ttl_seconds: int | None = None, idempotency_key: str | None = None
+    ) -> Session:
+        """A new session (new id, yours) holding an exported session's memory."""
+        call = _core.import_call(data, ttl_seconds, idempotency_key)
+        return self._long(call, _core.result_events(Session), None)
 
     @overload
     def generate(
@@ -184,22 +228,17 @@ class Client:
         on_progress: ProgressCallback | None = None,
     ) -> GenerateResult | GenerateStream:
         """Adds `text` (may be empty), then generates. Unset sampling values take the server's defaults
-        (16 tokens, temperature 1). With `stream=True`, returns a GenerateStream of TokenEvents whose
+        (256 tokens, temperature 1, top-p 1). With `stream=True`, returns a GenerateStream of TokenEvents whose
         `result` is the final GenerateResult; errors before the first event are raised here.
 
         A long `text` takes the server a while before the first token: `on_progress(tokens_done, tokens_total)`
-        is called as it is fed (the call streams, so that the progress arrives; without `stream=True` it still
-        returns the GenerateResult). While progress arrives, the client's timeout does not run out."""
-        streamed = stream or on_progress is not None
-        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, streamed)
+        is called as it is fed. The call always streams (without `stream=True` it still returns the
+        GenerateResult): while progress and tokens arrive, the client's timeout does not run out."""
+        body = _core.generate_body(text, max_tokens, temperature, top_k, top_p, stop, seed, True)
         call = _core.step_call(session_id, "generate", body, idempotency_key)
-        if not streamed:
-            return GenerateResult.model_validate(self._json(call))
-        generation = GenerateStream(self, call, self._send(call, stream=True), on_progress)
-        if stream:
-            return generation
-        with generation:
-            return generation.finish()
+        if not stream:
+            return self._long(call, _core.result_events(GenerateResult, "done"), on_progress)
+        return GenerateStream(self, call, self._send(call, stream=True), on_progress)
 
     # ------------------------------------------------------------------------------------------ stateless
 
@@ -208,32 +247,8 @@ class Client:
     ) -> ScoreResult:
         """Log-likelihood of a document. `on_progress(tokens_done, tokens_total)` is called as the server
         reports progress (a few times a second on long documents)."""
-        if on_progress is None:
-            return ScoreResult.model_validate(self._json(_core.score_call(text, token_logprobs, False)))
-        call = _core.score_call(text, token_logprobs, True)
-        attempt = 0
-        while True:
-            try:
-                return self._score_stream(self._send(call, stream=True), on_progress)
-            except TxlConnectionError as error:  # scoring changes nothing: safe to run again
-                delay = _core.retry_delay(
-                    self._options, call, error, attempt=attempt, after_lost_response=True
-                )
-                if delay is None:
-                    raise
-                time.sleep(delay)
-                attempt += 1
-
-    def _score_stream(self, response: httpx.Response, on_progress: ProgressCallback) -> ScoreResult:
-        try:
-            for event in _events(response, _core.score_event):
-                if isinstance(event, Progress):
-                    on_progress(event.tokens_done, event.tokens_total)
-                elif isinstance(event, ScoreResult):
-                    return event
-        finally:
-            response.close()
-        raise _core.ended_early("score")
+        call = _core.score_call(text, token_logprobs)
+        return self._long(call, _core.result_events(ScoreResult), on_progress)
 
     def models(self) -> list[ModelCard]:
         return [ModelCard.model_validate(m) for m in self._json(_core.Call("GET", "/v1/models"))["data"]]
@@ -254,38 +269,73 @@ class Client:
         self, call: _core.Call, *, stream: bool = False, lost: TxlError | None = None
     ) -> httpx.Response:
         """The successful response to `call`, after any retries the options allow; else a TxlError."""
-        attempt = 0
+        return self._retrying(call, lambda: self._attempt(call, stream=stream), lost=lost)
+
+    def _long(
+        self,
+        call: _core.Call,
+        parse: Callable[[dict[str, Any]], Progress | T | None],
+        on_progress: ProgressCallback | None,
+    ) -> T:
+        """The result of a streamed call: its progress goes to `on_progress`. A stream that breaks is retried
+        like a lost response (the same Idempotency-Key: the server replays, or runs the work anew)."""
+
+        def attempt() -> T:
+            response = self._attempt(call, stream=True)
+            try:
+                for event in _events(response, parse):
+                    if not isinstance(event, Progress):
+                        return event
+                    if on_progress is not None:
+                        on_progress(event.tokens_done, event.tokens_total)
+            finally:
+                response.close()
+            raise _core.ended_early("result")
+
+        return self._retrying(call, attempt)
+
+    def _retrying(self, call: _core.Call, attempt: Callable[[], T], *, lost: TxlError | None = None) -> T:
+        """`attempt()`, again after each TxlError the options allow retrying."""
+        attempts = 0
         while True:
-            request = self._http.build_request(
-                call.method,
-                self._options.url + call.path,
-                json=call.body,
-                headers={**self._options.headers(), **call.request_headers()},
-                timeout=self._options.httpx_timeout(),
-            )
             error: TxlError
             try:
-                response = self._http.send(request, stream=stream)
-            except httpx.TransportError as exc:
-                error = _core.transport_error(exc, self._options.timeout)
-            else:
-                if response.is_success:
-                    return response
-                try:
-                    content = response.read()
-                except httpx.TransportError:
-                    content = b""
-                response.close()
-                error = error_from_response(response.status_code, content, response.headers)
+                return attempt()
+            except TxlError as exc:
+                error = exc
             if _core.response_lost(error):
                 lost = error
             delay = _core.retry_delay(
-                self._options, call, error, attempt=attempt, after_lost_response=lost is not None
+                self._options, call, error, attempt=attempts, after_lost_response=lost is not None
             )
             if delay is None:
                 raise _core.final_error(error, lost)
             time.sleep(delay)
-            attempt += 1
+            attempts += 1
+
+    def _attempt(self, call: _core.Call, *, stream: bool) -> httpx.Response:
+        """One try: the successful response, or a TxlError."""
+        request = self._http.build_request(
+            call.method,
+            self._options.url + call.path,
+            json=call.body,
+            content=call.content,
+            params=call.params,
+            headers={**self._options.headers(), **call.request_headers()},
+            timeout=self._options.httpx_timeout(),
+        )
+        try:
+            response = self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise _core.transport_error(exc, self._options.timeout) from exc
+        if response.is_success:
+            return response
+        try:
+            content = response.read()
+        except httpx.TransportError:
+            content = b""
+        response.close()
+        raise error_from_response(response.status_code, content, response.headers)
 
 
 class GenerateStream(Iterator[TokenEvent]):

@@ -14,7 +14,8 @@ from typing import Any
 
 
 class TxlError(Exception):
-    """Base of every error this package raises. `status` is None for errors that never got an HTTP status."""
+    """Base of every error this package raises. `status` is None for errors that never got an HTTP status;
+    `retry_after` is the response's Retry-After, in seconds, when it had one (429, 409, 503)."""
 
     status: int | None = None
     type: str = "error"
@@ -26,6 +27,7 @@ class TxlError(Exception):
         status: int | None = None,
         type: str | None = None,
         param: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -34,6 +36,7 @@ class TxlError(Exception):
         if type is not None:
             self.type = type
         self.param = param
+        self.retry_after = retry_after
 
     def __str__(self) -> str:
         where = f" (param: {self.param})" if self.param else ""
@@ -64,7 +67,8 @@ class NotFound(TxlError):
 
 
 class Conflict(TxlError):
-    """Another step on the same session is in progress (one writer per session)."""
+    """Another step on the same session is in progress (one writer per session). Retried, honouring
+    Retry-After, with `retry_conflicts=True`."""
 
     status, type = 409, "conflict"
 
@@ -83,10 +87,6 @@ class Overloaded(TxlError):
     """429: too many requests in flight. `retry_after` is the server's Retry-After, in seconds."""
 
     status, type = 429, "overloaded"
-
-    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.retry_after = retry_after
 
 
 class Unavailable(TxlError):
@@ -176,11 +176,10 @@ def error_from_body(
     kwargs: dict[str, Any] = {
         "status": status or cls.status,
         "param": param if isinstance(param, str) else None,
+        "retry_after": _retry_after(headers),
     }
     if kind:
         kwargs["type"] = kind
-    if cls is Overloaded:
-        return Overloaded(message, retry_after=_retry_after(headers), **kwargs)
     return cls(message, **kwargs)
 
 

@@ -32,6 +32,7 @@ from . import chat, completions, history, responses, score, sessions, system
 from .auth import ApiKeys
 from .common import validation_message
 from .disconnect import CLIENT_CLOSED_REQUEST, ClientGone
+from .openai_errors import OpenAIErrors
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
 from .shutdown import Shutdown, ShutdownGate
 
@@ -86,6 +87,8 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(ShutdownGate, shutdown=shutdown)
+    # The errors of the OpenAI routes, the limits' included, in OpenAI's shape.
+    app.add_middleware(OpenAIErrors)
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(ReplicaHeader, replica=app.state.replica)
     app.mount("/", Fallback(app, STATIC_DIR), name="playground")

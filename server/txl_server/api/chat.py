@@ -18,17 +18,14 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidRequest, NotFound
-from .common import (
-    ERROR_RESPONSES,
-    AppSettings,
-    EventStream,
-    log_text,
-)
+from .common import AppSettings, EventStream, log_text
 from .completions import CompletionSources, Finished, Piece, Plan, collect, completion_source, stream_choices
 from .completions_protocol import MAX_LOGPROBS, MAX_N, CompletionRequest, CompletionUsage, StreamOptions
-from .disconnect import WatchedRoute, watch_connection
+from .disconnect import watch_connection
+from .json_body import JsonBodyRoute
+from .openai_errors import OPENAI_ERROR_RESPONSES
 
-router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
+router = APIRouter(tags=["openai"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 DEFAULT_MAX_TOKENS = 256  # a reply, not a document: it usually ends earlier, at the user's next turn
 

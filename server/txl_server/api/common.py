@@ -7,7 +7,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -308,8 +308,8 @@ class EventStream(StreamingResponse):
     """An SSE response that always closes its source when the client goes away, so the generation stops
     (the source's `finally` cancels the job and nothing is committed)."""
 
-    def __init__(self, source: AsyncIterator[str]) -> None:
-        super().__init__(source, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+    def __init__(self, source: AsyncIterable[str], status_code: int = 200) -> None:
+        super().__init__(source, status_code=status_code, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
         self._source = source
 
     async def stream_response(self, send: Send) -> None:

@@ -25,7 +25,6 @@ from ..sessions.stateless import PromptScores, StatelessService, merge
 from ..settings import Settings
 from . import sse
 from .common import (
-    ERROR_RESPONSES,
     AppSettings,
     EventStream,
     MetricsDep,
@@ -50,10 +49,12 @@ from .completions_protocol import (
     ModelList,
     PromptTokensDetails,
 )
-from .disconnect import WatchedRoute, watch_connection
+from .disconnect import watch_connection
+from .json_body import JsonBodyRoute
+from .openai_errors import OPENAI_ERROR_RESPONSES, ModelNotFound, stream_error
 from .system_protocol import ServingInfo
 
-router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
+router = APIRouter(tags=["openai"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.get("/v1/models", response_model=ModelList)
@@ -172,9 +173,7 @@ class Plan:
     @classmethod
     def build(cls, body: CompletionRequest, model_id: str, tokenizer: Tokenizer, settings: Settings) -> Plan:
         if body.model is not None and body.model != model_id:
-            raise InvalidRequest(
-                f"unknown model {body.model!r}; this server serves {model_id!r}", param="model"
-            )
+            raise ModelNotFound(body.model, model_id)
         if body.suffix:
             raise InvalidRequest("suffix is not supported", param="suffix")
         if body.best_of not in (None, body.n or 1):
@@ -251,7 +250,11 @@ class Finished:
 
 
 class _LogprobsBuilder:
-    """OpenAI's `logprobs` object: token strings, their log-probs, top alternatives and text offsets."""
+    """OpenAI's `logprobs` object: token strings, their log-probs, top alternatives and text offsets.
+
+    As OpenAI's: an echoed prompt's first token has null for its log-prob and its alternatives (nothing before
+    it is part of the prompt), and a token's alternatives hold the token itself when it is not among the top
+    `logprobs` (so they may hold one more)."""
 
     def __init__(self, tokenizer: Tokenizer, top: int) -> None:
         self.tokenizer, self.top = tokenizer, top
@@ -261,10 +264,15 @@ class _LogprobsBuilder:
         self.text_offset: list[int] = []
         self.offset = 0
 
-    def add(self, text: str, logprob: float | None, top: TopLogprobs | None) -> None:
+    def add(self, token_id: int, text: str, logprob: float | None, top: TopLogprobs | None) -> None:
         self.tokens.append(text)
         self.token_logprobs.append(logprob)
-        self.top_logprobs.append(None if top is None else {self.tokenizer.token_text(t): lp for t, lp in top})
+        alternatives = None
+        if top is not None:
+            alternatives = {self.tokenizer.token_text(t): lp for t, lp in top}
+            if logprob is not None and all(t != token_id for t, _ in top):
+                alternatives[self.tokenizer.token_text(token_id)] = logprob
+        self.top_logprobs.append(alternatives)
         self.text_offset.append(self.offset)
         self.offset += len(text)
 
@@ -273,10 +281,13 @@ class _LogprobsBuilder:
         pieces = [decoder.push(t) for t in scores.token_ids]
         if pieces:
             pieces[-1] += decoder.flush()
-        for i, piece in enumerate(pieces):
+        for i, (token_id, piece) in enumerate(zip(scores.token_ids, pieces, strict=True)):
+            if i == 0:
+                self.add(token_id, piece, None, None)
+                continue
             logprob = scores.logprobs[i] if i < len(scores.logprobs) else None
             alternatives = scores.top[i] if (scores.top is not None and i < len(scores.top)) else None
-            self.add(piece, logprob, alternatives)
+            self.add(token_id, piece, logprob, alternatives)
 
     def build(self, start: int = 0) -> CompletionLogprobs:
         """The entries from `start` on (a streamed chunk's), or all of them."""
@@ -351,7 +362,7 @@ async def _choice(
             if isinstance(item, TokenEvent):
                 chunk = None
                 if logprobs is not None:
-                    logprobs.add(item.text, item.logprob, item.top)
+                    logprobs.add(item.id, item.text, item.logprob, item.top)
                     chunk = logprobs.build(len(logprobs.tokens) - 1).model_dump()
                 yield Piece(item.text, chunk, generated=True)
             else:
@@ -434,7 +445,7 @@ async def stream_choices(
             }
             yield sse.event({**envelope, "choices": [], "usage": counts})
     except ServiceError as exc:
-        yield sse.event(exc.body())
+        yield sse.event(stream_error(exc))
     finally:
         await source.aclose()
     yield sse.DONE

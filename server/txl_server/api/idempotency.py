@@ -1,6 +1,6 @@
 """`Idempotency-Key`: a retried request returns the first one's result instead of doing the work again.
 
-Create, delete, fork, append and generate take the header. A key belongs to the tenant, the method and the path
+Create, delete, fork, import, append and generate take the header. A key belongs to the tenant, the method and the path
 (`POST /v1/sessions/{id}/append`), and remembers a fingerprint of the request's body. While the first request
 runs, a retry gets 409; once it has finished, a retry gets its response; if it failed, the key is released and a
 retry runs anew. The claim of a running request lasts a lease (`TXL_LEASE_TTL_SECONDS`) and is renewed while it
@@ -24,6 +24,7 @@ import re
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
 from fastapi import Depends, Header, Request
 
@@ -61,6 +62,10 @@ class IdempotentCall:
         """The stored response of an earlier call with this key, else `work()`'s (stored under the key)."""
         if (stored := await self.replay()) is not None:
             return stored
+        return await self.execute(work)
+
+    async def execute(self, work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """`work()`'s response, stored under the key that `replay()` claimed (or the key released if it fails)."""
         try:
             response = await work()
         except BaseException:
@@ -137,15 +142,17 @@ async def _keep_claim(
 
 def fingerprint(body: bytes, query: str) -> str:
     """SHA-256 of the request as the server reads it: JSON with sorted keys (so spacing and key order do not
-    matter), without the delivery fields; any other body as its bytes."""
+    matter), without the delivery fields (in the body or the query); any other body (a snapshot) as the
+    SHA-256 of its bytes."""
     try:
         value = json.loads(body) if body else None
-    except (ValueError, RecursionError):  # not JSON (then the request is refused anyway): its bytes
-        value = body.decode("latin-1")
+    except (ValueError, RecursionError):
+        value = ["sha256", hashlib.sha256(body).hexdigest()]
     if isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in _DELIVERY_FIELDS}
+    parameters = sorted(p for p in parse_qsl(query, keep_blank_values=True) if p[0] not in _DELIVERY_FIELDS)
     canonical = json.dumps(
-        [query, value], sort_keys=True, separators=(",", ":")
+        [parameters, value], sort_keys=True, separators=(",", ":")
     )  # ASCII: lone surrogates too
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import InvalidBody, InvalidRequest, ServiceError
-from ..sessions.stateless import ScoreOutcome, StatelessService
-from . import sse
-from .common import (
-    ERROR_RESPONSES,
-    AppSettings,
-    EventStream,
-    ProgressThrottle,
-    Stateless,
-    Tenant,
-    progress_event,
-    validation_message,
-)
+from ..errors import InvalidBody, InvalidRequest
+from ..sessions.stateless import ScoreOutcome
+from .common import ERROR_RESPONSES, AppSettings, Stateless, Tenant, validation_message
 from .disconnect import WatchedRoute, watch_connection
+from .json_body import utf8_error
+from .progress import Progress, long_work, streamed_responses
 
 router = APIRouter(tags=["scoring"], responses=ERROR_RESPONSES, route_class=WatchedRoute)
 
@@ -63,10 +52,7 @@ _BODY_DOC = {
 
 
 @router.post(
-    "/v1/score",
-    response_model=ScoreResponse,
-    openapi_extra=_BODY_DOC,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events with stream"}},
+    "/v1/score", response_model=ScoreResponse, openapi_extra=_BODY_DOC, responses=streamed_responses(200)
 )
 @watch_connection
 async def score(
@@ -80,24 +66,25 @@ async def score(
     body = await _read(request, settings.max_body_bytes, token_logprobs=token_logprobs, stream=stream)
     if not body.text:  # documents are limited by the body size (TXL_MAX_BODY_BYTES), not the prompt limit
         raise InvalidRequest("text to score is empty", param="text")
-    scorer, tokenizer = stateless, stateless.tokenizer
-    if not body.stream:
-        outcome = await scorer.score(body.text, owner=tenant, token_logprobs=body.token_logprobs)
-        return _response(outcome, tokenizer, body.token_logprobs)
-    return EventStream(_progress_stream(scorer, tenant, body, tokenizer))
+
+    async def scored(progress: Progress | None) -> dict[str, Any]:
+        outcome = await stateless.score(
+            body.text, owner=tenant, token_logprobs=body.token_logprobs, progress=progress
+        )
+        return _response(outcome, stateless.tokenizer, body.token_logprobs)
+
+    return await long_work(scored, stream=body.stream)
 
 
 async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: bool) -> ScoreRequest:
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     raw = await request.body()
-    if content_type == "text/plain":
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidRequest("the body is not valid UTF-8", param="body") from exc
-        return ScoreRequest(text=text, token_logprobs=token_logprobs, stream=stream)
-    if content_type not in ("application/json", ""):
+    if content_type not in ("text/plain", "application/json", ""):
         raise InvalidRequest("send the document as application/json or text/plain", param="content-type")
+    if (error := utf8_error(raw, json_body=content_type != "text/plain")) is not None:
+        raise error
+    if content_type == "text/plain":
+        return ScoreRequest(text=raw.decode("utf-8"), token_logprobs=token_logprobs, stream=stream)
     try:
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:
@@ -117,37 +104,3 @@ def _response(outcome: ScoreOutcome, tokenizer: Any, with_tokens: bool) -> dict[
         token_texts=[tokenizer.token_text(t) for t in outcome.token_ids] if with_tokens else None,
         cached_tokens=outcome.cached_tokens,
     ).model_dump(exclude_none=True)
-
-
-async def _progress_stream(
-    scorer: StatelessService, tenant: str, body: ScoreRequest, tokenizer: Any
-) -> AsyncIterator[str]:
-    queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-    throttle = ProgressThrottle()
-
-    def progress(done: int, total: int) -> None:
-        if throttle.due(done, total):
-            queue.put_nowait((done, total))
-
-    task = asyncio.create_task(
-        scorer.score(body.text, owner=tenant, token_logprobs=body.token_logprobs, progress=progress)
-    )
-    try:
-        while not task.done() or not queue.empty():
-            getter = asyncio.create_task(queue.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                done, total = getter.result()
-                yield progress_event(done, total)
-            else:
-                getter.cancel()
-        outcome = task.result()
-        yield sse.event({"type": "result", **_response(outcome, tokenizer, body.token_logprobs)})
-    except ServiceError as exc:
-        yield sse.event({"type": "error", **exc.body()})
-    finally:
-        if not task.done():
-            task.cancel()  # the client went away: stop scoring
-            with contextlib.suppress(BaseException):
-                await task
-    yield sse.DONE

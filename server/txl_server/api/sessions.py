@@ -32,23 +32,41 @@ from .common import (
     log_text,
     progress_event,
 )
-from .disconnect import WatchedRoute, watch_connection
+from .disconnect import watch_connection
 from .idempotency import Idempotent, IdempotentCall
+from .json_body import JsonBodyRoute
+from .progress import Progress, long_work, streamed_responses
 
 log = logging.getLogger(__name__)
 router = APIRouter(
-    prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=WatchedRoute
+    prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute
 )
 
 MAX_SEED = 2**63 - 1
 
 
+STREAM_DESCRIPTION = (
+    "Answer with SSE: progress events while the text is fed (and keep-alive comments), then a `result` event "
+    "holding the JSON answer. A long text then never times out a client."
+)
+
+
 class SessionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The example is what the API docs' sample bodies show: without one, they show each field's minimum
+    # (mem_len 0, ttl_seconds 1), a session with no memory that expires in a second.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"text": "It was a dark and stormy night", "metadata": {"user": "ada"}}]
+        },
+    )
     text: str = Field("", description="Text the session starts with (may be empty)")
     mem_len: int | None = Field(None, ge=0, description="Positions of memory to keep; default: the model's")
-    ttl_seconds: int | None = Field(None, ge=1, description="Expires this long after its last use")
+    ttl_seconds: int | None = Field(
+        None, ge=1, examples=[3600], description="Expires this long after its last use; default: the server's"
+    )
     metadata: dict[str, Any] | None = Field(None, description="Your own JSON, returned with the session")
+    stream: bool = Field(False, description=STREAM_DESCRIPTION)
 
 
 class SessionFork(BaseModel):
@@ -69,6 +87,7 @@ class SessionList(BaseModel):
 class AppendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(..., description="Text to add to the session")
+    stream: bool = Field(False, description=STREAM_DESCRIPTION)
 
 
 class AppendResponse(BaseModel):
@@ -107,7 +126,7 @@ class GenerateResponse(BaseModel):
 # ---------------------------------------------------------------------------------------------- lifecycle
 
 
-@router.post("", status_code=201, response_model=SessionObject)
+@router.post("", status_code=201, response_model=SessionObject, responses=streamed_responses(201))
 @watch_connection
 async def create_session(
     service: Service,
@@ -122,17 +141,18 @@ async def create_session(
     check_metadata(settings, wanted.metadata)
     log_text(settings, "new session", wanted.text)
 
-    async def create() -> dict[str, Any]:
+    async def create(progress: Progress | None) -> dict[str, Any]:
         meta = await service.create(
             tenant,
             text=wanted.text,
             mem_len=wanted.mem_len,
             ttl_seconds=wanted.ttl_seconds,
             metadata=wanted.metadata,
+            progress=progress,
         )
         return SessionObject.of(meta).model_dump()
 
-    return await idempotent.run(create)
+    return await long_work(create, stream=wanted.stream, idempotent=idempotent, status_code=201)
 
 
 @router.get("", response_model=SessionList)
@@ -196,6 +216,7 @@ async def export_snapshot(session_id: str, service: Service, tenant: Tenant) -> 
     "/import",
     status_code=201,
     response_model=SessionObject,
+    responses=streamed_responses(201),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -208,19 +229,26 @@ async def import_snapshot(
     request: Request,
     service: Service,
     tenant: Tenant,
+    idempotent: Idempotent,
     ttl_seconds: int | None = Query(None, ge=1, description="Expires this long after its last use"),
-) -> SessionObject:
+    stream: bool = Query(False, description=STREAM_DESCRIPTION),
+) -> Any:
     """A new session (new id, owned by the caller) from a snapshot exported by any TXL Serve of this model."""
     data = await request.body()
     if not data:
         raise InvalidRequest("send the snapshot as the request body", param="body")
-    return SessionObject.of(await service.import_snapshot(tenant, data, ttl_seconds=ttl_seconds))
+
+    async def load(progress: Progress | None) -> dict[str, Any]:
+        meta = await service.import_snapshot(tenant, data, ttl_seconds=ttl_seconds)
+        return SessionObject.of(meta).model_dump()
+
+    return await long_work(load, stream=stream, idempotent=idempotent, status_code=201)
 
 
 # ---------------------------------------------------------------------------------------------- steps
 
 
-@router.post("/{session_id}/append", response_model=AppendResponse)
+@router.post("/{session_id}/append", response_model=AppendResponse, responses=streamed_responses(200))
 @watch_connection
 async def append(
     session_id: str,
@@ -232,13 +260,13 @@ async def append(
 ) -> Any:
     check_text(settings, body.text, "text", allow_empty=False)
 
-    async def step() -> dict[str, Any]:
-        outcome = await service.append(tenant, session_id, body.text)
+    async def step(progress: Progress | None) -> dict[str, Any]:
+        outcome = await service.append(tenant, session_id, body.text, progress=progress)
         return AppendResponse(
             session=SessionObject.of(outcome.session), tokens=outcome.tokens, logprob=outcome.logprob
         ).model_dump()
 
-    return await idempotent.run(step)
+    return await long_work(step, stream=body.stream, idempotent=idempotent)
 
 
 @router.post(

@@ -61,6 +61,7 @@ from .turns import Turns
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Progress = Callable[[int, int], None]  # (tokens_done, tokens_total)
 
 
 class SessionObserver:
@@ -120,6 +121,13 @@ def version_summary(
     version: int, tokens: int, created_at: float, kind: str, text: str | None
 ) -> VersionSummary:
     return VersionSummary(version, tokens, created_at, kind, text[-TEXT_TAIL_CHARS:] if text else None)
+
+
+def _after_start_token(progress: Progress | None, total: int) -> Progress | None:
+    """Progress over a text's own tokens, for a job that feeds the start token before them."""
+    if progress is None:
+        return None
+    return lambda done, _: progress(max(0, done - 1), total)
 
 
 def new_session_id() -> str:
@@ -217,7 +225,10 @@ class SessionService:
         mem_len: int | None = None,
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
+        progress: Progress | None = None,
     ) -> SessionMeta:
+        """A new session primed with `text`; `progress(tokens_done, tokens_total)` is called as the text is fed
+        (first with 0, once the session is admitted)."""
         mem_len = self.default_mem_len if mem_len is None else mem_len
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
@@ -226,7 +237,16 @@ class SessionService:
         tokens = self.tokenizer.encode(text)
         empty = self.worker.empty_state(mem_len)
         ids = [self.start_id, *tokens]
-        result = await prefix_cache.read(self.prefix_cache, self.worker, owner=owner, empty=empty, ids=ids)
+        if progress is not None:
+            progress(0, len(tokens))
+        result = await prefix_cache.read(
+            self.prefix_cache,
+            self.worker,
+            owner=owner,
+            empty=empty,
+            ids=ids,
+            progress=_after_start_token(progress, len(tokens)),
+        )
         meta = await self._register(
             owner, result.state, len(tokens), ttl, dict(metadata or {}), kind="create", text=text
         )
@@ -366,10 +386,15 @@ class SessionService:
 
     # ------------------------------------------------------------------ steps
 
-    async def append(self, owner: str, session_id: str, text: str) -> AppendOutcome:
+    async def append(
+        self, owner: str, session_id: str, text: str, *, progress: Progress | None = None
+    ) -> AppendOutcome:
+        """Feeds `text`; `progress(tokens_done, tokens_total)` is called as it is fed (first with 0, once the step
+        holds the session)."""
         tokens = self.tokenizer.encode(text)
         async with self._step(owner, session_id) as (meta, state, lease):
-            result = await self._run(AdvanceJob(state, tokens), lease)
+            job = AdvanceJob(state, tokens, report_progress=progress is not None)
+            result = await self._run(job, lease, progress=progress)
             assert isinstance(result, AdvanceResult)
             committed = await self._commit(
                 meta, result.state, meta.tokens + len(tokens), lease=lease, kind="append", text=text
@@ -529,9 +554,19 @@ class SessionService:
         await to_the_end(commit())
         return new
 
-    async def _run(self, job: Job, lease: Lease | None = None) -> AdvanceResult | GenerateResult:
+    async def _run(
+        self, job: Job, lease: Lease | None = None, *, progress: Progress | None = None
+    ) -> AdvanceResult | GenerateResult:
+        """The job's result; its progress events (an AdvanceJob's, with report_progress) go to `progress`."""
+
+        def report(event: Any) -> None:
+            if isinstance(event, ProgressEvent) and progress is not None:
+                progress(event.done, event.total)
+
+        if progress is not None and isinstance(job, AdvanceJob):
+            progress(0, len(job.tokens))
         async with self._renewing(lease):
-            result: AdvanceResult | GenerateResult = await job_result(self.worker, job)
+            result: AdvanceResult | GenerateResult = await job_result(self.worker, job, report)
         return result
 
     async def _events(self, job: Job, lease: Lease | None) -> AsyncGenerator[Any, None]:

@@ -105,6 +105,8 @@ class StatelessService:
             if progress is not None:
                 progress(max(0, done - 1), total - 1)
 
+        if progress is not None:
+            progress(0, len(tokens))
         result = await prefix_cache.read(
             self.prefix_cache,
             self.worker,

@@ -46,11 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"txl: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except TxlTimeoutError as exc:
-        print(f"txl: error: {exc} (wait longer with --timeout SECONDS)", file=sys.stderr)
-        return EXIT_FAILED
     except TxlError as exc:
-        print(f"txl: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -59,6 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILED
+
+
+def error_line(exc: TxlError, where: str = "") -> str:
+    """`txl: error: [where: ]<the error>`, with a hint where one helps."""
+    hint = " (wait longer with --timeout SECONDS)" if isinstance(exc, TxlTimeoutError) else ""
+    return f"txl: error: {where + ': ' if where else ''}{exc}{hint}"
 
 
 def make_client(args: argparse.Namespace) -> Client:

@@ -6,13 +6,15 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..errors import TxlError
 from ..types import ScoreResult, Session
-from . import UsageError, add_sampling, make_client, sampling_kwargs
+from . import EXIT_FAILED, UsageError, add_sampling, error_line, make_client, sampling_kwargs
 
 # ---------------------------------------------------------------------------------------------- generate
 
@@ -96,34 +98,82 @@ def add_score(parser: argparse.ArgumentParser) -> None:
 
 
 def score(args: argparse.Namespace) -> int:
+    """Prints each file's result as soon as it has it (whatever stdout is: a file, a pipe), so that a failure on
+    a later file loses nothing already scored; --json's list is closed even then."""
     documents = [
         (str(path), _read_document(path)) for path in args.files
     ]  # every file readable before any work
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
-    rows = []
-    with make_client(args) as client:
-        for name, text in documents:
-            bar = ProgressBar(name, sys.stderr) if show_progress else None
-            try:
-                result = client.score(text, on_progress=bar.update if bar else None)
-            finally:
-                if bar:
-                    bar.clear()
-            rows.append((name, result))
-    if args.json:
-        print(json.dumps([{"file": name, **_score_fields(r)} for name, r in rows], indent=2))
-        return 0
-    print(f"{'tokens':>10} {'bytes':>10} {'perplexity':>12} {'bits/byte':>10}  file")
-    for name, r in rows:
-        print(f"{r.tokens:>10} {r.bytes:>10} {r.perplexity:>12.4f} {r.bits_per_byte:>10.4f}  {name}")
-    if len(rows) > 1:
-        tokens = sum(r.tokens for _, r in rows)
-        size = sum(r.bytes for _, r in rows)
-        logprob = sum(r.logprob for _, r in rows)
+    output = JsonList(sys.stdout) if args.json else ScoreTable(sys.stdout)
+    try:
+        with make_client(args) as client:
+            for name, text in documents:
+                bar = ProgressBar(name, sys.stderr) if show_progress else None
+                try:
+                    result = client.score(text, on_progress=bar.update if bar else None)
+                except TxlError as exc:
+                    print(error_line(exc, name), file=sys.stderr)
+                    return EXIT_FAILED
+                finally:
+                    if bar:
+                        bar.clear()
+                output.add(name, result)
+        output.complete()
+    finally:
+        output.close()
+    return 0
+
+
+class ScoreTable:
+    """Rows as they come, then a total row for several files."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.rows: list[ScoreResult] = []
+        self._write(f"{'tokens':>10} {'bytes':>10} {'perplexity':>12} {'bits/byte':>10}  file")
+
+    def add(self, name: str, r: ScoreResult) -> None:
+        self.rows.append(r)
+        self._write(f"{r.tokens:>10} {r.bytes:>10} {r.perplexity:>12.4f} {r.bits_per_byte:>10.4f}  {name}")
+
+    def complete(self) -> None:
+        """Every file is in: the total, for several."""
+        if len(self.rows) < 2:
+            return
+        tokens = sum(r.tokens for r in self.rows)
+        size = sum(r.bytes for r in self.rows)
+        logprob = sum(r.logprob for r in self.rows)
         perplexity = math.exp(-logprob / tokens) if tokens else float("nan")
         bpb = -logprob / math.log(2) / size if size else float("nan")
-        print(f"{tokens:>10} {size:>10} {perplexity:>12.4f} {bpb:>10.4f}  total")
-    return 0
+        self._write(f"{tokens:>10} {size:>10} {perplexity:>12.4f} {bpb:>10.4f}  total")
+
+    def close(self) -> None:
+        pass
+
+    def _write(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+class JsonList:
+    """A JSON list written one object at a time, and closed whatever happens: valid JSON even after a failure."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.count = stream, 0
+        self.stream.write("[")
+
+    def add(self, name: str, result: ScoreResult) -> None:
+        item = textwrap.indent(json.dumps({"file": name, **_score_fields(result)}, indent=2), "  ")
+        self.stream.write(("," if self.count else "") + "\n" + item)
+        self.stream.flush()
+        self.count += 1
+
+    def complete(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.stream.write("\n]\n" if self.count else "]\n")
+        self.stream.flush()
 
 
 def _read_document(path: Path) -> str:
