@@ -147,7 +147,7 @@ def test_a_gateway_that_keeps_failing_ends_in_unavailable(gateway):
 def test_a_call_that_could_change_something_twice_is_not_repeatable():
     assert not _core.Call("POST", "/v1/anything", {"x": 1}).repeatable
     assert _core.Call("POST", "/v1/anything", {"x": 1}, idempotency_key="k").repeatable
-    assert _core.score_call("text", False, False).repeatable
+    assert _core.score_call("text", False).repeatable
     assert _core.Call("GET", "/v1/sessions").repeatable
 
 
@@ -178,7 +178,7 @@ def test_session_requests_carry_the_session_for_the_router(gateway):
     step = _core.step_call(SESSION_ID, "append", {"text": "x"}, None)
     assert step.request_headers()[_core.SESSION_HEADER] == SESSION_ID
     assert _core.session_call("GET", SESSION_ID).request_headers()[_core.SESSION_HEADER] == SESSION_ID
-    for call in (_core.Call("GET", "/v1/sessions"), _core.score_call("x", False, False)):
+    for call in (_core.Call("GET", "/v1/sessions"), _core.score_call("x", False)):
         assert _core.SESSION_HEADER not in call.request_headers()
 
     # On the wire, through the SDK's transport, to a real server.

@@ -87,8 +87,9 @@ def test_a_busy_foreign_session_is_404_not_409(a, b, api_server):
                 continue
             theirs = b.post(f"/v1/sessions/{sid}/append", json={"text": "."})
             assert theirs.status_code == 404, theirs.text
+            # The owner may wait for its turn (TXL_LEASE_WAIT_SECONDS) and step, or be told it is busy.
             mine = a.post(f"/v1/sessions/{sid}/append", json={"text": "."})
-            assert mine.status_code == 409, mine.text
+            assert mine.status_code in (200, 409), mine.text
             seen_busy = True
     finally:
         thread.join()
