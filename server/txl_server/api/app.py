@@ -27,7 +27,7 @@ from ..errors import Overloaded, PayloadTooLarge, ServiceError
 from ..metrics import Metrics
 from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
-from . import chat, completions, history, score, sessions, system
+from . import chat, completions, history, memories, score, sessions, system
 from .auth import ApiKeys
 from .common import validation_message
 from .disconnect import CLIENT_CLOSED_REQUEST, ClientGone
@@ -69,7 +69,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.state.metrics = metrics
     app.state.api_keys = ApiKeys.from_settings(settings)
     app.state.started_at = time.time()
-    for module in (sessions, history, score, completions, chat, system):
+    for module in (sessions, history, memories, score, completions, chat, system):
         app.include_router(module.router)
     _install_error_handlers(app)
     # Outermost first: metrics see every response, including the limits' 413 and 429.

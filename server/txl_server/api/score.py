@@ -1,16 +1,19 @@
-"""POST /v1/score: log-likelihood of a long document, as JSON or a `text/plain` body, optionally streamed."""
+"""POST /v1/score: log-likelihood of a long document, as JSON or a `text/plain` body, optionally streamed; with
+`memory`, given a preloaded memory's document first."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+import functools
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal, Protocol
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InvalidBody, InvalidRequest, ServiceError
+from ..sessions.service import SessionService
 from ..sessions.stateless import ScoreOutcome, StatelessService
 from . import sse
 from .common import (
@@ -18,6 +21,7 @@ from .common import (
     AppSettings,
     EventStream,
     ProgressThrottle,
+    Service,
     Stateless,
     Tenant,
     progress_event,
@@ -33,6 +37,9 @@ class ScoreRequest(BaseModel):
     text: str = Field(..., description="The document")
     token_logprobs: bool = Field(False, description="Also return each token's log-probability and text")
     stream: bool = Field(False, description="Stream progress events, then the result")
+    memory: str | None = Field(
+        None, max_length=64, description="Score the text as if this preloaded memory's document came first"
+    )
 
 
 class ScoreResponse(BaseModel):
@@ -71,20 +78,40 @@ async def score(
     tenant: Tenant,
     settings: AppSettings,
     stateless: Stateless,
+    service: Service,
     token_logprobs: bool = Query(False, description="text/plain bodies: same as the JSON field"),
     stream: bool = Query(False, description="text/plain bodies: same as the JSON field"),
+    memory: str | None = Query(None, max_length=64, description="text/plain bodies: same as the JSON field"),
 ) -> Any:
-    body = await _read(request, settings.max_body_bytes, token_logprobs=token_logprobs, stream=stream)
+    body = await _read(
+        request, settings.max_body_bytes, token_logprobs=token_logprobs, stream=stream, memory=memory
+    )
     if not body.text:  # documents are limited by the body size (TXL_MAX_BODY_BYTES), not the prompt limit
         raise InvalidRequest("text to score is empty", param="text")
-    scorer, tokenizer = stateless, stateless.tokenizer
+    scorer = _scorer(stateless, service, tenant, body.memory)
+    tokenizer = stateless.tokenizer
     if not body.stream:
-        outcome = await scorer.score(body.text, token_logprobs=body.token_logprobs)
+        outcome = await scorer(body.text, token_logprobs=body.token_logprobs)
         return _response(outcome, tokenizer, body.token_logprobs)
     return EventStream(_progress_stream(scorer, body, tokenizer))
 
 
-async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: bool) -> ScoreRequest:
+class Scorer(Protocol):
+    async def __call__(
+        self, text: str, *, token_logprobs: bool = ..., progress: Callable[[int, int], None] | None = ...
+    ) -> ScoreOutcome: ...
+
+
+def _scorer(stateless: StatelessService, service: SessionService, tenant: str, memory: str | None) -> Scorer:
+    """Scoring from nothing, or after a preloaded memory (the caller's own)."""
+    if memory is None:
+        return stateless.score
+    return functools.partial(service.memories.score, tenant, memory)
+
+
+async def _read(
+    request: Request, limit: int, *, token_logprobs: bool, stream: bool, memory: str | None
+) -> ScoreRequest:
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     raw = await request.body()
     if content_type == "text/plain":
@@ -92,7 +119,7 @@ async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: b
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidRequest("the body is not valid UTF-8", param="body") from exc
-        return ScoreRequest(text=text, token_logprobs=token_logprobs, stream=stream)
+        return ScoreRequest(text=text, token_logprobs=token_logprobs, stream=stream, memory=memory)
     if content_type not in ("application/json", ""):
         raise InvalidRequest("send the document as application/json or text/plain", param="content-type")
     try:
@@ -115,9 +142,7 @@ def _response(outcome: ScoreOutcome, tokenizer: Any, with_tokens: bool) -> dict[
     ).model_dump(exclude_none=True)
 
 
-async def _progress_stream(
-    scorer: StatelessService, body: ScoreRequest, tokenizer: Any
-) -> AsyncIterator[str]:
+async def _progress_stream(scorer: Scorer, body: ScoreRequest, tokenizer: Any) -> AsyncIterator[str]:
     queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
     throttle = ProgressThrottle()
 
@@ -125,7 +150,7 @@ async def _progress_stream(
         if throttle.due(done, total):
             queue.put_nowait((done, total))
 
-    task = asyncio.create_task(scorer.score(body.text, token_logprobs=body.token_logprobs, progress=progress))
+    task = asyncio.create_task(scorer(body.text, token_logprobs=body.token_logprobs, progress=progress))
     try:
         while not task.done() or not queue.empty():
             getter = asyncio.create_task(queue.get())

@@ -49,6 +49,11 @@ class SessionCreate(BaseModel):
     mem_len: int | None = Field(None, ge=0, description="Positions of memory to keep; default: the model's")
     ttl_seconds: int | None = Field(None, ge=1, description="Expires this long after its last use")
     metadata: dict[str, Any] | None = Field(None, description="Your own JSON, returned with the session")
+    memory: str | None = Field(
+        None,
+        max_length=64,
+        description="Start from this preloaded memory (POST /v1/memories): as if its document came before `text`",
+    )
 
 
 class SessionFork(BaseModel):
@@ -116,7 +121,8 @@ async def create_session(
     idempotent: Idempotent,
     body: SessionCreate | None = None,
 ) -> Any:
-    """A new session, primed with `text`. The body may be omitted (an empty session with the defaults)."""
+    """A new session, primed with `text` (after a preloaded memory's document, with `memory`). The body may be
+    omitted (an empty session with the defaults)."""
     wanted = body or SessionCreate()
     check_text(settings, wanted.text, "text")
     check_metadata(settings, wanted.metadata)
@@ -129,6 +135,7 @@ async def create_session(
             mem_len=wanted.mem_len,
             ttl_seconds=wanted.ttl_seconds,
             metadata=wanted.metadata,
+            memory=wanted.memory,
         )
         return SessionObject.of(meta).model_dump()
 

@@ -107,10 +107,11 @@ def version_summary(
 
 def new_session_id() -> str:
     """32 URL-safe characters holding ~192 random bits. Never starting with '-': command lines (ours included)
-    would read such an id as an option, so those draws are discarded (which costs 0.02 bits)."""
+    would read such an id as an option, so those draws are discarded (which costs 0.02 bits); nor with `mem_`,
+    which names preloaded memories (sessions/memories.py)."""
     while True:
         candidate = secrets.token_urlsafe(24)
-        if not candidate.startswith("-"):
+        if not candidate.startswith(("-", "mem_")):
             return candidate
 
 
@@ -153,6 +154,9 @@ class SessionService:
         # Which pool blocks Redis already holds: a commit writes only the others (engine/blocks.py).
         self.index = BlockIndex()
         self.history = SessionHistory(self)
+        from .memories import MemoryService  # it builds on this module
+
+        self.memories = MemoryService(self)
         self._loop = asyncio.get_running_loop()
         self._relieving = False
         worker.on_pool_pressure = self._on_pool_pressure
@@ -178,7 +182,14 @@ class SessionService:
         mem_len: int | None = None,
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
+        memory: str | None = None,
     ) -> SessionMeta:
+        """A new session that read `text`; with `memory`, the preloaded memory's document first (its state
+        shared: the cost does not depend on the document's length)."""
+        if memory is not None:
+            return await self.memories.start_session(
+                owner, memory, text=text, mem_len=mem_len, ttl_seconds=ttl_seconds, metadata=metadata
+            )
         mem_len = self.default_mem_len if mem_len is None else mem_len
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
