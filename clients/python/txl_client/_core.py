@@ -102,9 +102,11 @@ def create_session_call(
     ttl_seconds: int | None,
     metadata: dict[str, Any] | None,
     idempotency_key: str | None = None,
+    *,
+    memory: str | None = None,
 ) -> Call:
     """Keyed like a step: a retry after a lost response returns the session the first attempt made."""
-    body = _compact(text=text, mem_len=mem_len, ttl_seconds=ttl_seconds, metadata=metadata)
+    body = _compact(text=text, mem_len=mem_len, ttl_seconds=ttl_seconds, metadata=metadata, memory=memory)
     return Call("POST", "/v1/sessions", body, idempotency_key=idempotency_key or new_idempotency_key())
 
 

@@ -18,6 +18,7 @@ import httpx
 
 from . import _core
 from .errors import TxlConnectionError, TxlError, error_from_response
+from .memories import AsyncMemories
 from .types import (
     AppendResult,
     GenerateResult,
@@ -55,6 +56,11 @@ class AsyncClient:
     def url(self) -> str:
         return self._options.url
 
+    @property
+    def memories(self) -> AsyncMemories:
+        """Preloaded memories: documents read once, that sessions start from (txl_client.memories)."""
+        return AsyncMemories(self)
+
     def with_options(
         self,
         *,
@@ -89,8 +95,11 @@ class AsyncClient:
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        memory: str | None = None,
     ) -> Session:
-        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata, idempotency_key)
+        """A new session that read `text`; with `memory` (an id from `memories.create`), after that memory's
+        document (its state shared: as fast for a long document as for a short one)."""
+        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata, idempotency_key, memory=memory)
         return Session.model_validate(await self._json(call))
 
     async def get_session(self, session_id: str) -> Session:

@@ -20,6 +20,7 @@ import httpx
 
 from . import _core
 from .errors import TxlConnectionError, TxlError, error_from_response
+from .memories import Memories
 from .types import (
     AppendResult,
     GenerateResult,
@@ -62,6 +63,11 @@ class Client:
     def url(self) -> str:
         return self._options.url
 
+    @property
+    def memories(self) -> Memories:
+        """Preloaded memories: documents read once, that sessions start from (txl_client.memories)."""
+        return Memories(self)
+
     def with_options(
         self,
         *,
@@ -97,8 +103,11 @@ class Client:
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        memory: str | None = None,
     ) -> Session:
-        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata, idempotency_key)
+        """A new session that read `text`; with `memory` (an id from `memories.create`), after that memory's
+        document (its state shared: as fast for a long document as for a short one)."""
+        call = _core.create_session_call(text, mem_len, ttl_seconds, metadata, idempotency_key, memory=memory)
         return Session.model_validate(self._json(call))
 
     def get_session(self, session_id: str) -> Session:
