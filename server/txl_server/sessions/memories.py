@@ -153,9 +153,9 @@ class MemoryService:
         self._forget(memory_id)
 
     def _forget(self, memory_id: str) -> None:
-        """Drops this process's copy (the sessions sharing its blocks keep them)."""
-        if self._users[memory_id] == 0:
-            self.service.cache.drop(memory_id)
+        """Drops this process's copy (the sessions sharing its blocks keep them, and so do requests using it
+        now: they hold its state)."""
+        self.service.cache.drop(memory_id)
         self.service._expiry.pop(memory_id, None)
 
     # ------------------------------------------------------------------ starting from a memory
