@@ -65,7 +65,7 @@ def _read_it_all(http, text: str = "") -> tuple[str, float]:
     return _continuation(http, session)
 
 
-def test_a_memory_is_created_listed_changed_and_deleted(http):
+def test_a_memory_is_created_listed_changed_and_deleted(server, http):
     memory = _memory(http, name="keeper's log", metadata={"source": "test"}, ttl_seconds=600)
     assert memory["id"].startswith("mem_") and memory["object"] == "memory"
     assert (memory["name"], memory["tokens"], memory["bytes"]) == ("keeper's log", len(DOC), len(DOC))
@@ -79,6 +79,11 @@ def test_a_memory_is_created_listed_changed_and_deleted(http):
     changed = http.patch(f"/v1/memories/{memory['id']}", json={"ttl_seconds": 9000, "name": None}).json()
     assert changed["name"] is None and changed["expires_at"] >= memory["created_at"] + 9000
     assert changed["metadata"] == {"source": "test"}
+    # Its stored state, and the blocks it lists, live as long now (sessions from it may list them later).
+    store = server.app.state.runtime.service.memories.store
+    listed = server.run(store.load(memory["id"])).header["blocks"]
+    ttls = [server.run(store.redis.ttl(store.block_prefix + b)) for b in listed]
+    assert listed and min(ttls) > 8000 and server.run(store.redis.ttl(store._v(memory["id"]))) > 8000
     assert http.patch(f"/v1/memories/{memory['id']}", json={}).status_code == 400
     assert http.patch(f"/v1/memories/{memory['id']}", json={"ttl_seconds": None}).status_code == 400
 
