@@ -17,6 +17,7 @@ SUITES = {
     "engine": "bench.engine",
     "batching": "bench.batching",
     "persistence": "bench.persistence",
+    "memories": "bench.memories",
     "http": "bench.http",
     "memory": "bench.memory",
     "quality": "bench.quality",

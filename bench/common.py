@@ -133,6 +133,7 @@ ORDER = [
     "http",
     "memory",
     "persistence",
+    "memories",
     "quality",
     "speedwork",
     "gpu",

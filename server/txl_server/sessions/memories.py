@@ -24,6 +24,7 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
+import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -116,7 +117,7 @@ class MemoryService:
 
     async def get(self, owner: str, memory_id: str) -> MemoryMeta:
         meta = await self.store.get(memory_id) if _plausible(memory_id) else None
-        if meta is None or meta.owner != owner:
+        if meta is None or not secrets.compare_digest(meta.owner, owner):
             if meta is None:
                 self._forget(memory_id)
             raise NotFound(f"no memory {memory_id!r}", param="memory")
