@@ -18,6 +18,7 @@ from txl_server.settings import Persistence, Settings
 from .gate import Gate
 from .live_server import LiveServer, serve
 from .test_disconnect import KEY, abandon, metric, send_and_leave, wait_until
+from .test_replicas import ServerProcess
 
 DOC = "The lighthouse keeper wrote in his log every evening, whatever the weather. " * 14  # ~130 segments
 QUESTION = " What did he write on the last night?"
@@ -279,6 +280,27 @@ def test_memories_survive_a_restart_and_serve_another_replica(tiny_model_dir, re
             # Deleted on one replica, gone on the other.
             assert http.delete(f"/v1/memories/{memory}").status_code == 204
             assert other.post("/v1/sessions", json={"memory": memory}).status_code == 404
+
+
+@pytest.mark.slow
+def test_a_memory_outlives_its_server_process(tiny_model_dir, redis_server):
+    """A real process killed (no shutdown) after making a memory: a new process on the same Redis starts sessions
+    from it exactly. Persistence "none": memories are in Redis whatever the sessions' mode."""
+    prefix = f"memories-process-{uuid.uuid4().hex[:6]}:"
+    first = ServerProcess(tiny_model_dir, redis_server.url, prefix, TXL_PERSISTENCE="none")
+    try:
+        with first.client() as http:
+            memory = _memory(http)["id"]
+            expected = _read_it_all(http, QUESTION)
+    finally:
+        first.kill()
+    second = ServerProcess(tiny_model_dir, redis_server.url, prefix, TXL_PERSISTENCE="none")
+    try:
+        with second.client() as http:
+            got = _continuation(http, _session(http, memory=memory, text=QUESTION)["id"])
+    finally:
+        second.stop()
+    assert got[0] == expected[0] and got[1] == pytest.approx(expected[1], abs=1e-5)
 
 
 def _start(server: LiveServer, memory: str) -> int:
