@@ -18,6 +18,7 @@ SUITES = {
     "batching": "bench.batching",
     "persistence": "bench.persistence",
     "handoff": "bench.handoff",
+    "memories": "bench.memories",
     "http": "bench.http",
     "responses": "bench.responses",
     "memory": "bench.memory",

@@ -134,6 +134,7 @@ ORDER = [
     "memory",
     "persistence",
     "prefix",
+    "memories",
     "responses",
     "handoff",
     "quality",

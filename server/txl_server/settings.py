@@ -89,6 +89,7 @@ class Settings(BaseSettings):
     default_ttl_seconds: int = Field(3600, ge=1)
     max_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
     max_sessions_per_tenant: int = Field(1000, ge=1)
+    max_memories_per_tenant: int = Field(100, ge=1)  # preloaded memories (/v1/memories)
     idempotency_ttl_seconds: int = Field(24 * 3600, ge=1)
     lease_ttl_seconds: float = Field(
         10.0, gt=0

@@ -233,3 +233,68 @@ def test_api_docs_render_with_the_network_closed(server, offline_browser):
         "return performance.getEntriesByType('resource').filter((e) => e.initiatorType !== 'img').map((e) => e.name)"
     )
     assert code and all(url.startswith(server.url + "/") for url in code), code
+
+
+@pytest.mark.browser
+def test_playground_starts_a_session_from_a_memory_and_saves_a_document_as_one(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    sdk = Client(server.url, API_KEY)
+    memory = sdk.memories.create(DOCUMENT, name="moby")
+    driver = browser
+    text_of = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
+    driver.get(server.url + "/")
+    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    picker = wait_for(
+        lambda: (
+            (s := Select(driver.find_element(By.ID, "memory-select")))
+            and memory.id in [o.get_attribute("value") for o in s.options]
+            and s
+        ),
+        what="the memories to be listed",
+    )
+    tokens = len(DOCUMENT.encode())  # a byte-level model
+    assert f"moby ({tokens} tokens)" in [o.text for o in picker.options]
+
+    # ---- pick it: the next generation starts a session from it, exactly as the SDK's
+    picker.select_by_value(memory.id)
+    assert "New session from the memory moby" in text_of("transcript")
+    for element_id, value in (("max-tokens", "20"), ("temperature", "0")):
+        field = driver.find_element(By.ID, element_id)
+        field.clear()
+        field.send_keys(value)
+    driver.find_element(By.ID, "prompt").send_keys(" Call me")
+    driver.find_element(By.ID, "generate").click()
+    wait_for(lambda: text_of("session-version") == "2", what="the generation to finish")
+    generated = driver.find_element(By.CSS_SELECTOR, "#transcript .generated").get_attribute("textContent")
+    expected = sdk.generate(sdk.create_session(memory=memory.id).id, " Call me", max_tokens=20, temperature=0)
+    assert generated == expected.text
+    assert text_of("session-tokens") == str(tokens + len(" Call me") + 20)
+
+    # ---- a dropped document saved as a memory becomes the pick for new sessions
+    driver.find_element(By.ID, "tab-score").click()
+    driver.execute_script(
+        """const data = new DataTransfer();
+        data.items.add(new File([arguments[0]], 'log.txt', {type: 'text/plain'}));
+        document.getElementById('drop-zone').dispatchEvent(
+          new DragEvent('drop', {dataTransfer: data, bubbles: true, cancelable: true}));""",
+        "The keeper's log, night after night. " * 8,
+    )
+    wait_for(lambda: driver.find_element(By.ID, "doc").get_attribute("value"), what="the drop")
+    driver.find_element(By.ID, "save-memory").click()
+    wait_for(lambda: "saved as memory" in text_of("score-status"), what="the memory to be saved")
+    saved = next(m for m in sdk.memories.list() if m.name == "log.txt")
+    assert saved.tokens == len("The keeper's log, night after night. " * 8)
+    assert (
+        Select(driver.find_element(By.ID, "memory-select")).first_selected_option.get_attribute("value")
+        == saved.id
+    )
+    driver.find_element(By.ID, "tab-generate").click()
+    assert "New session from the memory log.txt" in text_of("transcript")
+    screenshot(driver, "playground-memory.png")
+    for made in (memory.id, saved.id):
+        sdk.memories.delete(made)
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+    assert not errors, errors

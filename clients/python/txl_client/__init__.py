@@ -28,6 +28,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .memories import AsyncMemories, Memories, Memory
 from .types import (
     AppendResult,
     GenerateResult,
@@ -45,6 +46,7 @@ __all__ = [
     "AppendResult",
     "AsyncClient",
     "AsyncGenerateStream",
+    "AsyncMemories",
     "Client",
     "Conflict",
     "GenerateResult",
@@ -54,6 +56,8 @@ __all__ = [
     "IdempotencyKeyReused",
     "InternalError",
     "InvalidRequest",
+    "Memories",
+    "Memory",
     "ModelCard",
     "NotFound",
     "Overloaded",

@@ -169,9 +169,10 @@ def create_session_call(
     idempotency_key: str | None = None,
     *,
     stream: bool = False,
+    memory: str | None = None,
 ) -> Call:
     """Keyed like a step: a retry after a lost response returns the session the first attempt made."""
-    body = _compact(text=text, mem_len=mem_len, ttl_seconds=ttl_seconds, metadata=metadata)
+    body = _compact(text=text, mem_len=mem_len, ttl_seconds=ttl_seconds, metadata=metadata, memory=memory)
     return Call(
         "POST",
         "/v1/sessions",

@@ -19,6 +19,7 @@ import httpx
 
 from . import _core
 from .errors import TxlConnectionError, TxlError, error_from_response
+from .memories import AsyncMemories
 from .types import (
     AppendResult,
     GenerateResult,
@@ -68,6 +69,11 @@ class AsyncClient:
         """The requests this client (and those `with_options` made from it) sent again, by reason."""
         return self._options.retries
 
+    @property
+    def memories(self) -> AsyncMemories:
+        """Preloaded memories: documents read once, that sessions start from (txl_client.memories)."""
+        return AsyncMemories(self)
+
     def with_options(
         self,
         *,
@@ -107,11 +113,12 @@ class AsyncClient:
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         on_progress: AsyncProgressCallback | None = None,
+        memory: str | None = None,
     ) -> Session:
         """See `Client.create_session`; `on_progress` may be a plain function or a coroutine function."""
         streamed = bool(text) or on_progress is not None
         call = _core.create_session_call(
-            text, mem_len, ttl_seconds, metadata, idempotency_key, stream=streamed
+            text, mem_len, ttl_seconds, metadata, idempotency_key, stream=streamed, memory=memory
         )
         if not streamed:
             return Session.model_validate(await self._json(call))

@@ -20,6 +20,7 @@ import httpx
 
 from . import _core
 from .errors import TxlConnectionError, TxlError, error_from_response
+from .memories import Memories
 from .types import (
     AppendResult,
     GenerateResult,
@@ -83,6 +84,11 @@ class Client:
         """The requests this client (and those `with_options` made from it) sent again, by reason."""
         return self._options.retries
 
+    @property
+    def memories(self) -> Memories:
+        """Preloaded memories: documents read once, that sessions start from (txl_client.memories)."""
+        return Memories(self)
+
     def with_options(
         self,
         *,
@@ -123,12 +129,15 @@ class Client:
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         on_progress: ProgressCallback | None = None,
+        memory: str | None = None,
     ) -> Session:
         """A new session primed with `text`; `on_progress(tokens_done, tokens_total)` is called as the server
-        feeds it (a long text is streamed, so it never times out while progress arrives)."""
+        feeds it (a long text is streamed, so it never times out while progress arrives). With `memory` (an id
+        from `memories.create`), after that memory's document (its state shared: as fast for a long document as
+        for a short one)."""
         streamed = bool(text) or on_progress is not None
         call = _core.create_session_call(
-            text, mem_len, ttl_seconds, metadata, idempotency_key, stream=streamed
+            text, mem_len, ttl_seconds, metadata, idempotency_key, stream=streamed, memory=memory
         )
         if not streamed:
             return Session.model_validate(self._json(call))

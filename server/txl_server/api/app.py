@@ -28,7 +28,7 @@ from ..errors import Conflict, Overloaded, PayloadTooLarge, ServiceError
 from ..metrics import Metrics
 from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
-from . import chat, completions, history, responses, score, sessions, system
+from . import chat, completions, history, memories, responses, score, sessions, system
 from .auth import ApiKeys
 from .common import validation_message
 from .disconnect import CLIENT_CLOSED_REQUEST, ClientGone
@@ -80,7 +80,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.state.api_keys = ApiKeys.from_settings(settings)
     app.state.started_at = time.time()
     app.state.replica = replica_name(settings)
-    for module in (sessions, history, score, completions, chat, responses, system):
+    for module in (sessions, history, memories, score, completions, chat, responses, system):
         app.include_router(module.router)
     _install_error_handlers(app)
     # Outermost first: metrics see every response, including the limits' 413 and 429.

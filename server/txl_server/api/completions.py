@@ -1,7 +1,8 @@
 """OpenAI-compatible `POST /v1/completions` (and `GET /v1/models`), usable by the official `openai` client.
 
 Stateless by default: each prompt starts from an empty memory. The extension field `session_id` continues an
-existing session instead (the prompt and the completion become part of it, as with /generate).
+existing session instead (the prompt and the completion become part of it, as with /generate); `memory` starts
+each prompt from a preloaded memory (as if its document came first; nothing is stored).
 `echo` + `logprobs` + `max_tokens: 0` scores a prompt.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
+from ..engine.state import ModelState
 from ..errors import InvalidRequest, ServiceError
 from ..metrics import Metrics
 from ..sessions.events import GenerateResult, TokenEvent, TopLogprobs
@@ -147,8 +149,23 @@ def completion_source(
     if body.session_id is not None:
         source = _session_completion(sources.service, sources.tenant, body, plan)
     else:
-        source = _stateless_completions(sources.stateless, sources.tenant, body, plan)
+        source = _stateless_completions(sources.stateless, body, plan, _prefill(sources, body.memory))
     return _timed(source, TokenTiming(sources.metrics))
+
+
+Prefill = Callable[[list[int], bool, int], Awaitable[tuple[ModelState, PromptScores]]]
+
+
+def _prefill(sources: Sources, memory: str | None) -> Prefill:
+    """What a stateless prompt starts from: nothing, or a preloaded memory of the caller's."""
+    if memory is None:
+        return lambda tokens, logprobs, top: sources.stateless.prefill(
+            tokens, owner=sources.tenant, logprobs=logprobs, top_logprobs=top
+        )
+    memories = sources.service.memories
+    return lambda tokens, logprobs, top: memories.prefill(
+        sources.tenant, memory, tokens, logprobs=logprobs, top_logprobs=top
+    )
 
 
 # ---------------------------------------------------------------------------------------------- planning
@@ -182,6 +199,8 @@ class Plan:
             if getattr(body, penalty):
                 raise InvalidRequest(f"{penalty} is not supported (only 0)", param=penalty)
         prompts = cls._prompts(body.prompt, tokenizer, settings)
+        if body.session_id is not None and body.memory is not None:
+            raise InvalidRequest("give session_id or memory, not both", param="memory")
         if body.session_id is not None and len(prompts) != 1:
             raise InvalidRequest("with session_id, give a single prompt", param="prompt")
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
@@ -304,14 +323,12 @@ class _LogprobsBuilder:
 
 
 async def _stateless_completions(
-    stateless: StatelessService, tenant: str, body: CompletionRequest, plan: Plan
+    stateless: StatelessService, body: CompletionRequest, plan: Plan, prefill: Prefill
 ) -> AsyncGenerator[tuple[int, Any], None]:
     want_logprobs = body.logprobs is not None
     streams = []
     for prompt_text, prompt_ids in plan.prompts:
-        state, scores = await stateless.prefill(
-            prompt_ids, owner=tenant, logprobs=bool(body.echo and want_logprobs), top_logprobs=plan.top
-        )
+        state, scores = await prefill(prompt_ids, bool(body.echo and want_logprobs), plan.top)
         for i in range(plan.n):
             generation = stateless.generate(
                 state,

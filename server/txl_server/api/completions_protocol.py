@@ -39,6 +39,11 @@ class CompletionRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     session_id: str | None = Field(None, description="Extension: continue (and advance) this session")
+    memory: str | None = Field(
+        None,
+        max_length=64,
+        description="Extension: complete the prompt as if this preloaded memory's document came first",
+    )
 
     def to_sampling_params(self) -> list[SamplingParams]:
         """One set of sampling parameters per choice (`n`); choice i draws from seed + i, when seeded."""

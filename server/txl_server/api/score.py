@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InvalidBody, InvalidRequest
 from ..sessions.stateless import ScoreOutcome
-from .common import ERROR_RESPONSES, AppSettings, Stateless, Tenant, validation_message
+from .common import ERROR_RESPONSES, AppSettings, Service, Stateless, Tenant, validation_message
 from .disconnect import WatchedRoute, watch_connection
 from .json_body import utf8_error
 from .progress import Progress, long_work, streamed_responses
@@ -22,6 +22,9 @@ class ScoreRequest(BaseModel):
     text: str = Field(..., description="The document")
     token_logprobs: bool = Field(False, description="Also return each token's log-probability and text")
     stream: bool = Field(False, description="Stream progress events, then the result")
+    memory: str | None = Field(
+        None, max_length=64, description="Score the text as if this preloaded memory's document came first"
+    )
 
 
 class ScoreResponse(BaseModel):
@@ -60,23 +63,34 @@ async def score(
     tenant: Tenant,
     settings: AppSettings,
     stateless: Stateless,
+    service: Service,
     token_logprobs: bool = Query(False, description="text/plain bodies: same as the JSON field"),
     stream: bool = Query(False, description="text/plain bodies: same as the JSON field"),
+    memory: str | None = Query(None, max_length=64, description="text/plain bodies: same as the JSON field"),
 ) -> Any:
-    body = await _read(request, settings.max_body_bytes, token_logprobs=token_logprobs, stream=stream)
+    body = await _read(
+        request, settings.max_body_bytes, token_logprobs=token_logprobs, stream=stream, memory=memory
+    )
     if not body.text:  # documents are limited by the body size (TXL_MAX_BODY_BYTES), not the prompt limit
         raise InvalidRequest("text to score is empty", param="text")
 
     async def scored(progress: Progress | None) -> dict[str, Any]:
-        outcome = await stateless.score(
-            body.text, owner=tenant, token_logprobs=body.token_logprobs, progress=progress
-        )
+        if body.memory is not None:  # after a preloaded memory of the caller's
+            outcome = await service.memories.score(
+                tenant, body.memory, body.text, token_logprobs=body.token_logprobs, progress=progress
+            )
+        else:
+            outcome = await stateless.score(
+                body.text, owner=tenant, token_logprobs=body.token_logprobs, progress=progress
+            )
         return _response(outcome, stateless.tokenizer, body.token_logprobs)
 
     return await long_work(scored, stream=body.stream)
 
 
-async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: bool) -> ScoreRequest:
+async def _read(
+    request: Request, limit: int, *, token_logprobs: bool, stream: bool, memory: str | None
+) -> ScoreRequest:
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     raw = await request.body()
     if content_type not in ("text/plain", "application/json", ""):
@@ -84,7 +98,8 @@ async def _read(request: Request, limit: int, *, token_logprobs: bool, stream: b
     if (error := utf8_error(raw, json_body=content_type != "text/plain")) is not None:
         raise error
     if content_type == "text/plain":
-        return ScoreRequest(text=raw.decode("utf-8"), token_logprobs=token_logprobs, stream=stream)
+        text = raw.decode("utf-8")
+        return ScoreRequest(text=text, token_logprobs=token_logprobs, stream=stream, memory=memory)
     try:
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:

@@ -67,6 +67,11 @@ class SessionCreate(BaseModel):
     )
     metadata: dict[str, Any] | None = Field(None, description="Your own JSON, returned with the session")
     stream: bool = Field(False, description=STREAM_DESCRIPTION)
+    memory: str | None = Field(
+        None,
+        max_length=64,
+        description="Start from this preloaded memory (POST /v1/memories): as if its document came before `text`",
+    )
 
 
 class SessionFork(BaseModel):
@@ -135,7 +140,8 @@ async def create_session(
     idempotent: Idempotent,
     body: SessionCreate | None = None,
 ) -> Any:
-    """A new session, primed with `text`. The body may be omitted (an empty session with the defaults)."""
+    """A new session, primed with `text` (after a preloaded memory's document, with `memory`). The body may be
+    omitted (an empty session with the defaults)."""
     wanted = body or SessionCreate()
     check_text(settings, wanted.text, "text")
     check_metadata(settings, wanted.metadata)
@@ -149,6 +155,7 @@ async def create_session(
             ttl_seconds=wanted.ttl_seconds,
             metadata=wanted.metadata,
             progress=progress,
+            memory=wanted.memory,
         )
         return SessionObject.of(meta).model_dump()
 

@@ -5,7 +5,8 @@
     beyond  the service writes them to Redis (persistence on) or drops them (the session is then "gone")
 
 Bytes are counted exactly: the pool blocks each state keeps alive, with blocks shared by several sessions (a
-fork shares its parent's past) or versions counted once per tier. Besides its newest state, an entry on the device
+fork shares its parent's past; sessions started from a preloaded memory share its blocks) or versions counted once
+per tier, and so are last hidden states shared by several entries. Besides its newest state, an entry on the device
 may keep its session's older versions (rewind, forks at a version): they are the first to go when room is needed.
 The cache only does bookkeeping and picks victims; the service moves tensors (off the event loop) and talks to
 Redis.
@@ -41,7 +42,10 @@ class TierUsage:
     # shares its parent's past) is counted once.
     blocks: dict[tuple[int, int], int] = field(default_factory=dict)
     block_bytes: int = 0  # bytes of the distinct blocks held
-    extra: int = 0  # bytes outside the pool (last hidden states)
+    # Last hidden states (outside the pool), by their storage: a state shared by several entries (a session
+    # started from a preloaded memory, or forked, before its first step) is counted once too.
+    hidden: dict[tuple[str, int], int] = field(default_factory=dict)
+    extra: int = 0  # bytes of the distinct hidden states held
 
     @property
     def used(self) -> int:
@@ -55,7 +59,12 @@ class TierUsage:
             if count == 0:
                 self.block_bytes += pool.block_nbytes
             self.blocks[key] = count + 1
-        self.extra += state.nbytes - state.memory.allocated_nbytes
+        hidden = _hidden_key(state)
+        if hidden is not None:
+            count = self.hidden.get(hidden, 0)
+            if count == 0:
+                self.extra += _hidden_bytes(state)
+            self.hidden[hidden] = count + 1
 
     def remove(self, state: ModelState) -> None:
         pool = state.memory.pool
@@ -67,7 +76,25 @@ class TierUsage:
                 self.block_bytes -= pool.block_nbytes
             else:
                 self.blocks[key] = count
-        self.extra -= state.nbytes - state.memory.allocated_nbytes
+        hidden = _hidden_key(state)
+        if hidden is not None:
+            count = self.hidden[hidden] - 1
+            if count == 0:
+                del self.hidden[hidden]
+                self.extra -= _hidden_bytes(state)
+            else:
+                self.hidden[hidden] = count
+
+
+def _hidden_key(state: ModelState) -> tuple[str, int] | None:
+    """The identity of the state's last hidden state: its address (alive as long as an entry counts it)."""
+    if state.last_hidden is None:
+        return None
+    return str(state.last_hidden.device), state.last_hidden.data_ptr()
+
+
+def _hidden_bytes(state: ModelState) -> int:
+    return state.nbytes - state.memory.allocated_nbytes
 
 
 class MemoryCache:
@@ -137,12 +164,16 @@ class MemoryCache:
 
     def added_bytes(self, tier: str, *states: ModelState) -> int:
         """Bytes `states` would add to `tier` (some of their blocks may already be counted there, shared)."""
-        held = self._tiers[tier].blocks
+        held, held_hidden = self._tiers[tier].blocks, self._tiers[tier].hidden
         seen: set[tuple[int, int]] = set()
+        seen_hidden: set[tuple[str, int]] = set()
         extra = 0
         for state in states:
             pool = state.memory.pool
-            extra += state.nbytes - state.memory.allocated_nbytes
+            hidden = _hidden_key(state)
+            if hidden is not None and hidden not in held_hidden and hidden not in seen_hidden:
+                seen_hidden.add(hidden)
+                extra += _hidden_bytes(state)
             for block in state.memory.block_ids().tolist():
                 key = (id(pool), block)
                 if key not in held and key not in seen:

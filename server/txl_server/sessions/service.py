@@ -132,10 +132,11 @@ def _after_start_token(progress: Progress | None, total: int) -> Progress | None
 
 def new_session_id() -> str:
     """32 URL-safe characters holding ~192 random bits. Never starting with '-': command lines (ours included)
-    would read such an id as an option, so those draws are discarded (which costs 0.02 bits)."""
+    would read such an id as an option, so those draws are discarded (which costs 0.02 bits); nor with `mem_`,
+    which names preloaded memories (sessions/memories.py)."""
     while True:
         candidate = secrets.token_urlsafe(24)
-        if not candidate.startswith("-"):
+        if not candidate.startswith(("-", "mem_")):
             return candidate
 
 
@@ -187,6 +188,9 @@ class SessionService:
             budget_bytes=settings.prefix_cache_budget, grid=worker.grid, salt=model_id
         )
         self.history = SessionHistory(self)
+        from .memories import MemoryService  # it builds on this module
+
+        self.memories = MemoryService(self)
         self._loop = asyncio.get_running_loop()
         self._relieving = False
         worker.on_pool_pressure = self._on_pool_pressure
@@ -226,9 +230,21 @@ class SessionService:
         ttl_seconds: int | None = None,
         metadata: dict[str, Any] | None = None,
         progress: Progress | None = None,
+        memory: str | None = None,
     ) -> SessionMeta:
-        """A new session primed with `text`; `progress(tokens_done, tokens_total)` is called as the text is fed
-        (first with 0, once the session is admitted)."""
+        """A new session that read `text`; `progress(tokens_done, tokens_total)` is called as the text is fed
+        (first with 0, once the session is admitted). With `memory`, the preloaded memory's document first (its
+        state shared: the cost does not depend on the document's length)."""
+        if memory is not None:
+            return await self.memories.start_session(
+                owner,
+                memory,
+                text=text,
+                mem_len=mem_len,
+                ttl_seconds=ttl_seconds,
+                metadata=metadata,
+                progress=progress,
+            )
         mem_len = self.default_mem_len if mem_len is None else mem_len
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")

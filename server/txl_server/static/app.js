@@ -1,4 +1,5 @@
-// TXL Serve playground: generation on a session (streamed over SSE) and a per-token surprisal heatmap.
+// TXL Serve playground: generation on a session (streamed over SSE), started from nothing or from a preloaded
+// memory, and a per-token surprisal heatmap (whose document can be saved as a memory).
 // No build step and no dependencies. User and model text is only ever written with textContent.
 "use strict";
 
@@ -88,6 +89,8 @@ const state = {
   session: null, // the server's session object
   controller: null, // AbortController of the running generation
   scoring: false,
+  documentName: null, // the file the document came from, if any: the memory's name
+  memories: [], // the caller's preloaded memories (GET v1/memories)
 };
 
 function showError(error) {
@@ -111,6 +114,7 @@ function setBusy(busy) {
   $("fork").disabled = busy || !state.session;
   $("delete").disabled = busy || !state.session;
   $("new-session").disabled = busy;
+  $("memory-select").disabled = busy;
 }
 
 function showSession(session) {
@@ -188,7 +192,10 @@ async function generate() {
   let tokens = 0;
   let started = performance.now();
   try {
-    if (!state.session) showSession(await apiJson("POST", "v1/sessions", {}));
+    if (!state.session) {
+      const memory = $("memory-select").value;
+      showSession(await apiJson("POST", "v1/sessions", memory ? { memory } : {}));
+    }
     if (text) promptSpan = addPiece("prompt", text);
     outputSpan = addPiece("generated streaming", "");
     $("gen-status").textContent = "waiting for the first token…";
@@ -268,8 +275,75 @@ async function deleteSession() {
 
 function newSession() {
   showSession(null);
-  clearTranscript("New session: it is created with your next generation.");
+  const memory = state.memories.find((m) => m.id === $("memory-select").value);
+  clearTranscript(
+    memory
+      ? `New session from the memory ${memoryLabel(memory)}: it continues the document, and is created with your next generation.`
+      : "New session: it is created with your next generation.",
+  );
   $("gen-status").textContent = "";
+}
+
+// ------------------------------------------------------------------------------------------------ memories
+
+function memoryLabel(memory) {
+  const name = memory.name || memory.id;
+  return `${name} (${memory.tokens.toLocaleString()} tokens)`;
+}
+
+async function loadMemories(select) {
+  const picker = $("memory-select");
+  try {
+    state.memories = (await apiJson("GET", "v1/memories")).data;
+  } catch (_) {
+    state.memories = []; // no key yet, or the server is away: the page says so elsewhere
+  }
+  const wanted = select !== undefined ? select : picker.value;
+  const options = [new Option("nothing (an empty session)", "")];
+  for (const memory of state.memories) options.push(new Option(memoryLabel(memory), memory.id));
+  picker.replaceChildren(...options);
+  picker.value = state.memories.some((m) => m.id === wanted) ? wanted : "";
+}
+
+async function saveMemory() {
+  if (state.scoring) return;
+  showError(null);
+  const text = $("doc").value;
+  if (!text) {
+    showError(new Error("paste or drop a document first"));
+    return;
+  }
+  state.scoring = true;
+  $("score").disabled = $("save-memory").disabled = true;
+  const progress = $("score-progress");
+  progress.hidden = false;
+  progress.value = 0;
+  $("score-status").textContent = "reading…";
+  try {
+    const name = state.documentName || text.trim().split(/\s+/).slice(0, 6).join(" ").slice(0, 60);
+    const response = await api("POST", "v1/memories", { text, name, stream: true });
+    let memory = null;
+    await readEvents(response, (event) => {
+      if (event.type === "progress") {
+        progress.max = Math.max(1, event.tokens_total);
+        progress.value = event.tokens_done;
+        $("score-status").textContent = `read ${event.tokens_done.toLocaleString()} / ${event.tokens_total.toLocaleString()} tokens`;
+      } else if (event.type === "result") {
+        memory = event;
+      }
+    });
+    if (!memory) throw new Error("the stream ended before the memory was made");
+    await loadMemories(memory.id);
+    newSession();
+    $("score-status").textContent = `saved as memory ${memoryLabel(memory)}: new sessions start from it`;
+  } catch (error) {
+    $("score-status").textContent = "";
+    showError(error);
+  } finally {
+    state.scoring = false;
+    $("score").disabled = $("save-memory").disabled = false;
+    progress.hidden = true;
+  }
 }
 
 async function restoreSession() {
@@ -416,6 +490,7 @@ function loadFile(file) {
   const reader = new FileReader();
   reader.onload = () => {
     $("doc").value = String(reader.result);
+    state.documentName = file.name;
     $("score-status").textContent = `loaded ${file.name} (${file.size.toLocaleString()} bytes)`;
   };
   reader.onerror = () => showError(new Error(`cannot read ${file.name}`));
@@ -452,9 +527,13 @@ function init() {
     else localStorage.removeItem(KEY_STORAGE);
     showError(null);
     loadModel();
+    loadMemories();
     restoreSession();
   });
-  $("tab-generate").addEventListener("click", () => selectTab("generate"));
+  $("tab-generate").addEventListener("click", () => {
+    selectTab("generate");
+    loadMemories(); // another client may have added or deleted some
+  });
   $("tab-score").addEventListener("click", () => selectTab("score"));
 
   $("generate-form").addEventListener("submit", (event) => {
@@ -471,6 +550,9 @@ function init() {
   $("fork").addEventListener("click", fork);
   $("delete").addEventListener("click", deleteSession);
   $("new-session").addEventListener("click", newSession);
+  $("memory-select").addEventListener("change", newSession);
+  $("save-memory").addEventListener("click", saveMemory);
+  $("doc").addEventListener("input", () => (state.documentName = null));
 
   $("score-form").addEventListener("submit", (event) => {
     event.preventDefault();
@@ -492,6 +574,7 @@ function init() {
   document.querySelector(".legend .ramp").style.background = `linear-gradient(to right, ${PALETTE.join(", ")})`;
   setBusy(false);
   loadModel();
+  loadMemories();
   restoreSession();
 }
 

@@ -5,6 +5,8 @@
     txl chat [--session ID]                  an interactive loop on one session (/fork /reset /info /quit)
     txl score FILE... [--json]               tokens, perplexity and bits per byte of each file
     txl sessions ls | show ID | rm ID...     your sessions
+    txl sessions new [TEXT] [--memory ID]    start a session (from a preloaded memory), print its id
+    txl memories add FILE | ls | show ID | rm ID...   preloaded memories: documents read once
     txl convert HF_DIR OUT_DIR               a downloaded transfo-xl-wt103 (HF) directory -> a TXL model directory
 
 Exit status: 0 ok, 1 the server or the work failed, 2 usage error (bad flags, missing files), 130 interrupted.
@@ -73,7 +75,7 @@ def make_client(args: argparse.Namespace) -> Client:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import chat, local, remote
+    from . import chat, local, memories, remote
 
     # Connection flags go before or after the command: `txl --url U sessions ls`, `txl sessions ls --url U`.
     connection = argparse.ArgumentParser(add_help=False)
@@ -118,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     rm = actions.add_parser("rm", help="delete sessions", parents=[connection])
     rm.add_argument("session_ids", metavar="ID", nargs="+")
     rm.set_defaults(run=remote.sessions_rm)
+    new = actions.add_parser("new", help="start a session (--memory ID: from a memory)", parents=[connection])
+    memories.add_session_new(new)
+    what = "add, list, show and delete preloaded memories"
+    memories.add_memories(command("memories", memories.memories_help, what), connection)
     local.add_convert(command("convert", local.convert, "convert a transfo-xl-wt103 HF directory"))
     return parser
 
