@@ -280,7 +280,7 @@ def test_draining_a_replica_finishes_its_streams_before_it_exits(cluster):
 
 def test_kill_9_its_sessions_continue_exactly_on_another_replica_with_at_most_one_retry(cluster):
     """SIGKILL of a replica with one step in flight and idle sessions: the in-flight step's client gets one 502
-    from the proxy and retries it with its Idempotency-Key (then waits out the dead writer's lease); every other
+    from the proxy (or loses its stream) and retries it with its Idempotency-Key (then waits out the dead writer's lease); every other
     request is sent on by the proxy without the client noticing. Every session continues with exactly the tokens
     and log-probabilities its untouched twin gets."""
     victim_name = cluster.live()[0]
@@ -323,7 +323,9 @@ def test_kill_9_its_sessions_continue_exactly_on_another_replica_with_at_most_on
     for session_id, client in clients.items():
         failures = {r: n for r, n in client.retries.by_reason().items() if r != "409"}
         if session_id == in_flight:
-            assert failures == {"502": 1}, client.retries.by_reason()  # and 409s while the lease ran out
+            # One retry (and 409s while the lease ran out): a 502 if the replica died before its answer began,
+            # a lost connection if it died with the answer (a stream) under way.
+            assert failures in ({"502": 1}, {"connection": 1}), client.retries.by_reason()
         else:
             assert client.retries.total == 0, (session_id, client.retries.by_reason())
         client.close()
