@@ -26,7 +26,6 @@ from txl.sampling import SamplingParams
 from txl_server.engine.graphs import DecodeGraphs
 from txl_server.engine.jobs import AdvanceJob, job_result
 from txl_server.engine.runner import DecodeRow, ModelRunner
-from txl_server.engine.state import ModelState
 from txl_server.engine.worker import Worker
 
 from .common import Section
@@ -83,9 +82,12 @@ def decode_rate(model: txl.TransfoXLLMHeadModel, rows: int, sizes: Sizes, graphs
     layout = model.memory_layout()
     blocks = rows * (sizes.mem // 16 + 4) + 64
     pool = txl.BlockPool(layout, blocks=blocks, growable=False)
-    decode_graphs = DecodeGraphs(
-        model, pool, max_batch_size=rows, max_mem_len=sizes.mem, capture=layout.device.type == "cuda"
-    ) if graphs else None  # fmt: skip
+    decode_graphs = None
+    if graphs:
+        decode_graphs = DecodeGraphs(
+            model, pool, max_batch_size=rows, max_positions=sizes.mem, capture=layout.device.type == "cuda"
+        )
+        decode_graphs.capture_all()  # as at a server's start-up: nothing is captured while serving
     runner = ModelRunner(model, pool, decode_graphs)
     current = _rows(model, pool, rows, sizes.mem)
 
@@ -113,7 +115,7 @@ def scoring_rate(model: txl.TransfoXLLMHeadModel, sizes: Sizes) -> float:
         worker = Worker(model, _WordIds(), segment_len=128, max_batch_size=64, max_queued=64)
         worker.start()
         try:
-            empty = ModelState.empty(model.empty_memory(mem_len=sizes.mem, pool=worker.pool))
+            empty = worker.empty_state(sizes.mem)
             await job_result(worker, AdvanceJob(empty, document[:256]))  # warm-up
             started = time.perf_counter()
             await job_result(worker, AdvanceJob(empty, document))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from txl import BlockPool
-from txl.kernels import decode_kernel, prefer, reference_path
+from txl.kernels import decode_kernel, prefer, reference_path, triton_decode, triton_sampling
 from txl.sampling import SamplingParams
 from txl.window import WindowRule
 
@@ -192,6 +192,14 @@ def _choose_attention(path: ServingPath, worker: Worker, rows: list[DecodeRow], 
         if name == "triton" and not triton:
             path.attention_reason = "the Triton kernel is switched off (TXL_TRITON_KERNELS=0)"
             continue
+        if name == "triton" and pool.layout.device.type == "cuda":
+            try:  # every variant serving launches, compiled now: nothing compiles while sessions wait
+                _warm_up_triton(worker)
+            except Exception as exc:
+                _raise_if_device_failed(worker, is_device_error(exc), _first_line(exc))
+                path.attention_reason = f"the Triton kernels did not compile ({_first_line(exc)})"
+                log.warning("%s; decoding attention does not use them", path.attention_reason)
+                continue
         check = compare_paths(
             f"the {REPORTED[name]} attention kernel vs the torch path",
             functools.partial(_eager, worker, rows, name),
@@ -205,6 +213,14 @@ def _choose_attention(path: ServingPath, worker: Worker, rows: list[DecodeRow], 
         _raise_if_device_failed(worker, check.device_error, check.error)
         path.attention_reason = check.problem()
         log.warning("%s; decoding attention does not use that kernel", path.attention_reason)
+
+
+def _warm_up_triton(worker: Worker) -> None:
+    layout, pool = worker.pool.layout, worker.pool
+    triton_decode.warm_up(
+        layout.device, layout.dtype, heads=layout.n_head, d_head=layout.d_head, block_size=pool.block_size
+    )
+    triton_sampling.warm_up(layout.device)
 
 
 def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut]:
