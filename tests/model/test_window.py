@@ -51,7 +51,7 @@ def test_any_cut_of_a_text_gives_the_same_log_probs_and_memory(same_length, mem_
     tokens = torch.randint(0, VOCAB, (1, 61), generator=generator)
     whole, memory = _feed(model, tokens, [], mem_len=mem_len, grid=grid, pool=pool)
     cuts_tried = [list(range(1, 61)), [3, 4, 21, 22, 23, 40], [8, 16, 24, 32, 40, 48, 56]]
-    for _ in range(4):
+    for _ in range(2):
         cuts_tried.append(sorted(torch.randperm(60, generator=generator)[:7].add(1).tolist()))
     for cuts in cuts_tried:
         got, other = _feed(model, tokens, cuts, mem_len=mem_len, grid=grid, pool=pool)

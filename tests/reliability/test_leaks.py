@@ -16,7 +16,7 @@ from .servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-SESSIONS = int(os.environ.get("TXL_LEAK_SESSIONS", "2000"))
+SESSIONS = int(os.environ.get("TXL_LEAK_SESSIONS", "1200"))
 WARMUP = 300
 CONCURRENCY = 8
 

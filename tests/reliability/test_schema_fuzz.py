@@ -27,7 +27,7 @@ from .servers import error_of
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = int(os.environ.get("TXL_FUZZ_EXAMPLES", "25"))  # per operation and generation mode
+EXAMPLES = int(os.environ.get("TXL_FUZZ_EXAMPLES", "12"))  # per operation and generation mode
 
 
 def test_no_operation_answers_5xx_or_breaks_its_schema(api_server, figures):
