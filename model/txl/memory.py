@@ -37,7 +37,7 @@ from .paged import (
     gather_positions,
     peak_blocks,
 )
-from .window import WindowRule
+from .window import WindowRule, window_rule
 
 __all__ = ["HiddenMemory", "Memory", "MemoryLayout", "peak_positions"]
 
@@ -87,7 +87,7 @@ class Memory:
 
     def rule(self, same_length: bool) -> WindowRule:
         """The window rule this memory's steps follow, for a model with `same_length`."""
-        return WindowRule(self.mem_len, same_length, self.grid)
+        return window_rule(self.mem_len, same_length, self.grid)
 
     def like(self, rows: Sequence[PagedRow]) -> Memory:
         """A memory of the same pool and window rule holding `rows`."""

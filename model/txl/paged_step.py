@@ -272,19 +272,30 @@ class StaticDecodeStep:
         host["windows"][n:] = 1
         host["starts"][n:] = 0
         host["table"][n:] = self.scratch_block
-        for i, (rs, rule) in enumerate(zip(row_steps, rules, strict=True)):
-            if rs.new != 1 or not self.fits(rs):
+        if n:
+            tables = [rs.ids for rs in row_steps]
+            widths = np.fromiter((t.size for t in tables), dtype=np.int64, count=n)
+            key_lengths = np.fromiter((rs.mem_length + rs.new for rs in row_steps), dtype=np.int64, count=n)
+            too_long = widths.max() > self.max_blocks or key_lengths.max() > self.n_pos
+            if too_long or any(rs.new != 1 for rs in row_steps):
                 raise ValueError(
                     "a row longer than the step was built for (or not one new token) runs eagerly"
                 )
-            (position,) = rs.write_positions
-            host["write_blocks"][i] = rs.ids[position // bs]
-            host["write_slots"][i] = position % bs
-            host["key_lengths"][i] = rs.mem_length + rs.new
-            host["windows"][i, 0] = min(rule.window(rs.position), self.n_pos + 1)
-            host["starts"][i] = rs.start
-            host["table"][i, : rs.ids.size] = rs.ids
-            host["table"][i, rs.ids.size :] = NULL_BLOCK
+            starts = np.fromiter((rs.start for rs in row_steps), dtype=np.int64, count=n)
+            positions = starts + key_lengths - 1  # where each row's new token goes, in its table
+            flat = np.concatenate(tables)
+            first = np.cumsum(widths) - widths  # each row's first entry in `flat`
+            host["write_blocks"][:n] = flat[first + positions // bs]
+            host["write_slots"][:n] = positions % bs
+            host["key_lengths"][:n] = key_lengths
+            host["windows"][:n, 0] = [
+                min(rule.window(rs.position), self.n_pos + 1)
+                for rs, rule in zip(row_steps, rules, strict=True)
+            ]
+            host["starts"][:n] = starts
+            table = host["table"]
+            table[:n] = NULL_BLOCK
+            table[np.repeat(np.arange(n), widths), np.arange(flat.size) - np.repeat(first, widths)] = flat
         self._inputs.send()
         self.row_steps = list(row_steps)
 

@@ -22,10 +22,17 @@ fed (HF's function, which the parity tests check).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # A window no distance reaches: the query sees its whole memory and its segment's earlier positions.
 UNBOUNDED = 1 << 62
+
+
+@functools.cache
+def window_rule(mem_len: int, same_length: bool, grid: int | None) -> WindowRule:
+    """The rule for these parameters, made once (a decoding step asks for every row's)."""
+    return WindowRule(mem_len, same_length, grid)
 
 
 @dataclass(frozen=True, slots=True)
