@@ -72,24 +72,31 @@ def lock_data_dir(data_dir: Path, *, wait_seconds: float | None = None) -> IO[st
     return handle
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec function that has the child sent SIGTERM when its parent dies (Linux prctl PR_SET_DEATHSIG),
-    or None elsewhere. Resolved here, before the fork: the child only makes the call."""
+def _die_with_parent() -> tuple[list[str], Callable[[], None] | None]:
+    """How the child gets SIGTERM when its parent dies (Linux PR_SET_PDEATHSIG): an argv prefix, or a preexec
+    function, or neither (elsewhere).
+
+    `setpriv --pdeathsig` (util-linux, on every Debian) sets it in the child without Python code between fork
+    and exec. A preexec function does the same but makes subprocess fork() the whole server instead of vfork():
+    a server holding gigabytes of address space can then fail to start Redis with ENOMEM."""
     if not sys.platform.startswith("linux"):
-        return None
+        return [], None
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        return [setpriv, "--pdeathsig", "TERM", "--"], None
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return None
+        return [], None
     pr_set_pdeathsig = 1
     parent = os.getpid()
 
-    def preexec() -> None:
+    def preexec() -> None:  # resolved before the fork: the child only makes the call
         prctl(pr_set_pdeathsig, signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the call took effect
             os._exit(1)
 
-    return preexec
+    return [], preexec
 
 
 def find_redis_server() -> str:
@@ -147,7 +154,9 @@ class EmbeddedRedis:
         thread that started it ends)."""
         self.lock(wait_seconds=0)
         assert self._lock is not None
+        prefix, preexec = _die_with_parent()
         args = [
+            *prefix,
             find_redis_server(),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
@@ -163,7 +172,7 @@ class EmbeddedRedis:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
             pass_fds=(self._lock.fileno(),),
-            preexec_fn=_die_with_parent(),  # one prctl call between fork and exec, resolved before the fork
+            preexec_fn=preexec,
         )
 
     def wait_ready(self, timeout: float = 10.0) -> str:
