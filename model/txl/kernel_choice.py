@@ -10,7 +10,8 @@ Choices are cached in one JSON file per machine under the user's cache directory
 on this machine did. A machine is its CPU's name, the vector units torch and oneDNN may use (which
 `ATEN_CPU_CAPABILITY`, `ONEDNN_MAX_CPU_ISA` and `MKL_ENABLE_INSTRUCTIONS` change), and the torch version. A file
 that does not parse, was written for another machine, or holds entries this code would not write is ignored
-(entry by entry); delete the file to measure again.
+(entry by entry); delete the file to measure again. An entry names the kernels it was chosen among, so that a
+kernel that becomes available later (a C compiler installed) is measured then.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ PLAIN = "plain"
 ONEDNN = "onednn"
 NATIVE = "native"
 KERNELS = (PLAIN, ONEDNN, NATIVE)
-FORMAT = 1
+FORMAT = 2
 # Another kernel replaces the plain one only when this much faster: below it, timing noise decides.
 MARGIN = 0.05
 # Rows a linear layer is measured at; an input takes the choice of the nearest in log scale (see `rows_bucket`).
@@ -119,15 +120,15 @@ def this_machine(bfloat16: bool) -> Machine:
     )
 
 
-def measure(
-    entry: Entry, candidates: Mapping[str, Callable[[], object]], *, budget: float = 0.01
-) -> dict[str, float]:
+def measure(entry: Entry, candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
     """Best seconds per call of each candidate, in interleaved rounds (a busy spell slows every candidate
-    alike), at least 3 rounds and until each has run about `budget` seconds (at most 200 rounds).
+    alike), at least 3 rounds and until each has run 10 ms (50 ms with several threads, whose rounds a
+    descheduled thread spoils more often), at most 200 rounds.
 
     With one torch thread the clock is the thread's CPU time: the time other processes take the core is not
     the kernel's (on a shared machine, wall-clock minima of millisecond calls varied 3x between runs)."""
     clock = time.thread_time if entry.threads == 1 else time.perf_counter
+    budget = 0.01 if entry.threads == 1 else 0.05
     for run in candidates.values():  # first calls pack weights, create primitives, fault pages in
         run()
     best = dict.fromkeys(candidates, float("inf"))
@@ -163,7 +164,7 @@ class KernelChoices:
         self.forced = forced
         self._choices: dict[str, str] | None = None  # read from disk on first use
         self._lock = threading.Lock()
-        self.measured: dict[str, dict[str, float]] = {}  # this process's timings, for reports
+        self.measured: dict[str, dict[str, float]] = {}  # this process's timings by key, for reports
 
     def choose(self, entry: Entry, candidates: Mapping[str, Callable[[], object]]) -> str:
         """The kernel for `entry` among `candidates` (name -> a call on a sample input, for timing)."""
@@ -172,7 +173,8 @@ class KernelChoices:
         if len(candidates) == 1:
             return next(iter(candidates))
         with self._lock:
-            key = entry.key
+            # A choice holds among the kernels it was made from: one more (a compiler installed since) is measured.
+            key = f"{entry.key} of {'/'.join(candidates)}"
             choices = self._loaded()
             known = choices.get(key)
             if known is not None and known in candidates:

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 import txl.linear
-from txl.kernel_choice import Entry, KernelChoices, Machine, rows_bucket, this_machine
+from txl.kernel_choice import FORMAT, Entry, KernelChoices, Machine, rows_bucket, this_machine
 
 AVX2 = Machine(
     cpu="AMD EPYC", vector="AVX2 avx2", onednn_isa="", mkl_isa="", bfloat16=False, torch=torch.__version__
@@ -203,11 +203,7 @@ def test_choices_are_saved_and_a_later_process_on_the_same_machine_reuses_them(m
     run_layer(torch.nn.Linear(32, 48), 64)
     (saved,) = tmp_path.glob("linear-*.json")
     choices = json.loads(saved.read_text())["choices"]
-    threads = torch.get_num_threads()
-    assert choices == {
-        f"48x32 float32 rows=1 threads={threads}": "plain",
-        f"48x32 float32 rows=64 threads={threads}": "onednn",
-    }
+    assert choices == {_key(1): "plain", _key(64): "onednn"}
 
     later = FakeTimer()
     on_machine(monkeypatch, AVX512, tmp_path, later, compiler=False)
@@ -238,6 +234,11 @@ def test_another_machine_or_thread_count_measures_afresh(monkeypatch, tmp_path):
     assert [e.threads for e in more_threads.asked] == [threads + 1]
 
 
+def _key(rows: int, among: str = "plain/onednn") -> str:
+    """A cache entry's key: a 32 -> 48 float32 layer at this thread count, chosen among `among`."""
+    return f"48x32 float32 rows={rows} threads={torch.get_num_threads()} of {among}"
+
+
 def _cache_file(fmt: object, machine: str, choices: object) -> str:
     return json.dumps({"format": fmt, "machine": machine, "choices": choices})
 
@@ -249,15 +250,15 @@ def _cache_file(fmt: object, machine: str, choices: object) -> str:
         lambda key: "{not json",
         lambda key: "[1, 2]",
         lambda key: _cache_file(99, AVX512.key, {key: "plain"}),  # another format
-        lambda key: _cache_file(1, AVX2.key, {key: "plain"}),  # another machine's, under this one's name
-        lambda key: _cache_file(1, AVX512.key, [key, "plain"]),
+        lambda key: _cache_file(FORMAT, AVX2.key, {key: "plain"}),  # another machine's, under this one's name
+        lambda key: _cache_file(FORMAT, AVX512.key, [key, "plain"]),
     ],
 )
 def test_a_corrupt_or_foreign_cache_file_is_ignored_and_replaced(monkeypatch, tmp_path, content):
-    key = f"48x32 float32 rows=64 threads={torch.get_num_threads()}"
+    key = _key(64)
     path = tmp_path / AVX512.file_name
     path.write_text(content(key))  # each would say "plain" if it were believed
-    timer = on_machine(monkeypatch, AVX512, tmp_path).timer
+    timer = on_machine(monkeypatch, AVX512, tmp_path, compiler=False).timer
     run_layer(torch.nn.Linear(32, 48), 64)
     assert len(timer.asked) == 1
     assert json.loads(path.read_text())["choices"] == {key: "onednn"}
@@ -265,18 +266,29 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_and_replaced(monkeypatch, tm
 
 @needs_onednn
 def test_unknown_kernels_in_the_cache_are_ignored_entry_by_entry(monkeypatch, tmp_path):
-    threads = torch.get_num_threads()
-    entries = {
-        f"48x32 float32 rows=64 threads={threads}": "turbo",
-        f"48x32 float32 rows=1 threads={threads}": "onednn",
-    }
-    (tmp_path / AVX512.file_name).write_text(_cache_file(1, AVX512.key, entries))
-    timer = on_machine(monkeypatch, AVX512, tmp_path).timer
+    entries = {_key(64): "turbo", _key(1): "onednn"}
+    (tmp_path / AVX512.file_name).write_text(_cache_file(FORMAT, AVX512.key, entries))
+    timer = on_machine(monkeypatch, AVX512, tmp_path, compiler=False).timer
     spy = Spy(monkeypatch)
     run_layer(torch.nn.Linear(32, 48), 1)  # cached: oneDNN, although the fake timer would say plain
     run_layer(torch.nn.Linear(32, 48), 64)
     assert [e.rows for e in timer.asked] == [64]
     assert spy.kernels == ["onednn", "onednn"]
+
+
+@needs_onednn
+@needs_native
+def test_a_choice_made_among_fewer_kernels_is_measured_again_when_another_appears(monkeypatch, tmp_path):
+    """A C compiler installed since: the native kernel is a candidate now, and the old entry does not hide it."""
+    on_machine(monkeypatch, AVX512, tmp_path, compiler=False)
+    run_layer(torch.nn.Linear(32, 48), 1)
+    monkeypatch.undo()  # the compiler arrives
+    timer = on_machine(monkeypatch, AVX512, tmp_path).timer
+    spy = Spy(monkeypatch)
+    run_layer(torch.nn.Linear(32, 48), 1)
+    assert [e.rows for e in timer.asked] == [1] and spy.kernels == ["native"]
+    choices = json.loads((tmp_path / AVX512.file_name).read_text())["choices"]
+    assert choices == {_key(1): "plain", _key(1, "plain/onednn/native"): "native"}
 
 
 def test_an_unwritable_cache_directory_costs_only_a_measurement(monkeypatch, tmp_path):
