@@ -11,7 +11,17 @@ import json
 import pytest
 import torch
 import txl.linear
-from txl.kernel_choice import FORMAT, Entry, KernelChoices, Machine, rows_bucket, this_machine
+from txl.kernel_choice import (
+    FORMAT,
+    ROUNDS,
+    Entry,
+    KernelChoices,
+    Machine,
+    last_level_cache_bytes,
+    measure,
+    rows_bucket,
+    this_machine,
+)
 
 AVX2 = Machine(
     cpu="AMD EPYC", vector="AVX2 avx2", onednn_isa="", mkl_isa="", bfloat16=False, torch=torch.__version__
@@ -324,3 +334,14 @@ def test_this_machine_names_its_vector_units_as_torch_dispatches_them():
     assert machine.vector.split()[0] == torch.backends.cpu.get_cpu_capability()
     assert machine.torch == torch.__version__
     assert this_machine(bfloat16=True).file_name != machine.file_name
+
+
+def test_measuring_times_every_candidate_from_cold_caches():
+    calls: list[str] = []
+    seconds = measure(
+        Entry(48, 32, torch.float32, 1, 1),
+        {"plain": lambda: calls.append("plain"), "native": lambda: calls.append("native")},
+    )
+    assert calls == ["plain", "native"] * (1 + ROUNDS)  # one warm-up call each, then interleaved rounds
+    assert set(seconds) == {"plain", "native"} and all(0 <= s < 0.01 for s in seconds.values())
+    assert last_level_cache_bytes() >= 2**20
