@@ -511,6 +511,21 @@ def summary_section(runs: list[ClassRun]) -> Section:
         kind = "simulated" if run.simulated else "native"
         for line in _status(run):
             section.note(f"{CLASS_TITLES[run.name]} ({kind}): {line}.")
+    section.table(
+        "Read bandwidth and matmul peak per machine class (1 thread)",
+        ["class", "read, 512 MiB (GB/s)", "fp32 matmul (GFLOP/s)", "bf16 matmul (GFLOP/s)"],
+        [
+            [
+                CLASS_TITLES[run.name] + (" (simulated)" if run.simulated else ""),
+                run.floors["1"]["read"] / 1e9,
+                run.floors["1"]["peak"]["float32"] / 1e9,
+                run.floors["1"]["peak"]["bfloat16"] / 1e9
+                if "bfloat16" in run.floors["1"]["peak"]
+                else "no native bfloat16",
+            ]
+            for run in runs
+        ],
+    )
     if len(runs) > 1:
         rows = []
         for workload in runs[0].results:

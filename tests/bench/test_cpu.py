@@ -114,3 +114,11 @@ def test_the_matmul_peak_and_bandwidth_probes_measure_this_cpu():
     finally:
         torch.set_num_threads(threads)
     assert floors["1"]["read"] > 1e9 and floors["1"]["peak"]["float32"] > 1e9
+
+
+def test_the_summary_sets_the_machine_classes_side_by_side():
+    markdown = cpu.summary_section([_run(simulated=False), _run(simulated=True)]).markdown()
+    assert "| AVX2 only | 10.0 | 100 | no native bfloat16 |" in markdown
+    assert "| AVX2 only (simulated) | 10.0 | 100 | no native bfloat16 |" in markdown
+    assert "| bundled model, float32, memory 512 | decode, batch 1 | 4 | 2 | 4 | 2 |" in markdown
+    assert "AVX2 only (simulated): bundled model, float32, 1 thread: decode at batch 1 4.00 ms" in markdown
