@@ -131,27 +131,22 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=32 * 2**20)
 
 
-ROUNDS = 5
+ROUNDS = 3
 
 
 def measure(entry: Entry, candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
-    """Best seconds per call of each candidate over ROUNDS interleaved rounds (a busy spell slows every
-    candidate alike), each call after the caches were filled with other data, so that the weight comes from
-    memory as a decode step's weights do (read once per step, the rows' memories between). Warm, a weight in L2
-    favoured torch's kernels: the bundled model's 256x256 layer took 7 µs plain and 12 µs native there, while a
-    decode step was 1 ms faster with the native kernel in every layer than with the warm choices.
+    """Best seconds per run of each candidate over ROUNDS interleaved rounds (a busy spell slows every candidate
+    alike), after one warm-up run each (packing weights, creating primitives, faulting pages in). A run is a
+    pass over copies of the layer (see txl.linear), as a decode step passes over its layers.
 
     With one torch thread the clock is the thread's CPU time: the time other processes take the core is not
     the kernel's (on a shared machine, wall-clock minima of millisecond calls varied 3x between runs)."""
     clock = time.thread_time if entry.threads == 1 else time.perf_counter
-    # Twice the last-level cache, written once (untouched pages would all read the one zero page).
-    filler = torch.ones(min(2 * last_level_cache_bytes(), 256 * 2**20) // 4)
-    for run in candidates.values():  # first calls pack weights, create primitives, fault pages in
+    for run in candidates.values():
         run()
     best = dict.fromkeys(candidates, float("inf"))
     for _ in range(ROUNDS):
         for name, run in candidates.items():
-            filler.sum()
             started = clock()
             run()
             best[name] = min(best[name], clock() - started)

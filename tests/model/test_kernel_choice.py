@@ -336,12 +336,30 @@ def test_this_machine_names_its_vector_units_as_torch_dispatches_them():
     assert this_machine(bfloat16=True).file_name != machine.file_name
 
 
-def test_measuring_times_every_candidate_from_cold_caches():
+def test_measuring_interleaves_rounds_after_a_warm_up_run_each():
     calls: list[str] = []
-    seconds = measure(
-        Entry(48, 32, torch.float32, 1, 1),
-        {"plain": lambda: calls.append("plain"), "native": lambda: calls.append("native")},
-    )
-    assert calls == ["plain", "native"] * (1 + ROUNDS)  # one warm-up call each, then interleaved rounds
+    runs = {"plain": lambda: calls.append("plain"), "native": lambda: calls.append("native")}
+    seconds = measure(Entry(48, 32, torch.float32, 1, 1), runs)
+    assert calls == ["plain", "native"] * (1 + ROUNDS)
     assert set(seconds) == {"plain", "native"} and all(0 <= s < 0.01 for s in seconds.values())
     assert last_level_cache_bytes() >= 2**20
+
+
+@pytest.mark.parametrize(
+    ("shape", "rows", "count"),
+    [
+        ((256, 256), 1, 64),  # 256 KiB each: 64 copies, 16 MiB (less than twice the cache)
+        ((1024, 1024), 1, 16),  # 4 MiB each: twice the cache of 32 MiB
+        ((4096, 4096), 1, 1),  # 64 MiB: larger than the cache by itself
+        ((1024, 1024), 256, 1),  # 537 MFLOP a call: the products dominate, one copy
+        ((256, 256), 16, 23),  # 2.1 MFLOP a call: 50 MFLOP a pass
+    ],
+)
+def test_kernels_are_timed_over_enough_copies_to_come_from_memory(monkeypatch, shape, rows, count):
+    """A pass over copies of the layer outgrows the last-level cache, as a decode step's layers do, unless
+    the products dominate; the layer itself is the first copy (its kernels' weights are made as it runs)."""
+    monkeypatch.setattr(txl.linear, "last_level_cache_bytes", lambda: 32 * 2**20)
+    layer = txl.linear._LayerKernels((), torch.zeros(shape), torch.zeros(shape[0]))
+    copies = layer._copies(rows)
+    assert len(copies) == count and copies[0] is layer
+    assert all(c.weight.data_ptr() != layer.weight.data_ptr() for c in copies[1:])
