@@ -195,10 +195,10 @@ def _run_all(layers: list[_LayerKernels], kernel: str, x: Tensor) -> None:
 
 
 def _key(weight: Tensor, bias: Tensor | None) -> tuple:
-    parts = [weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype]
-    if bias is not None:
-        parts += [bias.data_ptr(), bias._version]
-    return tuple(parts)
+    """What a layer's copies of its weight are valid for (every call computes it: no intermediate list)."""
+    if bias is None:
+        return (weight.data_ptr(), weight._version, weight.shape, weight.dtype)
+    return (weight.data_ptr(), weight._version, weight.shape, weight.dtype, bias.data_ptr(), bias._version)
 
 
 def packed_linear(
