@@ -11,9 +11,9 @@ is larger.
 Each model runs in a subprocess per source tree: this one, with its linear kernels chosen by measurement, and with
 every layer on one kernel wherever it can run (torch's plain one, oneDNN's packed one, the native loop for up to
 16 rows), interleaved step by step; and the tree before kernels were chosen (`BEFORE`, oneDNN's `mkldnn_linear`
-everywhere). On a CPU with AVX-512 the
-suite also measures an AVX2-only CPU, simulated by limiting oneDNN, ATen and MKL to AVX2 (the attention kernel
-is still compiled for the real CPU); a simulated section never replaces one measured natively.
+everywhere). On a CPU with AVX-512 the suite also measures an AVX2-only CPU, simulated by limiting oneDNN, ATen
+and MKL to AVX2 (the C kernels are still compiled for the real CPU); a simulated section never replaces one
+measured natively.
 """
 
 from __future__ import annotations
