@@ -14,6 +14,7 @@ SUITES = {
     "model": "bench.model_vs_hf",
     "paper": "bench.paper_table9",
     "floor": "bench.floor",
+    "cpu": "bench.cpu",
     "engine": "bench.engine",
     "batching": "bench.batching",
     "persistence": "bench.persistence",

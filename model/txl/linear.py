@@ -1,33 +1,64 @@
-"""Linear layers for CPU inference through oneDNN, with weights packed once.
+"""Linear layers for CPU inference, each computed by the kernel that measured fastest for its shape on this CPU.
 
-On this CPU (AMD EPYC, 2 cores) torch's default CPU linear (MKL) reads weights at about 14 GB/s for one row and
-7 GB/s for 4-16 rows, while oneDNN's inner product, given a weight in its own layout, reaches 25 and 17 GB/s,
-and is 1.6x faster for 128-row segments too (see docs/benchmarks.md, speed work). Decoding is bound by reading
-weights, so this is most of a step's time.
+Three kernels compute `F.linear` on a CPU, and none wins everywhere:
 
-The packed copy is made on first use, outside autograd only (training keeps the plain path), and remade when
-the weight changes (its storage or version). It costs a second copy of the packed weights in memory.
+- plain: torch's own (MKL's gemm in float32, oneDNN's matmul in bfloat16), reading the weight as stored;
+- onednn: oneDNN's inner product over a copy of the weight packed once into oneDNN's blocked layout
+  (`torch.ops.mkldnn._linear_pointwise`, the kernel inductor's CPU freezing uses), dense input and output;
+- native: a loop compiled for this machine that reads the weight once, as one stream (`kernels/rows_linear.c`),
+  for up to 16 rows (decoding's case).
+
+On an AMD EPYC (1 thread), one row through the bundled model's 32 matrices (25 MB) took 2.2-2.8 ms plain or
+packed and 1.0-1.7 ms native; a single call into oneDNN costs about 10 µs whatever its size, so at one row plain
+beats packed on small matrices (256x256: 7 against 17 µs), while from 8 rows on packed was 1.1-2.5x faster than
+plain (MKL's gemm runs at half speed on this CPU) and native falls behind (the products, not the reads, bound
+it). An earlier version packed every layer (`mkldnn_linear` over `to_mkldnn` copies, which also converted every
+input and output): decode at batch 1 ran 1.7x slower than plain on an AVX2 EPYC. So the kernel is chosen per
+layer shape, dtype, rows bucket and thread count by timing the candidates on this machine the first time that
+entry is needed, and the choice is cached on disk (`txl.kernel_choice`).
+
+A layer keeps a second copy of its weight only for a kernel it chose (oneDNN's layout, or a contiguous copy of a
+transposed weight for the native kernel). Training (autograd) and GPUs take the plain path.
 
 oneDNN runs bfloat16 only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere (AVX2-only x86-64, e.g.
-many AMD EPYC and desktop parts) `mkldnn_linear` raises, so bfloat16 takes torch's plain kernel there: correct,
-but slow (see `cpu_runs_bfloat16`).
+many AMD EPYC and desktop parts) it raises, so bfloat16 takes the other kernels there: correct, but torch's is
+slow (see `cpu_runs_bfloat16`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-_PACKABLE = (torch.float32, torch.bfloat16)
+from .kernel_choice import (
+    KERNELS,
+    NATIVE,
+    ONEDNN,
+    PLAIN,
+    Entry,
+    KernelChoices,
+    last_level_cache_bytes,
+    rows_bucket,
+    this_machine,
+)
+from .kernels.cpu import cache_dir
+from .kernels.rows_linear import MAX_ROWS, cpu_rows_linear
+
+_preferred: ContextVar[str | None] = ContextVar("txl_linear_kernel", default=None)
 
 
 @functools.cache
 def cpu_runs_bfloat16() -> bool:
     """Whether this CPU computes bfloat16 natively, so that oneDNN's bfloat16 kernels can run.
 
-    Asks oneDNN itself: the check `mkldnn_linear` makes before it raises, which also honours oneDNN's
+    Asks oneDNN itself: the check its linear kernels make before they raise, which also honours oneDNN's
     `ONEDNN_MAX_CPU_ISA=AVX2` (how an AVX2-only CPU is simulated on a newer one). Without it, a plain bfloat16
     matmul is a scalar loop: 0.34 GFLOP/s against 136 for float32 on an AVX2 EPYC. Tests replace this function
     to take the other branch.
@@ -43,48 +74,168 @@ def cpu_runs_bfloat16() -> bool:
         )
 
 
-def use_packed(x: Tensor) -> bool:
-    return (
-        x.device.type == "cpu"
-        and x.dtype in _PACKABLE
-        and not torch.is_grad_enabled()
-        and torch.backends.mkldnn.is_available()
-        and (x.dtype != torch.bfloat16 or cpu_runs_bfloat16())
-    )
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's packed linear kernel (a build with oneDNN: every x86-64 wheel)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2), None)
+        torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), weight, None, "none", [], "")
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
-class _Packed:
-    __slots__ = ("bias", "key", "weight")
+def candidates(dtype: torch.dtype, rows: int) -> tuple[str, ...]:
+    """The kernels that can compute a linear layer of `dtype` over `rows` rows on this CPU, plain first."""
+    names = [PLAIN]
+    if onednn_available() and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_runs_bfloat16())):
+        names.append(ONEDNN)
+    if rows <= MAX_ROWS and (kernel := cpu_rows_linear()) is not None and kernel.supports(dtype):
+        names.append(NATIVE)
+    return tuple(names)
+
+
+@functools.cache
+def kernel_choices() -> KernelChoices:
+    """This process's choices, read from and saved to this machine's cache file. `TXL_LINEAR_KERNEL=plain` (or
+    `onednn`, `native`) takes that kernel wherever it can run, without measuring."""
+    forced = os.environ.get("TXL_LINEAR_KERNEL") or None
+    return KernelChoices(this_machine(cpu_runs_bfloat16()), cache_dir(), forced=forced)
+
+
+@contextlib.contextmanager
+def prefer(kernel: str | None) -> Iterator[None]:
+    """Inside this block, linear layers use `kernel` ("plain", "onednn" or "native") wherever it can run, plain
+    elsewhere; None: the measured choice (tests compare kernels; benchmarks measure each)."""
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"unknown linear kernel {kernel!r} (known: {', '.join(KERNELS)})")
+    token = _preferred.set(kernel)
+    try:
+        yield
+    finally:
+        _preferred.reset(token)
+
+
+def _onednn(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _native(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    kernel = cpu_rows_linear()
+    assert kernel is not None  # a candidate only where it was built
+    return kernel(x, weight, bias)
+
+
+class _LayerKernels:
+    """One layer's weight as each kernel reads it, and its kernel per (rows bucket, threads)."""
+
+    __slots__ = ("bias", "chosen", "dense", "key", "packed", "weight")
 
     def __init__(self, key: tuple, weight: Tensor, bias: Tensor | None) -> None:
         self.key = key
-        self.weight = weight.contiguous().to_mkldnn()
-        self.bias = bias.contiguous().to_mkldnn() if bias is not None else None
+        self.weight, self.bias = weight, bias
+        self.packed: Tensor | None = None  # oneDNN's layout
+        self.dense: Tensor | None = None  # contiguous, for the native kernel (a copy of a transposed weight)
+        self.chosen: dict[tuple[int, int], str] = {}
+
+    def run(self, kernel: str, x: Tensor) -> Tensor:
+        if kernel == PLAIN:
+            return nn.functional.linear(x, self.weight, self.bias)
+        if kernel == ONEDNN:
+            if self.packed is None:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.contiguous(), None)
+            return _onednn(x, self.packed, self.bias)
+        if self.dense is None:
+            self.dense = self.weight.contiguous()
+        return _native(x, self.dense, self.bias)
+
+    def choose(self, rows: int, threads: int) -> str:
+        """The measured (or cached) kernel for `rows` input rows."""
+        weight = self.weight
+        out_features, in_features = weight.shape
+        names = candidates(weight.dtype, rows)
+        # [rows, in]; its own generator: measuring must not move the global random state
+        sample = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+        copies = self._copies(rows) if len(names) > 1 else []
+        runs = {name: partial(_run_all, copies, name, sample) for name in names}
+        entry = Entry(out_features, in_features, weight.dtype, rows, threads)
+        kernel = kernel_choices().choose(entry, runs)
+        self.chosen[(rows, threads)] = kernel
+        kept = set(self.chosen.values())
+        if ONEDNN not in kept:
+            self.packed = None  # not used: not worth its memory
+        if NATIVE not in kept:
+            self.dense = None
+        return kernel
+
+    def _copies(self, rows: int) -> list[_LayerKernels]:
+        """Copies of this layer to time the kernels over, as a decode step's weights are read: each once, from
+        memory. One call on one weight measured something else: warm in L2, torch's kernels matched the native
+        one on the bundled model's matrices, and with the caches flushed before each call every kernel paid
+        cold-start latencies (a third of the streaming rate), while over a pass through enough copies to
+        outgrow the last-level cache the native kernel read at twice the rate of the others, as in the model
+        (one token of the bundled model: 4.1 ms with native kernels, 5.8 with plain ones). Enough copies for
+        twice the last-level cache (at most 64, 128 MiB), fewer where the products dominate (at most about
+        50 MFLOP a pass)."""
+        weight, bias = self.weight, self.bias
+        size = weight.numel() * weight.element_size()
+        flops = 2 * rows * weight.numel()
+        count = min(64, (128 << 20) // size, 2 * last_level_cache_bytes() // size, 50_000_000 // flops)
+        return [self] + [
+            _LayerKernels((), weight.clone(), bias.clone() if bias is not None else None)
+            for _ in range(max(0, count - 1))
+        ]
+
+
+def _run_all(layers: list[_LayerKernels], kernel: str, x: Tensor) -> None:
+    for layer in layers:
+        layer.run(kernel, x)
 
 
 def _key(weight: Tensor, bias: Tensor | None) -> tuple:
-    parts = [weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype]
-    if bias is not None:
-        parts += [bias.data_ptr(), bias._version]
-    return tuple(parts)
+    """What a layer's copies of its weight are valid for (every call computes it: no intermediate list)."""
+    if bias is None:
+        return (weight.data_ptr(), weight._version, weight.shape, weight.dtype)
+    return (weight.data_ptr(), weight._version, weight.shape, weight.dtype, bias.data_ptr(), bias._version)
 
 
 def packed_linear(
-    x: Tensor, weight: Tensor, bias: Tensor | None, owner: nn.Module, slot: str = "_packed"
+    x: Tensor, weight: Tensor, bias: Tensor | None, owner: nn.Module, slot: str = "_kernels"
 ) -> Tensor:
-    """F.linear(x, weight, bias), through oneDNN with a weight packed once and kept on `owner` (CPU inference)."""
-    if not use_packed(x) or x.dtype != weight.dtype:
+    """F.linear(x, weight, bias) through the kernel chosen for this shape on this CPU (inference), with the
+    weight's copies for other kernels (if any) kept on `owner` under `slot`."""
+    if x.device.type != "cpu" or x.dtype != weight.dtype or torch.is_grad_enabled():
         return nn.functional.linear(x, weight, bias)
     key = _key(weight, bias)
-    packed: _Packed | None = getattr(owner, slot, None)
-    if packed is None or packed.key != key:
-        packed = _Packed(key, weight, bias)
-        object.__setattr__(owner, slot, packed)  # a cache, not a parameter or buffer of the module
-    rows = x.reshape(-1, x.size(-1))
-    out = torch._C._nn.mkldnn_linear(rows.contiguous().to_mkldnn(), packed.weight, packed.bias)
-    return out.to_dense().view(*x.shape[:-1], weight.size(0))
+    layer: _LayerKernels | None = owner.__dict__.get(slot)
+    if layer is None or layer.key != key:
+        layer = _LayerKernels(key, weight, bias)
+        object.__setattr__(owner, slot, layer)  # a cache, not a parameter or buffer of the module
+    rows = rows_bucket(x.numel() // max(1, x.size(-1)))
+    preferred = _preferred.get()
+    if preferred is not None:
+        kernel = preferred if preferred in candidates(weight.dtype, rows) else PLAIN
+    else:
+        threads = torch.get_num_threads()
+        kernel = layer.chosen.get((rows, threads)) or layer.choose(rows, threads)
+    return layer.run(kernel, x)
+
+
+def chosen_kernels(model: nn.Module) -> dict[str, str]:
+    """What the linear layers of `model` have chosen so far: an entry's key (shape, dtype, rows bucket,
+    threads) -> kernel name (for logs and benchmark reports)."""
+    out = {}
+    for module in model.modules():
+        for layer in vars(module).values():
+            if isinstance(layer, _LayerKernels):
+                out_features, in_features = layer.weight.shape
+                for (rows, threads), kernel in layer.chosen.items():
+                    out[Entry(out_features, in_features, layer.weight.dtype, rows, threads).key] = kernel
+    return out
 
 
 def linear(x: Tensor, layer: nn.Linear) -> Tensor:
-    """`layer(x)` for an nn.Linear, packed for CPU inference."""
+    """`layer(x)` for an nn.Linear, through the kernel chosen for its shape (CPU inference)."""
     return packed_linear(x, layer.weight, layer.bias, layer)

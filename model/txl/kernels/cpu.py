@@ -42,35 +42,55 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """Where compiled kernels (and measured linear kernel choices, txl.kernel_choice) are kept."""
     root = os.environ.get("TXL_KERNEL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "txl", "kernels"
     )
     return Path(root)
 
 
-def _build(compiler: str) -> Path:
+def _build(compiler: str, source: Path) -> Path:
     # The compiler is the system's own (CC or cc on PATH), run with fixed arguments.
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout  # noqa: S603
     key = hashlib.sha256(
         "\n".join(
-            [SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags(), platform.machine()]
+            [source.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags(), platform.machine()]
         ).encode()
     ).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode-{key}.so"
+    target = cache_dir() / f"{source.stem}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         subprocess.run(  # noqa: S603
-            [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+            [compiler, *FLAGS, str(source), "-o", str(built), "-lm"],
             check=True,
             capture_output=True,
             text=True,
         )
         os.replace(built, target)  # atomic: concurrent builders race harmlessly
     return target
+
+
+def build_library(source: Path) -> ctypes.CDLL | None:
+    """`source` compiled for this machine on first use (cached on disk) and loaded; None where no C compiler is
+    found, the build fails, or `TXL_CPU_KERNELS=0` is set (callers then take torch's path)."""
+    if os.environ.get("TXL_CPU_KERNELS", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.info("no C compiler found: %s is not used, torch's kernels are", source.name)
+        return None
+    try:
+        return ctypes.CDLL(str(_build(compiler, source)))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        log.warning(
+            "could not build %s (%s): using torch's kernels instead", source.name, detail.strip()[:500]
+        )
+        return None
 
 
 class PagedDecodeKernel:
@@ -120,17 +140,5 @@ class PagedDecodeKernel:
 @functools.cache
 def cpu_paged_decode() -> PagedDecodeKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be (attention then uses torch)."""
-    if os.environ.get("TXL_CPU_KERNELS", "1") == "0":
-        return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        log.info("no C compiler found: CPU attention uses the torch path")
-        return None
-    try:
-        return PagedDecodeKernel(ctypes.CDLL(str(_build(compiler))))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or str(exc)
-        log.warning(
-            "could not build the CPU attention kernel (%s): using the torch path", detail.strip()[:500]
-        )
-        return None
+    library = build_library(SOURCE)
+    return PagedDecodeKernel(library) if library is not None else None
