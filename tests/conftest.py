@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
+import pytest
 import torch
 
 # Two threads for the test process, as on the CI machine.
@@ -11,3 +13,13 @@ torch.set_num_threads(int(os.environ.get("TXL_TEST_THREADS", "2")))
 # Servers under test (in process or subprocesses, which inherit this) use one torch thread: on a busy 2-core
 # machine, two OpenMP threads wait at every barrier for a descheduled peer and requests stall for seconds.
 os.environ.setdefault("TXL_THREADS", "1")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_garbage_after_each_module():
+    """Servers made by a module's tests are freed when it ends. A runtime's objects refer to each other, so
+    only the cycle collector frees them, and it runs by object counts, not bytes: without this the process
+    kept a dozen device pools (2.5 GiB of address space each) and its address space grew past the machine's
+    memory."""
+    yield
+    gc.collect()

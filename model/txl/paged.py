@@ -211,6 +211,18 @@ class BlockPool:
         self._free.extend(range(old, new))  # larger than every id before them: still a heap
         self.generation += 1
 
+    def release(self) -> None:
+        """Gives the pool's memory back (a stopped server's): the tensors keep their shapes on the meta device,
+        so sizes still read, and any later read or write of a block fails loudly instead of touching freed
+        memory. Pools otherwise live until the cycle collector reaches their owner, which may be long after a
+        stop: a process that starts servers one after another (tests, a restart in place) kept them all."""
+        with self._lock:
+            self.keys = self.keys.to("meta")
+            self.values = self.values.to("meta")
+            if self.hidden is not None:
+                self.hidden = self.hidden.to("meta")
+            self.generation += 1
+
     def incref(self, ids: np.ndarray) -> None:
         if ids.size:
             with self._lock:

@@ -281,6 +281,8 @@ class Runtime:
             released = await self._release(self.service, deadline)
         if self.worker is not None:
             await asyncio.to_thread(self.worker.stop)
+            if self.worker.stopped:
+                self.worker.pool.release()
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()

@@ -286,3 +286,15 @@ def test_an_empty_row_and_a_zero_mem_len_keep_no_blocks():
     with torch.inference_mode():
         _, memory = model(torch.zeros((2, 6), dtype=torch.long), model.empty_memory(2, mem_len=0, pool=pool))
     assert memory.rows == (PagedRow(None, fed=6), PagedRow(None, fed=6)) and pool.used_blocks == 0
+
+
+def test_a_released_pool_holds_no_memory_and_refuses_to_be_used():
+    model = tiny_model()
+    pool = BlockPool(model.memory_layout(), block_size=4, blocks=16)
+    memory = model.empty_memory(1, mem_len=8, pool=pool)
+    blocks = pool.n_blocks
+    pool.release()
+    assert pool.keys.device.type == "meta" and pool.values.device.type == "meta"
+    assert pool.n_blocks == blocks  # sizes still read (metrics, reports)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        model(torch.tensor([[1, 2]]), memory=memory)

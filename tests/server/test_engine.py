@@ -487,3 +487,20 @@ async def test_a_fork_is_admitted_like_a_create(make_settings):
             await service.fork(OWNER, first.id)
         with pytest.raises(InvalidRequest, match="session limit"):
             await service.create(OWNER, text="three")
+
+
+async def test_a_stopped_runtime_gives_its_device_pool_back(make_settings):
+    rt = Runtime(make_settings())
+    await rt.start()
+    meta = await rt.service.create(OWNER, text="some text to hold")
+    pool = rt.worker.pool
+    assert pool.keys.device.type == "cpu"
+    await rt.stop()
+    assert pool.keys.device.type == "meta" and pool.values.device.type == "meta"
+    # The session was saved before the pool went: a new runtime on the same Redis continues it.
+    rt = Runtime(rt.settings)
+    await rt.start()
+    try:
+        assert (await rt.service.get(OWNER, meta.id)).tokens == meta.tokens
+    finally:
+        await rt.stop()

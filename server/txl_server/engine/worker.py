@@ -214,6 +214,11 @@ class Worker:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    @property
+    def stopped(self) -> bool:
+        """Its thread has ended (or never started): nothing reads or writes the pool any more."""
+        return self._thread is None or not self._thread.is_alive()
+
     def submit(self, job: Job) -> None:
         with self._cv:
             if self._stopping:
