@@ -47,8 +47,15 @@ async def _next_tokens(service, session_id, n=8):
         OWNER, session_id, max_tokens=n, sampling=SamplingParams(temperature=0)
     ):
         if hasattr(event, "id"):
-            tokens.append((event.id, round(event.logprob, 4)))
+            tokens.append((event.id, event.logprob))
     return tokens
+
+
+def assert_same_tokens(got, expected):
+    """The same tokens, log-probabilities within 1e-5: a row's kernels may differ with the batch it runs in
+    (linear kernels are chosen per row count), so the last bits may, and rounding would make equality flaky."""
+    assert [token for token, _ in got] == [token for token, _ in expected]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, expected, strict=True)) <= 1e-5
 
 
 async def test_prompts_of_several_sessions_share_forwards_and_equal_running_alone(make_settings):
@@ -62,7 +69,7 @@ async def test_prompts_of_several_sessions_share_forwards_and_equal_running_alon
         assert max(tokens for _, tokens in observed.steps) <= 40
         alone = [await service.create(OWNER, text=t) for t in TEXTS]
         for a, b in zip(together, alone, strict=True):
-            assert await _next_tokens(service, a.id) == await _next_tokens(service, b.id)
+            assert_same_tokens(await _next_tokens(service, a.id), await _next_tokens(service, b.id))
 
 
 async def test_decoding_rows_run_in_every_forward_while_long_prompts_are_fed(make_settings):
