@@ -253,3 +253,16 @@ def test_buffers_that_cannot_be_remade_after_the_pool_grew_turn_off_and_the_step
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a.last_hidden, b.last_hidden, rtol=0, atol=1e-5)
     assert not graphs.supports(rows)
+
+
+async def test_a_cpu_server_chooses_its_linear_kernels_before_it_is_ready(make_settings):
+    """Kernels are chosen by timing the first time a row count meets a layer: start-up meets every measured
+    row count, so no user's request pays for the measurement."""
+    from txl.kernel_choice import ROW_BUCKETS
+    from txl.linear import chosen_kernels
+
+    async with running(make_settings()) as rt:
+        chosen = chosen_kernels(rt.worker.model)
+        threads = torch.get_num_threads()
+        for rows in ROW_BUCKETS:
+            assert any(key.endswith(f"rows={rows} threads={threads}") for key in chosen), (rows, chosen)

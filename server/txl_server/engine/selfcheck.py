@@ -24,12 +24,14 @@ import dataclasses
 import functools
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from txl import BlockPool
+from txl.kernel_choice import ROW_BUCKETS
 from txl.kernels import decode_kernel, prefer, reference_path, triton_decode, triton_sampling
 from txl.sampling import SamplingParams
 from txl.window import WindowRule
@@ -162,6 +164,8 @@ def prepare(
 
 def _check(path: ServingPath, worker: Worker, max_mem_len: int, triton: bool, seed: int) -> None:
     graphs = worker.runner.graphs
+    if worker.pool.layout.device.type == "cpu":
+        _choose_linear_kernels(worker, max_mem_len)
     # Rows enough for the largest graph (a few for the kernel alone).
     rows = _dummy_rows(worker, max_mem_len, max(4, graphs.sizes[-1] if graphs is not None else 0), seed)
     few = [_with_params(row, i, (4, 0, False), 0) for i, row in enumerate(rows[:4])]
@@ -170,6 +174,19 @@ def _check(path: ServingPath, worker: Worker, max_mem_len: int, triton: bool, se
     if graphs is not None:
         with prefer(worker.attention):
             _capture_and_check(path, worker, graphs, rows)
+
+
+def _choose_linear_kernels(worker: Worker, mem_len: int) -> None:
+    """On a CPU each linear layer's kernel is chosen by timing the candidates the first time a shape and row
+    count meets it (txl.linear; remembered on disk per machine). One forward per measured row count now, so
+    that a new machine measures before the server says it is ready, not inside its first users' requests
+    (about a second for the bundled model, once)."""
+    model, pool = worker.model, worker.pool
+    started = time.perf_counter()
+    for rows in ROW_BUCKETS:
+        tokens = torch.zeros(1, rows, dtype=torch.long, device=pool.layout.device)
+        model(tokens, model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid))
+    log.info("linear kernels for every row count ready in %.2f s", time.perf_counter() - started)
 
 
 # ---------------------------------------------------------------------------------------------- attention
