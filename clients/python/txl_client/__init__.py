@@ -27,6 +27,7 @@ from .errors import (
     TxlTimeoutError,
     Unauthorized,
     Unavailable,
+    VersionNotFound,
 )
 from .memories import AsyncMemories, Memories, Memory
 from .types import (
@@ -38,6 +39,7 @@ from .types import (
     ScoreProgress,
     ScoreResult,
     Session,
+    SessionVersion,
     TokenEvent,
     Usage,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "ScoreProgress",
     "ScoreResult",
     "Session",
+    "SessionVersion",
     "TokenEvent",
     "TxlConnectionError",
     "TxlError",
@@ -73,5 +76,6 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Usage",
+    "VersionNotFound",
     "__version__",
 ]

@@ -199,6 +199,23 @@ def append_call(session_id: str, text: str, idempotency_key: str | None) -> Call
     return step_call(session_id, "append", {"text": text, "stream": True}, idempotency_key)
 
 
+def versions_call(session_id: str) -> Call:
+    return session_call("GET", session_id, "/versions")
+
+
+def rewind_call(session_id: str, version: int, idempotency_key: str | None) -> Call:
+    """A step like append: keyed, so a retry after a lost answer does not rewind (and make a version) twice."""
+    return step_call(session_id, "rewind", {"version": version}, idempotency_key)
+
+
+def fork_call(
+    session_id: str, metadata: dict[str, Any] | None, version: int | None, idempotency_key: str | None
+) -> Call:
+    return step_call(
+        session_id, "fork", _compact(metadata=metadata, version=version) or None, idempotency_key
+    )
+
+
 def export_call(session_id: str) -> Call:
     return session_call("GET", session_id, "/snapshot")
 

@@ -28,6 +28,7 @@ from .types import (
     Progress,
     ScoreResult,
     Session,
+    SessionVersion,
     TokenEvent,
 )
 
@@ -140,11 +141,22 @@ class AsyncClient:
         session_id: str,
         *,
         metadata: dict[str, Any] | None = None,
+        version: int | None = None,
         idempotency_key: str | None = None,
     ) -> Session:
-        body = {"metadata": metadata} if metadata is not None else None
-        call = _core.step_call(session_id, "fork", body, idempotency_key)
+        """See `Client.fork_session`."""
+        call = _core.fork_call(session_id, metadata, version, idempotency_key)
         return Session.model_validate(await self._json(call))
+
+    async def versions(self, session_id: str) -> list[SessionVersion]:
+        """See `Client.versions`."""
+        body = await self._json(_core.versions_call(session_id))
+        return [SessionVersion.model_validate(v) for v in body["data"]]
+
+    async def rewind(self, session_id: str, version: int, *, idempotency_key: str | None = None) -> Session:
+        """See `Client.rewind`."""
+        body = await self._json(_core.rewind_call(session_id, version, idempotency_key))
+        return Session.model_validate(body["session"])
 
     async def append(
         self,

@@ -29,6 +29,7 @@ from .types import (
     Progress,
     ScoreResult,
     Session,
+    SessionVersion,
     TokenEvent,
 )
 
@@ -158,10 +159,26 @@ class Client:
         session_id: str,
         *,
         metadata: dict[str, Any] | None = None,
+        version: int | None = None,
         idempotency_key: str | None = None,
     ) -> Session:
-        body = {"metadata": metadata} if metadata is not None else None
-        return Session.model_validate(self._json(_core.step_call(session_id, "fork", body, idempotency_key)))
+        """A new session continuing from this one's newest version, or from a kept `version` (see `versions`):
+        the two share their memory until they differ."""
+        call = _core.fork_call(session_id, metadata, version, idempotency_key)
+        return Session.model_validate(self._json(call))
+
+    def versions(self, session_id: str) -> list[SessionVersion]:
+        """The versions the session keeps (the server's TXL_KEEP_VERSIONS, 32 by default), newest first: each a
+        committed step (create, append, generate, import, rewind) you can `rewind` to or fork from."""
+        body = self._json(_core.versions_call(session_id))
+        return [SessionVersion.model_validate(v) for v in body["data"]]
+
+    def rewind(self, session_id: str, version: int, *, idempotency_key: str | None = None) -> Session:
+        """The session continues from a kept `version`'s memory, exactly as if it had read only that version's
+        text. The rewind is itself a step, a new version: nothing is lost, and another rewind undoes it. A
+        version no longer kept raises VersionNotFound (its message names the oldest kept one)."""
+        body = self._json(_core.rewind_call(session_id, version, idempotency_key))
+        return Session.model_validate(body["session"])
 
     def append(
         self,

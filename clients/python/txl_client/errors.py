@@ -19,6 +19,7 @@ class TxlError(Exception):
 
     status: int | None = None
     type: str = "error"
+    code: str | None = None  # the error's `code`, where the server names the case (e.g. version_not_found)
 
     def __init__(
         self,
@@ -28,9 +29,11 @@ class TxlError(Exception):
         type: str | None = None,
         param: str | None = None,
         retry_after: float | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code if code is not None else getattr(type(self), "code", None)
         if status is not None:
             self.status = status
         if type is not None:
@@ -64,6 +67,12 @@ class NotFound(TxlError):
     """No such session (or route). Also a session of another tenant: the server does not reveal it."""
 
     status, type = 404, "not_found"
+
+
+class VersionNotFound(NotFound):
+    """A session version that does not exist or is no longer kept (its message names the oldest kept one)."""
+
+    code = "version_not_found"
 
 
 class Conflict(TxlError):
@@ -134,6 +143,9 @@ _BY_TYPE: dict[str, type[TxlError]] = {
         InternalError,
     )
 }
+# A `code` names a case within a type; it wins over the type where a class stands for it.
+_BY_CODE: dict[str, type[TxlError]] = {"version_not_found": VersionNotFound}
+
 _BY_STATUS: dict[int, type[TxlError]] = {
     400: InvalidRequest,
     401: Unauthorized,
@@ -165,11 +177,17 @@ def error_from_body(
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         kind = str(error.get("type") or "")
-        cls = _BY_TYPE.get(kind) or (_BY_STATUS.get(status) if status else None) or _fallback(status)
+        code = error.get("code") if isinstance(error.get("code"), str) else None
+        cls = (
+            _BY_CODE.get(code or "")
+            or _BY_TYPE.get(kind)
+            or (_BY_STATUS.get(status) if status else None)
+            or _fallback(status)
+        )
         param = error.get("param")
         message = error["message"]
     else:
-        kind = ""
+        kind, code = "", None
         cls = (_BY_STATUS.get(status) if status else None) or _fallback(status)
         param = None
         message = f"HTTP {status}" if status else "unknown error"
@@ -177,6 +195,7 @@ def error_from_body(
         "status": status or cls.status,
         "param": param if isinstance(param, str) else None,
         "retry_after": _retry_after(headers),
+        "code": code,
     }
     if kind:
         kwargs["type"] = kind

@@ -25,6 +25,16 @@ class Session(_Model):
     metadata: dict[str, Any] = {}
 
 
+class SessionVersion(_Model):
+    """A committed step of a session that the server keeps (TXL_KEEP_VERSIONS), to rewind or fork from."""
+
+    version: int
+    tokens: int  # tokens of the session's text at this version
+    created_at: float
+    kind: Literal["create", "append", "generate", "import", "rewind", "fork"]
+    text_tail: str | None = None  # the end of the text this step added
+
+
 class Usage(_Model):
     prompt_tokens: int
     completion_tokens: int

@@ -6,6 +6,8 @@
     txl score FILE... [--json]               tokens, perplexity and bits per byte of each file
     txl sessions ls | show ID | rm ID...     your sessions
     txl sessions new [TEXT] [--memory ID]    start a session (from a preloaded memory), print its id
+    txl sessions history ID | rewind ID N    the versions a session keeps; continue from one of them
+    txl sessions fork ID [--version N]       a new session from a session (or one of its versions), print its id
     txl memories add FILE | ls | show ID | rm ID...   preloaded memories: documents read once
     txl convert HF_DIR OUT_DIR               a downloaded transfo-xl-wt103 (HF) directory -> a TXL model directory
 
@@ -75,7 +77,7 @@ def make_client(args: argparse.Namespace) -> Client:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import chat, local, memories, remote
+    from . import chat, history, local, memories, remote
 
     # Connection flags go before or after the command: `txl --url U sessions ls`, `txl sessions ls --url U`.
     connection = argparse.ArgumentParser(add_help=False)
@@ -109,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_generate(command("generate", remote.generate, "generate a continuation, streamed"))
     chat.add_chat(command("chat", chat.chat, "chat on one session: lines are added, continuations streamed"))
     remote.add_score(command("score", remote.score, "perplexity and bits per byte of text files"))
-    sessions = command("sessions", remote.sessions_help, "list, show and delete sessions")
+    sessions = command(
+        "sessions", remote.sessions_help, "list, show, start, fork, rewind and delete sessions"
+    )
     actions = sessions.add_subparsers(title="actions", metavar="ACTION")
     ls = actions.add_parser("ls", help="list sessions", parents=[connection])
     ls.add_argument("--json", action="store_true", help="print JSON")
@@ -122,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.set_defaults(run=remote.sessions_rm)
     new = actions.add_parser("new", help="start a session (--memory ID: from a memory)", parents=[connection])
     memories.add_session_new(new)
+    history.add_history(actions, connection)
     what = "add, list, show and delete preloaded memories"
     memories.add_memories(command("memories", memories.memories_help, what), connection)
     local.add_convert(command("convert", local.convert, "convert a transfo-xl-wt103 HF directory"))

@@ -227,7 +227,9 @@ class ProgressBar:
 
 
 def sessions_help(args: argparse.Namespace) -> int:
-    raise UsageError("give an action: txl sessions ls | show ID | rm ID...")
+    raise UsageError(
+        "give an action: txl sessions ls | show ID | rm ID... | new | history ID | rewind ID N | fork ID"
+    )
 
 
 def sessions_ls(args: argparse.Namespace) -> int:
