@@ -33,7 +33,7 @@ class TxlError(Exception):
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.code = code if code is not None else getattr(type(self), "code", None)
+        self.code = code if code is not None else self.__class__.code
         if status is not None:
             self.status = status
         if type is not None:
