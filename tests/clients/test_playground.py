@@ -298,3 +298,70 @@ def test_playground_starts_a_session_from_a_memory_and_saves_a_document_as_one(s
         sdk.memories.delete(made)
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
     assert not errors, errors
+
+
+@pytest.mark.browser
+def test_playground_history_goes_back_and_forth_and_regenerates(server, browser):
+    from selenium.webdriver.common.by import By
+
+    sdk = Client(server.url, API_KEY)
+    driver = browser
+    text_of = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
+    driver.get(server.url + "/")
+    driver.execute_script("localStorage.removeItem('txl.sessionId')")
+    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    wait_for(lambda: text_of("model") == "tiny-byte", what="the model name")
+    driver.find_element(By.ID, "new-session").click()
+    for element_id, value in (("max-tokens", "12"), ("temperature", "0.9"), ("seed", "7")):
+        field = driver.find_element(By.ID, element_id)
+        field.clear()
+        field.send_keys(value)
+
+    def generate(prompt: str, version: int) -> None:
+        driver.find_element(By.ID, "prompt").send_keys(prompt)
+        driver.find_element(By.ID, "generate").click()
+        wait_for(lambda: text_of("session-version") == str(version), what=f"version {version}")
+
+    def history() -> list[str]:
+        return [b.text.split("\n")[0] for b in driver.find_elements(By.CSS_SELECTOR, "#history button")]
+
+    def transcript() -> list[str]:
+        pieces = driver.find_elements(By.CSS_SELECTOR, "#transcript .prompt, #transcript .generated")
+        return [p.get_attribute("textContent") for p in pieces]
+
+    generate("The sea", 2)  # the session is created (version 1), then generated on
+    first = transcript()
+    session_id = text_of("session-id")
+    at_first = sdk.get_session(session_id)
+    generate(" Then", 3)
+    both = transcript()
+    assert len(both) == 4
+    wait_for(lambda: len(history()) == 3, what="three versions listed")
+    assert history()[0].startswith("v3 · generate") and "(current)" in history()[0]
+    assert history()[2].startswith("v1 · create")
+
+    # ---- back to version 2: the session holds its tokens again, and the page shows its text
+    driver.find_element(By.CSS_SELECTOR, "#history button[data-version='2']").click()
+    wait_for(lambda: text_of("session-version") == "4", what="the rewind")
+    assert transcript() == first
+    assert sdk.get_session(session_id).tokens == at_first.tokens
+    wait_for(lambda: history()[0].startswith("v4 · rewind"), what="the rewind listed")
+
+    # ---- forward again to version 3 (kept): both generations are back
+    driver.find_element(By.CSS_SELECTOR, "#history button[data-version='3']").click()
+    wait_for(lambda: text_of("session-version") == "5", what="the second rewind")
+    assert transcript() == both
+
+    # ---- Regenerate: back to where the last generation started, sampled again (same seed: the same text)
+    generate(" Later", 6)
+    last = transcript()
+    driver.find_element(By.ID, "regenerate").click()
+    wait_for(lambda: text_of("session-version") == "8", what="the regeneration (a rewind, then a generation)")
+    assert transcript() == last  # the same seed from the same state: exactly the same continuation
+    kinds = [line.split(" · ")[1] for line in history()[:3]]
+    assert kinds == ["generate", "rewind", "generate"]
+    assert driver.find_element(By.ID, "prompt").get_attribute("value") == ""
+    screenshot(driver, "playground-history.png")
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+    assert not errors, errors

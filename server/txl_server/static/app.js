@@ -91,6 +91,9 @@ const state = {
   scoring: false,
   documentName: null, // the file the document came from, if any: the memory's name
   memories: [], // the caller's preloaded memories (GET v1/memories)
+  texts: new Map(), // "session:version" -> the transcript's pieces at that version (what this page saw)
+  lastGeneration: null, // {version, text}: the version a generation started from and its text, for Regenerate
+  history: [], // the session's kept versions, newest first (GET v1/sessions/{id}/versions)
 };
 
 function showError(error) {
@@ -111,6 +114,8 @@ function showError(error) {
 function setBusy(busy) {
   $("generate").disabled = busy;
   $("stop").disabled = !busy;
+  $("regenerate").disabled = busy || !state.session || !state.lastGeneration;
+  $("history").querySelectorAll("button[data-version]").forEach((b) => (b.disabled = busy || b.dataset.current));
   $("fork").disabled = busy || !state.session;
   $("delete").disabled = busy || !state.session;
   $("new-session").disabled = busy;
@@ -118,6 +123,7 @@ function setBusy(busy) {
 }
 
 function showSession(session) {
+  if (!session || !state.session || session.id !== state.session.id) state.lastGeneration = null;
   state.session = session;
   if (session) localStorage.setItem(SESSION_STORAGE, session.id);
   else localStorage.removeItem(SESSION_STORAGE);
@@ -127,6 +133,7 @@ function showSession(session) {
   $("session-version").textContent = session ? String(session.version) : "–";
   $("session-expires").textContent = session ? new Date(session.expires_at * 1000).toLocaleString() : "–";
   setBusy(Boolean(state.controller));
+  refreshHistory();
 }
 
 function clearTranscript(note) {
@@ -138,6 +145,22 @@ function clearTranscript(note) {
     span.textContent = note;
     transcript.append(span);
   }
+}
+
+// The transcript as pieces (prompt and generated text), to show again when the session goes back to a version.
+function transcriptPieces() {
+  return Array.from($("transcript").children)
+    .filter((el) => !el.classList.contains("placeholder"))
+    .map((el) => ({ className: el.className.replace(/\s*streaming\b/, ""), text: el.textContent }));
+}
+
+function showPieces(pieces) {
+  clearTranscript();
+  for (const piece of pieces) addPiece(piece.className, piece.text);
+}
+
+function remember(session) {
+  state.texts.set(`${session.id}:${session.version}`, transcriptPieces());
 }
 
 function addPiece(className, text) {
@@ -196,6 +219,8 @@ async function generate() {
       const memory = $("memory-select").value;
       showSession(await apiJson("POST", "v1/sessions", memory ? { memory } : {}));
     }
+    const from = state.session;
+    if (!state.texts.has(`${from.id}:${from.version}`)) remember(from);
     if (text) promptSpan = addPiece("prompt", text);
     outputSpan = addPiece("generated streaming", "");
     $("gen-status").textContent = "waiting for the first token…";
@@ -216,6 +241,9 @@ async function generate() {
       } else if (event.type === "done") {
         finished = true;
         outputSpan.textContent = event.text; // the committed text (identical to the joined tokens)
+        outputSpan.classList.remove("streaming");
+        state.lastGeneration = { version: from.version, text };
+        remember(event.session);
         showSession(event.session);
         $("gen-status").textContent =
           `${event.usage.completion_tokens} tokens · finished: ${event.finish_reason === "stop" ? "stop string" : "max tokens"}`;
@@ -244,12 +272,103 @@ async function generate() {
   }
 }
 
+// ------------------------------------------------------------------------------------------------ history
+
+async function refreshHistory() {
+  const list = $("history");
+  const session = state.session;
+  if (!session) {
+    state.history = [];
+    const empty = document.createElement("li");
+    empty.className = "muted";
+    empty.textContent = "No session yet.";
+    list.replaceChildren(empty);
+    return;
+  }
+  let versions;
+  try {
+    versions = (await apiJson("GET", `v1/sessions/${encodeURIComponent(session.id)}/versions`)).data;
+  } catch (_) {
+    return; // the session went away or the server is away: the page says so where it matters
+  }
+  if (state.session !== session) return; // another session was shown meanwhile
+  state.history = versions;
+  list.replaceChildren(
+    ...versions.map((v, i) => {
+      const item = document.createElement("li");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.dataset.version = String(v.version);
+      const head = document.createElement("span");
+      head.textContent = `v${v.version} · ${v.kind} · ${v.tokens.toLocaleString()} tokens`;
+      button.append(head);
+      if (i === 0) {
+        button.dataset.current = "yes";
+        head.classList.add("current");
+        head.textContent += " (current)";
+        button.title = "the session's newest version";
+      } else {
+        button.title = `go back to version ${v.version}`;
+      }
+      if (v.text_tail) {
+        const tail = document.createElement("span");
+        tail.className = "tail";
+        tail.textContent = v.text_tail.length > 80 ? `…${v.text_tail.slice(-80)}` : v.text_tail;
+        button.append(tail);
+      }
+      button.addEventListener("click", () => rewindTo(v.version));
+      item.append(button);
+      return item;
+    }),
+  );
+  setBusy(Boolean(state.controller));
+}
+
+// The session continues from `version` (a new version of its own); the transcript shows that version's text.
+async function rewindTo(version, { quiet = false } = {}) {
+  const session = state.session;
+  if (!session || state.controller) return false;
+  showError(null);
+  try {
+    const body = await apiJson("POST", `v1/sessions/${encodeURIComponent(session.id)}/rewind`, { version });
+    const pieces = state.texts.get(`${session.id}:${version}`);
+    if (pieces) {
+      showPieces(pieces);
+    } else {
+      const known = state.history.find((v) => v.version === version);
+      clearTranscript(
+        `Back at version ${version} (${known ? known.tokens.toLocaleString() : "?"} tokens), ` +
+          "written before this page was opened: its text is not shown.",
+      );
+    }
+    state.lastGeneration = null;
+    remember(body.session);
+    showSession(body.session);
+    if (!quiet) $("gen-status").textContent = `back at version ${version}, as version ${body.session.version}`;
+    return true;
+  } catch (error) {
+    showError(error);
+    return false;
+  }
+}
+
+// "Regenerate": back to where the last generation started, then the same text sampled again.
+async function regenerate() {
+  const last = state.lastGeneration;
+  if (!last || state.controller) return;
+  if (!(await rewindTo(last.version, { quiet: true }))) return;
+  $("prompt").value = last.text;
+  await generate();
+}
+
 async function fork() {
   if (!state.session) return;
   showError(null);
   try {
     const forked = await apiJson("POST", `v1/sessions/${encodeURIComponent(state.session.id)}/fork`);
     const from = state.session.id;
+    state.lastGeneration = null;
+    remember(forked);
     showSession(forked);
     $("gen-status").textContent = `forked from ${from}: the text so far is shared, what follows is not`;
   } catch (error) {
@@ -274,6 +393,7 @@ async function deleteSession() {
 }
 
 function newSession() {
+  state.lastGeneration = null;
   showSession(null);
   const memory = state.memories.find((m) => m.id === $("memory-select").value);
   clearTranscript(
@@ -548,6 +668,7 @@ function init() {
   });
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
   $("fork").addEventListener("click", fork);
+  $("regenerate").addEventListener("click", regenerate);
   $("delete").addEventListener("click", deleteSession);
   $("new-session").addEventListener("click", newSession);
   $("memory-select").addEventListener("change", newSession);
