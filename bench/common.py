@@ -6,6 +6,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -166,3 +167,12 @@ def assemble() -> Path:
     path = DOCS / "benchmarks.md"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def export_revision(revision: str, into: Path) -> Path:
+    """The tree at `revision` of this repository, written under `into` (for timing code against what it
+    replaced, in the same run)."""
+    archive = subprocess.run(["git", "archive", revision], cwd=ROOT, check=True, capture_output=True).stdout
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .common import ROOT, SECTIONS, Section, machine
+from .common import ROOT, SECTIONS, Section, export_revision, machine
 
 ROW_BUCKETS = (1, 4, 16, 64, 256)  # txl.kernel_choice's, which a tree before it has not
 
@@ -277,13 +277,6 @@ def _probe(spec: dict, source: Path, env: dict[str, str]) -> dict:
     if done.returncode:
         raise RuntimeError(f"a cpu probe failed ({spec['kind']}, {source}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _export(revision: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "archive", revision], cwd=ROOT, check=True, capture_output=True).stdout
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
 
 
 def _vector_class(env: dict[str, str]) -> str:
@@ -557,7 +550,7 @@ def run(quick: bool = False) -> Section:
         classes.append((SIMULATED_AVX2, True))
     runs = []
     with tempfile.TemporaryDirectory(prefix="txl-cpu-") as tmp:
-        before = _export(BEFORE, Path(tmp) / "before")
+        before = export_revision(BEFORE, Path(tmp) / "before")
         for env, simulated in classes:
             name = CLASS_TITLES[_vector_class(env)] + (" (simulated)" if simulated else "")
             print(f"{name}:", flush=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tests.server.dispatch_counts import one_iteration
 
-from .common import ROOT, Section
+from .common import ROOT, Section, export_revision
 
 BEFORE = (
     "1ffa65d"  # the code the review counted: six blocking copies a step, padding rebuilt, a clone per row
@@ -80,13 +80,6 @@ print(json.dumps({{batch: host_ms(batch) for batch in {batches}}}))
 """
 
 
-def _export(revision: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "archive", revision], cwd=ROOT, check=True, capture_output=True).stdout
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
-
-
 def _probe(tree: Path) -> dict[int, float]:
     """Host ms per iteration for each batch size, measured by the code in `tree`."""
     path = os.pathsep.join(str(p) for p in (tree / "model", tree / "server", tree))
@@ -111,7 +104,7 @@ def run(quick: bool = False) -> Section:
     before: dict[int, float] = {}
     now: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="txl-host-") as tmp:
-        old_tree = _export(BEFORE, Path(tmp) / "before")
+        old_tree = export_revision(BEFORE, Path(tmp) / "before")
         for _ in range(1 if quick else ROUNDS):
             for tree, best in ((old_tree, before), (ROOT, now)):
                 for batch, ms in _probe(tree).items():
