@@ -17,13 +17,18 @@ kernel that becomes available later (a C compiler installed) is measured then.
 from __future__ import annotations
 
 import contextlib
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no cross-process lock there
+    fcntl = None  # type: ignore[assignment]
 import hashlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -187,13 +192,47 @@ class KernelChoices:
             known = choices.get(key)
             if known is not None and known in candidates:
                 return known
-            seconds = self.timer(entry, candidates)
-            self.measured[key] = seconds
-            choice = min(candidates, key=lambda name: seconds[name] * (1 if name == PLAIN else 1 + MARGIN))
-            choices[key] = choice
-            self._save(key, choice)
-            log.debug("linear %s: %s (%s)", key, choice, seconds)
-            return choice
+            with self._machine_lock():
+                # Another process may have measured it while this one waited: its choice is taken, so that every
+                # process on the machine computes with the same kernels (a session moved between two servers
+                # started together continues bit for bit).
+                choices.update(self._read())
+                known = choices.get(key)
+                if known is not None and known in candidates:
+                    return known
+                return self._measure(key, entry, candidates, choices)
+
+    def _measure(
+        self, key: str, entry: Entry, candidates: Mapping[str, Callable[[], object]], choices: dict[str, str]
+    ) -> str:
+        """Times the candidates, keeps the fastest (plain unless another is clearly faster), saves it."""
+        seconds = self.timer(entry, candidates)
+        self.measured[key] = seconds
+        choice = min(candidates, key=lambda name: seconds[name] * (1 if name == PLAIN else 1 + MARGIN))
+        choices[key] = choice
+        self._save(key, choice)
+        log.debug("linear %s: %s (%s)", key, choice, seconds)
+        return choice
+
+    @contextlib.contextmanager
+    def _machine_lock(self) -> Iterator[None]:
+        """Held while measuring: one process at a time on this machine (a lock file beside the cache file, taken
+        with flock, released by the kernel if the process dies). Without a usable directory, no lock."""
+        if self.path is None or fcntl is None:
+            yield
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path.with_suffix(".lock"), "a")  # noqa: SIM115 (held across the yield)
+        except OSError:
+            yield
+            return
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _loaded(self) -> dict[str, str]:
         if self._choices is None:

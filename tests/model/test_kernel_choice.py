@@ -363,3 +363,37 @@ def test_kernels_are_timed_over_enough_copies_to_come_from_memory(monkeypatch, s
     copies = layer._copies(rows)
     assert len(copies) == count and copies[0] is layer
     assert all(c.weight.data_ptr() != layer.weight.data_ptr() for c in copies[1:])
+
+
+def test_processes_measuring_one_entry_at_once_agree_on_its_kernel(tmp_path):
+    """Two servers started together on a new machine: the second waits for the first's measurement and takes
+    its choice, even where its own timing would have chosen otherwise (so both compute bit for bit alike). Two
+    KernelChoices over one directory stand for the two processes: their locks are separate open files, which
+    flock keeps apart as it keeps processes apart."""
+    import threading
+    import time
+
+    entry = Entry(48, 32, torch.float32, 1, 1)
+    candidates = {"plain": lambda: None, "native": lambda: None}
+    asked: list[str] = []
+    first_measuring = threading.Event()
+
+    def timer_preferring(kernel: str):
+        def timer(entry, candidates):
+            asked.append(kernel)
+            first_measuring.set()
+            time.sleep(0.3)  # the other process asks meanwhile
+            return {name: (1.0 if name == kernel else 2.0) for name in candidates}
+
+        return timer
+
+    first = KernelChoices(AVX2, tmp_path, timer=timer_preferring("native"))
+    second = KernelChoices(AVX2, tmp_path, timer=timer_preferring("plain"))
+    chosen: dict[str, str] = {}
+    thread = threading.Thread(target=lambda: chosen.update(first=first.choose(entry, candidates)))
+    thread.start()
+    first_measuring.wait(5)
+    chosen["second"] = second.choose(entry, candidates)
+    thread.join()
+    assert chosen == {"first": "native", "second": "native"}
+    assert asked == ["native"]  # measured once, on the machine
