@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from ..errors import Unavailable
 from . import memory_lua
-from .store import BlocksMissing, MemoryWrite, StoredMemory, now
+from .store import BlocksMissing, MemoryWrite, StoredMemory, live_indexed, now
 
 T = TypeVar("T")
 
@@ -213,26 +213,8 @@ class MemoryStore:
 
     async def list(self, owner: str) -> builtins.list[MemoryMeta]:
         """The owner's live memories, oldest first; ids of expired ones are pruned from the index."""
-        ids = sorted(_text(m) for m in await self._call(lambda: self.redis.smembers(self._i(owner))))
-        if not ids:
-            return []
-
-        async def fetch() -> builtins.list[Any]:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for memory_id in ids:
-                    pipe.hgetall(self._m(memory_id))
-                return await pipe.execute()
-
-        rows = await self._call(fetch)
-        memories, expired = [], []
-        for memory_id, raw in zip(ids, rows, strict=True):
-            if raw:
-                memories.append(MemoryMeta.from_redis(raw))
-            else:
-                expired.append(memory_id)
-        if expired:
-            await self._call(lambda: self.redis.srem(self._i(owner), *expired))
-        return sorted(memories, key=lambda m: (m.created_at, m.id))
+        rows = await live_indexed(self.redis, self._call, self._i(owner), self._m)
+        return sorted((MemoryMeta.from_redis(raw) for raw in rows), key=lambda m: (m.created_at, m.id))
 
     async def count(self, owner: str) -> int:
         """The owner's memories, as the index lists them (may still count expired ones: `list` is exact)."""

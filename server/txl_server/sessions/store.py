@@ -344,26 +344,8 @@ class SessionStore:
 
     async def list(self, owner: str) -> list[SessionMeta]:
         """The owner's live sessions, oldest first; ids of expired ones are pruned from the index."""
-        ids = sorted(_text(m) for m in await self._call(lambda: self.redis.smembers(self._t(owner))))
-        if not ids:
-            return []
-
-        async def fetch() -> list[Any]:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for session_id in ids:
-                    pipe.hgetall(self._s(session_id))
-                return await pipe.execute()
-
-        rows = await self._call(fetch)
-        sessions, expired = [], []
-        for session_id, raw in zip(ids, rows, strict=True):
-            if raw:
-                sessions.append(SessionMeta.from_redis(raw))
-            else:
-                expired.append(session_id)
-        if expired:
-            await self._call(lambda: self.redis.srem(self._t(owner), *expired))
-        return sorted(sessions, key=lambda m: (m.created_at, m.id))
+        rows = await live_indexed(self.redis, self._call, self._t(owner), self._s)
+        return sorted((SessionMeta.from_redis(raw) for raw in rows), key=lambda m: (m.created_at, m.id))
 
     async def count(self, owner: str) -> int:
         """The owner's live sessions. Cheap (SCARD) unless the index may hold expired ids near a limit."""
@@ -707,6 +689,32 @@ class Lease:
             lambda: self.store._renew(keys=[self.store._l(self.session_id)], args=[self.token, self.ttl_ms])
         )
         return bool(renewed)
+
+
+async def live_indexed(
+    redis: aioredis.Redis,
+    call: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]],
+    index: str,
+    hash_key: Callable[[str], str],
+) -> list[dict[Any, Any]]:
+    """The hashes an owner's index set lists (`hash_key(id)` for each id in `index`), read in one pipeline, in id
+    order; ids whose hash has expired are pruned from the index. `call` wraps each Redis call (the store's error
+    mapping)."""
+    ids = sorted(_text(m) for m in await call(lambda: redis.smembers(index)))
+    if not ids:
+        return []
+
+    async def fetch() -> list[Any]:
+        async with redis.pipeline(transaction=False) as pipe:
+            for item in ids:
+                pipe.hgetall(hash_key(item))
+            return await pipe.execute()
+
+    rows = await call(fetch)
+    expired = [item for item, raw in zip(ids, rows, strict=True) if not raw]
+    if expired:
+        await call(lambda: redis.srem(index, *expired))
+    return [raw for raw in rows if raw]
 
 
 def _text(value: bytes | str) -> str:
