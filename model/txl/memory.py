@@ -91,7 +91,11 @@ class Memory:
 
     def like(self, rows: Sequence[PagedRow]) -> Memory:
         """A memory of the same pool and window rule holding `rows`."""
-        return Memory(self.pool, mem_len=self.mem_len, rows=rows, grid=self.grid)
+        # Not through __init__: this one's parameters are checked, and a decoding step makes one per row.
+        memory = Memory.__new__(Memory)
+        memory.pool, memory.mem_len, memory.grid = self.pool, self.mem_len, self.grid
+        memory.rows = tuple(rows)
+        return memory
 
     # ------------------------------------------------------------------ reading
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .decode_plan import DecodePlan
 from .paged import NULL_BLOCK, BlockPool, PagedRow, Reservation, RowStep, plan_row
 from .staging import StagedInputs
 from .window import WindowRule
@@ -219,7 +220,9 @@ class StaticDecodeStep:
         self.max_blocks = max_blocks
         self.n_pos = n_pos
         self.scratch_block = scratch_block
-        self.row_steps: list[RowStep] = []
+        self.plan: DecodePlan | None = None  # the rows loaded: their tables are held until the next load
+        # Per host buffer (txl.staging), the first row from which it holds padding (rows + 1: not written yet).
+        self._padding_from = [rows + 1, rows + 1]
         self._inputs = StagedInputs(
             {
                 "write_blocks": (rows,),
@@ -248,56 +251,41 @@ class StaticDecodeStep:
         )
         self.groups = [group]
         self._indices: dict[int, GroupIndices] = {}
-        self.load([], [])  # every row padding until the first iteration
+        self.load(None)  # every row padding until the first iteration
 
-    @property
-    def results(self) -> list[PagedRow]:
-        return [rs.result for rs in self.row_steps]
-
-    def fits(self, row_step: RowStep) -> bool:
-        """Whether a planned row fits the buffers: its blocks, and its distances within the positional scores
-        (a longer row, e.g. a memory restored after the server's largest mem_len was lowered, runs eagerly)."""
-        return row_step.ids.size <= self.max_blocks and row_step.mem_length + row_step.new <= self.n_pos
-
-    def load(self, row_steps: Sequence[RowStep], rules: Sequence[WindowRule]) -> None:
-        """The rows of this iteration (planned with `plan_row`, one new token each), padded to capacity."""
-        if len(row_steps) > self.capacity:
-            raise ValueError(f"{len(row_steps)} rows do not fit a step of {self.capacity}")
-        bs, n = self.pool.block_size, len(row_steps)
-        host = self._inputs.host()
-        # Padding: write slot 0 of the scratch block, read only it.
-        host["write_blocks"][n:] = self.scratch_block
-        host["write_slots"][n:] = 0
-        host["key_lengths"][n:] = 1
-        host["windows"][n:] = 1
-        host["starts"][n:] = 0
-        host["table"][n:] = self.scratch_block
-        if n:
-            tables = [rs.ids for rs in row_steps]
-            widths = np.fromiter((t.size for t in tables), dtype=np.int64, count=n)
-            key_lengths = np.fromiter((rs.mem_length + rs.new for rs in row_steps), dtype=np.int64, count=n)
-            too_long = widths.max() > self.max_blocks or key_lengths.max() > self.n_pos
-            if too_long or any(rs.new != 1 for rs in row_steps):
-                raise ValueError(
-                    "a row longer than the step was built for (or not one new token) runs eagerly"
-                )
-            starts = np.fromiter((rs.start for rs in row_steps), dtype=np.int64, count=n)
-            positions = starts + key_lengths - 1  # where each row's new token goes, in its table
-            flat = np.concatenate(tables)
-            first = np.cumsum(widths) - widths  # each row's first entry in `flat`
-            host["write_blocks"][:n] = flat[first + positions // bs]
-            host["write_slots"][:n] = positions % bs
-            host["key_lengths"][:n] = key_lengths
-            host["windows"][:n, 0] = [
-                min(rule.window(rs.position), self.n_pos + 1)
-                for rs, rule in zip(row_steps, rules, strict=True)
-            ]
-            host["starts"][:n] = starts
+    def load(self, plan: DecodePlan | None, windows: np.ndarray | None = None) -> None:
+        """The rows of this iteration (`txl.decode_plan`), each query seeing keys at distance < `windows[i]`
+        (`txl.window.windows_at`), padded to capacity; None: every row padding."""
+        n = len(plan) if plan is not None else 0
+        if n > self.capacity:
+            raise ValueError(f"{n} rows do not fit a step of {self.capacity}")
+        host, turn = self._inputs.host(), self._inputs.turn
+        if self._padding_from[turn] > n:  # rows from n on are not all padding in this host buffer yet
+            # Padding: write slot 0 of the scratch block, read only it.
+            host["write_blocks"][n:] = self.scratch_block
+            host["write_slots"][n:] = 0
+            host["key_lengths"][n:] = 1
+            host["windows"][n:] = 1
+            host["starts"][n:] = 0
+            host["table"][n:] = self.scratch_block
+        self._padding_from[turn] = n
+        if plan is not None and n:
+            assert windows is not None
+            widths = plan.widths
+            if widths.max() > self.max_blocks or plan.key_lengths.max() > self.n_pos:
+                raise ValueError("a row longer than the step was built for runs eagerly")
+            host["write_blocks"][:n] = plan.write_blocks
+            host["write_slots"][:n] = plan.write_slots
+            host["key_lengths"][:n] = plan.key_lengths
+            np.minimum(windows, self.n_pos + 1, out=host["windows"][:n, 0])
+            host["starts"][:n] = plan.starts
             table = host["table"]
             table[:n] = NULL_BLOCK
-            table[np.repeat(np.arange(n), widths), np.arange(flat.size) - np.repeat(first, widths)] = flat
+            first = np.cumsum(widths) - widths  # each row's first entry in the flat ids
+            columns = np.arange(plan.flat_ids.size) - np.repeat(first, widths)
+            table[np.repeat(np.arange(n), widths), columns] = plan.flat_ids
         self._inputs.send()
-        self.row_steps = list(row_steps)
+        self.plan = plan
 
     def begin(self) -> None:
         """A forward starts: what was derived from the previous rows is dropped (inside a captured graph this runs

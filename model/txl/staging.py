@@ -29,6 +29,11 @@ class StagedInputs:
         self.device_buffer = torch.zeros(at, dtype=dtype, device=device)
         pinned = device.type == "cuda"
         self._host = [torch.zeros(at, dtype=dtype, pin_memory=pinned) for _ in range(2)]
+        # Each host buffer's fields as numpy views, made once (a step fills them every iteration).
+        self._fields = [
+            {name: buffer.numpy()[lo:hi].reshape(self.shapes[name]) for name, (lo, hi) in self._spans.items()}
+            for buffer in self._host
+        ]
         self._turn = 0
 
     def view(self, name: str) -> Tensor:
@@ -36,10 +41,14 @@ class StagedInputs:
         lo, hi = self._spans[name]
         return self.device_buffer[lo:hi].view(self.shapes[name])
 
+    @property
+    def turn(self) -> int:
+        """Which of the two host buffers `host()` gives now."""
+        return self._turn
+
     def host(self) -> dict[str, np.ndarray]:
         """The host buffer to fill now, as numpy views by field (it still holds what was last written to it)."""
-        flat = self._host[self._turn].numpy()
-        return {name: flat[lo:hi].reshape(self.shapes[name]) for name, (lo, hi) in self._spans.items()}
+        return self._fields[self._turn]
 
     def send(self) -> None:
         """Queues the copy of the host buffer just filled; the next `host()` is the other buffer."""
@@ -60,7 +69,9 @@ class StagedIds:
     def send(self, ids: np.ndarray) -> Tensor:
         if not self._pinned:  # a CPU (nothing to overlap), or a device seen from the host in tests (meta)
             host = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
-            return host.to(self.device, non_blocking=self.device.type != "cpu")
+            if self.device.type == "cpu":
+                return host
+            return host.to(self.device, non_blocking=True)
         buffer = self._host[self._turn]
         if buffer is None or buffer.numel() < ids.size:
             buffer = self._host[self._turn] = torch.empty(

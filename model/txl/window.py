@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 # A window no distance reaches: the query sees its whole memory and its segment's earlier positions.
 UNBOUNDED = 1 << 62
 
@@ -73,3 +75,21 @@ class WindowRule:
             assert self.grid is not None
             return self.mem_len + self.grid - 1
         return self.mem_len
+
+
+def keeps_after(mem_lens: np.ndarray, grids: np.ndarray, same_length: bool, fed: np.ndarray) -> np.ndarray:
+    """`WindowRule.keep(fed)` for many rows at once: row i follows WindowRule(mem_lens[i], same_length, grids[i]),
+    a grid of 0 standing for none."""
+    on_grid = (grids > 0) & (not same_length)
+    grown = np.where(on_grid, fed % np.maximum(grids, 1), 0)
+    return np.minimum(fed, mem_lens + grown)
+
+
+def windows_at(
+    mem_lens: np.ndarray, grids: np.ndarray, same_length: bool, positions: np.ndarray
+) -> np.ndarray:
+    """`WindowRule.window(position)` for many rows at once (grids as in `keeps_after`)."""
+    if same_length:
+        return np.maximum(mem_lens, 1)
+    on_grid = mem_lens + positions % np.maximum(grids, 1) + 1
+    return np.where(grids > 0, on_grid, UNBOUNDED)

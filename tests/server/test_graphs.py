@@ -7,15 +7,19 @@ captured and replayed (those tests are skipped elsewhere)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import txl
 from torch.utils._python_dispatch import TorchDispatchMode
+from txl import decode_plan
+from txl.decode_plan import DecodePlan
 from txl.kernels import cpu_paged_decode, prefer
 from txl.kernels import triton_decode as triton_kernel
 from txl.sampling import SamplingParams
@@ -154,6 +158,54 @@ def test_a_pool_that_grows_while_rows_are_planned_is_never_replayed_stale(monkey
     assert [o.token for o in got] == [o.token for o in expected]
 
 
+@pytest.mark.parametrize("few_rows", [0, 1000])  # rows planned through arrays, and one by one
+def test_what_an_iteration_leaves_in_the_buffers_never_reaches_the_next(few_rows, monkeypatch):
+    """An iteration reuses what the one before left where it still holds (the padding rows, the sampling
+    parameters, the rows' hidden states when they come back in the same order): rows in another order, fewer or
+    more rows, other parameters, and two rows continuing one memory decode what the eager runner does in a pool
+    of its own."""
+    monkeypatch.setattr(decode_plan, "FEW_ROWS", few_rows)
+    model = tiny_model(seed=41, mem_len=MEM_LEN)
+    pools = [txl.BlockPool(model.memory_layout(), block_size=4) for _ in range(2)]
+    graphs = DecodeGraphs(
+        model, pools[0], max_batch_size=8, max_positions=max_positions(model, None), capture=False
+    )
+    eager = ModelRunner(model, pools[1])
+    lengths = [3, 9, 16, 22, 30, 5]
+    both = [decode_rows(model, pool, lengths) for pool in pools]  # the same rows in each pool
+
+    def step(both, pick=slice(None), params=None):
+        both = [
+            [rows[i] for i in range(len(rows))[pick]] if isinstance(pick, slice) else pick(rows)
+            for rows in both
+        ]
+        if params is not None:
+            both = [
+                [dataclasses.replace(r, params=p) for r, p in zip(rows, params, strict=True)] for rows in both
+            ]
+        got, (expected, _) = graphs.run(both[0]), eager.run(both[1], [])
+        assert [o.token for o in got] == [o.token for o in expected]
+        for a, b in zip(got, expected, strict=True):
+            assert abs(a.logprob - b.logprob) < 1e-5 and a.memory.fed == b.memory.fed
+            torch.testing.assert_close(a.last_hidden, b.last_hidden, rtol=0, atol=1e-5)
+        return [
+            [
+                dataclasses.replace(r, memory=o.memory, last_hidden=o.last_hidden, counter=r.counter + 1)
+                for o, r in zip(outs, rows, strict=True)
+            ]
+            for outs, rows in ((got, both[0]), (expected, both[1]))
+        ]
+
+    both = step(step(both))  # the same rows twice: buffers reused as they are
+    both = step(both, slice(None, None, -1))  # another order
+    both = step(both, slice(0, 5))  # fewer, in the same graph: more padding
+    both = step(both, lambda rows: rows + rows[:2])  # more; two continue one memory (in place, and a copy)
+    params = [SamplingParams(temperature=0.5 + i / 10, top_k=3 + i, seed=i) for i in range(7)]
+    both = step(both, params=params)
+    both = step(both, slice(0, 3))  # fewer: another graph
+    step(both, lambda rows: rows + rows)
+
+
 def test_rows_longer_than_the_buffers_run_eagerly():
     """A memory longer than the graphs were built for (restored after the server's largest mem_len was
     lowered) is not loaded into the buffers, whose positional scores it would read beyond; it runs eagerly."""
@@ -166,10 +218,10 @@ def test_rows_longer_than_the_buffers_run_eagerly():
     got, _ = runner.run([row], [])
     expected, _ = ModelRunner(model, pool).run([row], [])
     torch.testing.assert_close(got[0].last_hidden, expected[0].last_hidden, rtol=0, atol=1e-6)
-    step = txl.paged.plan_row(pool, row.memory.rows[0], 1, 20)
+    plan = DecodePlan.of_row_steps([txl.paged.plan_row(pool, row.memory.rows[0], 1, 20)])
     graph = graphs._build(1, 0, False)
     with pytest.raises(ValueError, match="longer than the step was built for"):
-        graph.step.load([step], [row.memory.rule(False)])
+        graph.step.load(plan, np.array([row.memory.rule(False).window(20)]))
 
 
 async def test_an_engine_decoding_through_the_buffers_generates_what_it_did_without(make_settings):

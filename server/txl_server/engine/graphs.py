@@ -23,16 +23,20 @@ tests check this path where no GPU is present.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
-from txl.paged import BlockTable, plan_row, resting_blocks
+from txl.decode_plan import plan_decode
+from txl.paged import BlockTable, resting_blocks
 from txl.paged_step import StaticDecodeStep
 from txl.sampling import RowParams, SamplingParams, sample_rows, signed64
 from txl.staging import StagedInputs
+from txl.window import keeps_after, windows_at
 
 from .runner import DecodeOut, DecodeRow, ModelRunner
 
@@ -114,21 +118,34 @@ class SamplingInputs:
             {"greedy": (rows,), "top_k": (rows,), "seeds": (rows,), "counters": (rows,)}, torch.long, device
         )
         self.floats = StagedInputs({"temperature": (rows,), "top_p": (rows,)}, torch.float32, device)
+        # A batch decodes the same rows, with the same parameters, step after step: what is already in a buffer
+        # is not written again. Per host buffer of the integers, the (parameters, seeds) it holds; the rows whose
+        # floats the device holds. (Parameters are kept, not their ids: an id may be reused once one is freed.)
+        self._ints_rows: list[tuple[tuple[SamplingParams, ...], tuple[int, ...]] | None] = [None, None]
+        self._floats_rows: tuple[SamplingParams, ...] | None = None
         self.load([], [], [])
 
     def load(self, params: Sequence[SamplingParams], seeds: Sequence[int], counters: Sequence[int]) -> None:
-        n, ints, floats = len(params), self.ints.host(), self.floats.host()
-        ints["greedy"][n:], ints["top_k"][n:], ints["seeds"][n:], ints["counters"][n:] = 1, self.vocab, 0, 0
-        floats["temperature"][n:], floats["top_p"][n:] = 1.0, 1.0
-        if n:
-            ints["greedy"][:n] = [p.greedy for p in params]
-            ints["top_k"][:n] = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]
-            ints["seeds"][:n] = [signed64(s) for s in seeds]
-            ints["counters"][:n] = counters
-            floats["temperature"][:n] = [1.0 if p.greedy else p.temperature for p in params]
-            floats["top_p"][:n] = [p.top_p for p in params]
+        n, rows = len(params), (tuple(params), tuple(seeds))
+        ints = self.ints.host()
+        if self._ints_rows[self.ints.turn] != rows:
+            ints["greedy"][n:], ints["top_k"][n:] = 1, self.vocab
+            ints["seeds"][n:], ints["counters"][n:] = 0, 0
+            if n:
+                ints["greedy"][:n] = [p.greedy for p in params]
+                ints["top_k"][:n] = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]
+                ints["seeds"][:n] = [signed64(s) for s in seeds]
+            self._ints_rows[self.ints.turn] = rows
+        ints["counters"][:n] = counters
         self.ints.send()
-        self.floats.send()
+        if self._floats_rows != rows[0]:
+            floats = self.floats.host()
+            floats["temperature"][n:], floats["top_p"][n:] = 1.0, 1.0
+            if n:
+                floats["temperature"][:n] = [1.0 if p.greedy else p.temperature for p in params]
+                floats["top_p"][:n] = [p.top_p for p in params]
+            self.floats.send()
+            self._floats_rows = rows[0]
 
     def rows_params(self, max_top_k: int, any_top_p: bool) -> RowParams:
         """The parameters as the sampler reads them (derived from the buffers: inside a graph, at each replay)."""
@@ -190,6 +207,8 @@ class DecodeGraphs:
             torch.zeros((self.sizes[-1], 2), dtype=torch.float64, pin_memory=capture) for _ in range(2)
         ]
         self._readback_turn = 0
+        # The new hidden states of the last iteration: all rows' [n, D], and each row's view of it.
+        self._last_hidden: tuple[Tensor, tuple[Tensor, ...]] | None = None
 
     def all_keys(self) -> list[GraphKey]:
         """Every graph this server uses, largest batch first (captured in that order, smaller graphs reuse the
@@ -258,7 +277,6 @@ class DecodeGraphs:
         graph.readback[:, 1] = float("nan")
         graph.hidden_out.fill_(float("nan"))
 
-    @torch.inference_mode()
     def run(self, rows: Sequence[DecodeRow]) -> list[DecodeOut]:
         """One decoding iteration of `rows` through their graph, to its sampled tokens."""
         return self.launch(rows).collect()
@@ -274,13 +292,13 @@ class DecodeGraphs:
         key = self.key(rows)
         assert key is not None, "run only rows the graphs support"
         same_length = self.model.config.same_length
-        rules = [r.memory.rule(same_length) for r in rows]
+        memories = [r.memory for r in rows]
+        paged = [m.rows[0] for m in memories]
+        mem_lens = np.fromiter((m.mem_len for m in memories), dtype=np.int64, count=len(rows))
+        grids = np.fromiter((m.grid or 0 for m in memories), dtype=np.int64, count=len(rows))
+        fed = np.fromiter((p.fed for p in paged), dtype=np.int64, count=len(rows))
         # Planned first: planning may allocate blocks, and a growable pool then reallocates its tensors.
-        with self.pool.zeroing_together():
-            steps = [
-                plan_row(self.pool, r.memory.rows[0], 1, rule.keep(r.memory.rows[0].fed + 1))
-                for r, rule in zip(rows, rules, strict=True)
-            ]
+        plan = plan_decode(self.pool, paged, keeps_after(mem_lens, grids, same_length, fed + 1))
         if self.pool.generation != self._generation:  # the pool was reallocated: captured addresses are stale
             self._graphs.clear()
             self._generation = self.pool.generation
@@ -290,13 +308,20 @@ class DecodeGraphs:
             if graph is None:  # turned off: this iteration runs eagerly (what was planned is dropped, unused)
                 return Launched.done(ModelRunner(self.model, self.pool).run(rows, [])[0])
         n = len(rows)
-        graph.step.load(steps, rules)
+        graph.step.load(plan, windows_at(mem_lens, grids, same_length, fed))
         graph.sampling.load([r.params for r in rows], [r.seed for r in rows], [r.counter for r in rows])
-        torch.stack([r.last_hidden for r in rows], out=graph.hidden_in[:n])
+        hiddens = [r.last_hidden for r in rows]
+        last = self._last_hidden
+        if last is not None and len(last[1]) == n and all(map(operator.is_, hiddens, last[1])):
+            graph.hidden_in[:n].copy_(last[0])  # the rows the last iteration left, in its order: one copy
+        else:
+            torch.stack(hiddens, out=graph.hidden_in[:n])
         graph.replay()
-        hidden = graph.hidden_out[:n].clone().unbind(0)  # one copy, a view per row
-        memories = [row.memory.like([rs.result]) for row, rs in zip(rows, steps, strict=True)]
-        graph.step.row_steps = []  # the buffers keep no memory alive
+        out = graph.hidden_out[:n].clone()  # one copy, a view per row
+        hidden = out.unbind(0)
+        self._last_hidden = (out, hidden)
+        memories = [m.like((result,)) for m, result in zip(memories, plan.results, strict=True)]
+        graph.step.plan = None  # the buffers keep no memory alive
         return Launched(memories, hidden, self._read_back(graph.readback[:n]))
 
     def _read_back(self, readback: Tensor) -> ReadBack:

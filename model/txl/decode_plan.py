@@ -1,0 +1,160 @@
+"""Planning one decoding step (one new position per row) for many rows at once.
+
+`plan_row` makes room for a row's new positions one row at a time: a claim on its last block under the pool's
+lock, a step table, a result row. For a decoding step of 64 rows that is most of the host's time around a
+captured graph (`python -m bench host`). Almost every decoding row is in the same case: its memory ends inside
+its last block, at that block's mark, so the new position is appended in place and the row's table is reused as
+is. Here that case is decided for every row with array operations (one pass under the lock); the rows in any
+other case (a new block to allocate, a copy on write, no memory yet) go through `plan_row`, in the same order,
+so the pool ends in the same state and each row's step and result are the ones `plan_row` alone would give
+(tests/model/test_decode_plan.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .paged import BlockPool, BlockTable, PagedRow, RowStep, plan_row
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Where each row's new position goes and what its attention reads, as arrays over the rows."""
+
+    # The block ids each row's attention reads (its memory and the new position), concatenated: row i's are
+    # widths[i] ids, after those of the rows before it.
+    flat_ids: np.ndarray
+    widths: np.ndarray  # [n]
+    starts: np.ndarray  # [n] offset of each row's first position in its first block
+    key_lengths: np.ndarray  # [n] positions the new token's query sees: the memory and itself
+    positions: np.ndarray  # [n] absolute position of each new token (positions fed before it)
+    write_blocks: np.ndarray  # [n] the block each new position is written to
+    write_slots: np.ndarray  # [n] its slot in that block
+    results: list[PagedRow]  # each row's memory after the step
+    # Tables of rows planned by `plan_row` (their step read new blocks): held until the step has run.
+    keep_alive: list[BlockTable]
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    @classmethod
+    def of_row_steps(cls, steps: Sequence[RowStep]) -> DecodePlan:
+        """The plan of rows planned one by one (`plan_row`, one new position each)."""
+        if any(rs.new != 1 for rs in steps):
+            raise ValueError("a decoding plan feeds one new position per row")
+        bs = steps[0].table.pool.block_size if steps else 1
+        # In Python numbers: for the few rows this is used for, a handful of numpy calls cost more than the rows.
+        at = [rs.start + rs.mem_length for rs in steps]  # each new position's offset in its table
+        return cls(
+            np.concatenate([rs.ids for rs in steps]) if steps else _NO_IDS,
+            np.array([rs.ids.size for rs in steps], dtype=np.int64),
+            np.array([rs.start for rs in steps], dtype=np.int64),
+            np.array([rs.mem_length + 1 for rs in steps], dtype=np.int64),
+            np.array([rs.position for rs in steps], dtype=np.int64),
+            np.array([rs.ids[a // bs] for rs, a in zip(steps, at, strict=True)], dtype=np.int64),
+            np.array([a % bs for a in at], dtype=np.int64),
+            [rs.result for rs in steps],
+            [rs.table for rs in steps],
+        )
+
+
+# Up to this many rows a step is planned row by row (`plan_row`): array operations cost a few microseconds each
+# whatever their length, and for a handful of rows there are more of them than there is work.
+FEW_ROWS = 24
+
+
+def plan_decode(pool: BlockPool, rows: Sequence[PagedRow], keeps: np.ndarray) -> DecodePlan:
+    """Makes room for one new position after each of `rows` and plans the step; row i's memory keeps at most
+    `keeps[i]` positions after it (`WindowRule.keep`). Each row's step and result are those of `plan_row` on the
+    rows in turn, and the pool's reference counts and marks end the same (fresh blocks may get other ids)."""
+    n, bs = len(rows), pool.block_size
+    if n <= FEW_ROWS:
+        with pool.zeroing_together():
+            steps = [plan_row(pool, row, 1, keep) for row, keep in zip(rows, keeps.tolist(), strict=True)]
+        return DecodePlan.of_row_steps(steps)
+    tables: list[BlockTable | None] = [row.table for row in rows]
+    ids = [t.ids if t is not None else _NO_IDS for t in tables]
+    starts = np.fromiter((row.start for row in rows), dtype=np.int64, count=n)
+    lengths = np.fromiter((row.length for row in rows), dtype=np.int64, count=n)
+    fed = np.fromiter((row.fed for row in rows), dtype=np.int64, count=n)
+    widths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
+    flat = np.concatenate(ids)
+    bounds = np.cumsum(widths)  # where each row's ids end in `flat`
+    lasts = np.where(widths > 0, flat[bounds - 1], 0) if flat.size else np.zeros(n, dtype=np.int64)
+    ends = starts + lengths
+    tails = ends % bs
+    fits = (ends + bs - 1) // bs == widths  # the memory ends in its table's last block (no block past it)
+    # Appends in place: the memory ends inside its last block, at the block's mark (nothing written after it).
+    in_place = fits & (tails > 0)
+    with pool._lock:
+        in_place &= pool._filled[lasts] == tails
+        at = np.flatnonzero(in_place)
+        ending = np.sort(lasts[at])
+        if (ending[1:] == ending[:-1]).any():
+            # Rows ending in the same block at its mark: the first in order extends it, the others copy it.
+            in_place[:] = False
+            at = at[np.unique(lasts[at], return_index=True)[1]]
+            in_place[at] = True
+        pool._filled[lasts[at]] = tails[at] + 1
+    # The memory fills its last block exactly (or there is none): the new position starts a fresh block.
+    starts_block = fits & (tails == 0)
+    planned = np.flatnonzero(~(in_place | starts_block)).tolist()  # any other case: `plan_row`
+    keeps = np.minimum(keeps, lengths + 1)
+    new_starts = ends + 1 - keeps
+    drops = np.where(keeps > 0, new_starts // bs, 0)
+    write_blocks, write_slots = lasts, tails
+    keep_alive: list[BlockTable] = []
+    plans: dict[int, RowStep] = {}
+    with pool.zeroing_together():
+        fresh_rows = np.flatnonzero(starts_block)
+        if fresh_rows.size:
+            fresh = pool.allocate(fresh_rows.size)  # one reference each, which the step's table takes over
+            pool._filled[fresh] = 1
+            write_blocks[fresh_rows] = fresh
+            flat = np.insert(flat, bounds[fresh_rows], fresh)
+            widths[fresh_rows] += 1
+            # The step's tables: one reference more to the memory's blocks, the fresh block's own.
+            pool.incref(np.concatenate([ids[i] for i in fresh_rows.tolist()]))
+            for i, block in zip(fresh_rows.tolist(), fresh.tolist(), strict=True):
+                ids[i] = np.append(ids[i], block)
+                step_table = tables[i] = BlockTable(pool, ids[i], owned=True)
+                keep_alive.append(step_table)
+        for i in planned:
+            rs = plans[i] = plan_row(pool, rows[i], 1, int(keeps[i]))
+            keep_alive.append(rs.table)
+            ids[i] = rs.ids
+            position = rs.start + rs.mem_length
+            write_blocks[i] = rs.ids[position // bs]
+            write_slots[i] = position % bs
+    if planned:  # their tables changed in any way
+        flat = np.concatenate(ids)
+        widths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
+    # The memory after the step: the last `keep` positions, without the blocks before them.
+    dropping = np.flatnonzero(drops > 0)
+    dropping = dropping[~np.isin(dropping, planned)] if planned else dropping
+    if dropping.size:
+        drop_list = drops[dropping].tolist()
+        kept = [ids[i][d:] for i, d in zip(dropping.tolist(), drop_list, strict=True)]
+        pool.incref(np.concatenate(kept))
+        for i, a in zip(dropping.tolist(), kept, strict=True):
+            tables[i] = BlockTable(pool, a, owned=True)
+    for i in np.flatnonzero(keeps == 0).tolist():
+        tables[i] = None
+    results = [
+        PagedRow(table, start, keep, after)
+        for table, start, keep, after in zip(
+            tables,
+            np.where(keeps > 0, new_starts - drops * bs, 0).tolist(),
+            keeps.tolist(),
+            (fed + 1).tolist(),
+            strict=True,
+        )
+    ]
+    for i, rs in plans.items():
+        results[i] = rs.result
+    return DecodePlan(flat, widths, starts, lengths + 1, fed, write_blocks, write_slots, results, keep_alive)

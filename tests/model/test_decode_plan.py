@@ -1,0 +1,138 @@
+"""Planning a decoding step for many rows at once (txl.decode_plan) against `plan_row` on each row in turn.
+
+Twin pools are driven through the same history (sessions that grow, fork, share a partly written block, slide
+past their window, or hold nothing), then one pool plans the step row by row and the other all at once. Fresh
+blocks may get other ids; everything else must be the same: each row's step (its table, where its new position
+goes) and its memory after the step, every block's reference count and mark.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from txl import decode_plan
+from txl.decode_plan import DecodePlan, plan_decode
+from txl.paged import BlockPool, BlockTable, PagedRow, plan_row
+from txl.window import WindowRule, keeps_after, windows_at
+
+from .helpers import tiny_model
+
+BLOCK = 4
+
+
+def _history(pool: BlockPool, seed: int) -> list[PagedRow]:
+    """Rows of a random history: new sessions, steps of random sizes, forks of older versions, empty rows."""
+    rng = random.Random(seed)
+    rows: list[PagedRow] = [PagedRow(None, fed=0)]
+    for _ in range(40):
+        base = rng.choice(rows)
+        new = rng.choice([1, 1, 1, 2, 3, 4, 5, 9])
+        keep = rng.choice([0, 3, 6, 8, 11, 100])
+        rows.append(plan_row(pool, base, new, keep).result)
+    return [rng.choice(rows) for _ in range(rng.randint(1, 40))]
+
+
+def _state(pool: BlockPool, ids: np.ndarray) -> list[tuple[int, int]]:
+    return [(pool.refcount(int(b)), int(pool._filled[b])) for b in ids]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("few_rows", [0, 1000])  # every step through the arrays, and every step row by row
+def test_planning_rows_together_is_planning_them_one_by_one(seed, few_rows, monkeypatch):
+    monkeypatch.setattr(decode_plan, "FEW_ROWS", few_rows)
+    layout = tiny_model(seed=1).memory_layout()
+    pools = [BlockPool(layout, block_size=BLOCK, blocks=8) for _ in range(2)]
+    histories = [_history(pool, seed) for pool in pools]  # the same history: the same block ids
+    handed_out = [pool._incarnations.copy() for pool in pools]
+    rng = random.Random(seed + 100)
+    keeps = np.array([rng.choice([0, 1, 2, 3, 5, 8, 100]) for _ in histories[0]], dtype=np.int64)
+
+    one_by_one = DecodePlan.of_row_steps(
+        [plan_row(pools[0], row, 1, int(k)) for row, k in zip(histories[0], keeps, strict=True)]
+    )
+    together = plan_decode(pools[1], histories[1], keeps)
+
+    def fresh(pool: int, block: int) -> bool:
+        """Handed out while the step was planned."""
+        before = handed_out[pool]
+        return block >= before.size or pools[pool]._incarnations[block] != before[block]
+
+    pairs: dict[int, int] = {}  # a block of the first pool -> the second pool's block in its place
+
+    def same_blocks(a: np.ndarray, b: np.ndarray) -> None:
+        assert a.size == b.size
+        for x, y in zip(a.tolist(), b.tolist(), strict=True):
+            assert x == y or (fresh(0, x) and fresh(1, y))
+            assert pairs.setdefault(x, y) == y
+
+    assert len(one_by_one) == len(together) == len(histories[0])
+    for field in ("widths", "starts", "key_lengths", "positions", "write_slots"):
+        np.testing.assert_array_equal(getattr(one_by_one, field), getattr(together, field), err_msg=field)
+    same_blocks(one_by_one.flat_ids, together.flat_ids)
+    same_blocks(one_by_one.write_blocks, together.write_blocks)
+    for a, b in zip(one_by_one.results, together.results, strict=True):
+        assert (a.start, a.length, a.fed) == (b.start, b.length, b.fed)
+        same_blocks(a.ids, b.ids)
+    assert len(set(pairs.values())) == len(pairs)  # one block for one
+    assert pools[0].used_blocks == pools[1].used_blocks and pools[0].n_blocks == pools[1].n_blocks
+    every = np.arange(1, pools[0].n_blocks)
+    assert _state(pools[0], every) == _state(pools[1], np.array([pairs.get(b, b) for b in every.tolist()]))
+    # Dropping the plans and results gives every block back in both pools alike.
+    del one_by_one, together, histories, a, b
+    assert pools[0].used_blocks == pools[1].used_blocks == 0
+
+
+def test_rows_ending_in_one_block_at_its_mark_extend_it_once_and_copy_it_after():
+    """Two forks of one memory, whose last block is partly written: the first in order appends in place, the
+    second continues in a copy, as `plan_row` would have it."""
+    layout = tiny_model(seed=1).memory_layout()
+    pool = BlockPool(layout, block_size=BLOCK, blocks=16)
+    row = plan_row(pool, PagedRow(None, fed=0), 6, 100).result  # 6 positions: one block and a half
+    decode_plan.FEW_ROWS, saved = 0, decode_plan.FEW_ROWS
+    try:
+        plan = plan_decode(pool, [row, row, row], np.array([100, 100, 100]))
+    finally:
+        decode_plan.FEW_ROWS = saved
+    last = int(row.ids[-1])
+    assert plan.write_blocks[0] == last and plan.write_blocks[1] != last and plan.write_blocks[2] != last
+    assert plan.write_blocks[1] != plan.write_blocks[2]
+    assert list(plan.write_slots) == [2, 2, 2] and pool._filled[last] == 3
+    assert [r.length for r in plan.results] == [7, 7, 7]
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+def test_window_arrays_are_the_rules_row_by_row(same_length):
+    rng = random.Random(3)
+    rules = [
+        WindowRule(rng.choice([0, 1, 5, 16]), same_length, rng.choice([None, 1, 4, 7])) for _ in range(200)
+    ]
+    fed = np.array([rng.randint(0, 100) for _ in rules], dtype=np.int64)
+    mem_lens = np.array([r.mem_len for r in rules], dtype=np.int64)
+    grids = np.array([r.grid or 0 for r in rules], dtype=np.int64)
+    assert keeps_after(mem_lens, grids, same_length, fed).tolist() == [
+        r.keep(int(f)) for r, f in zip(rules, fed, strict=True)
+    ]
+    assert windows_at(mem_lens, grids, same_length, fed).tolist() == [
+        r.window(int(f)) for r, f in zip(rules, fed, strict=True)
+    ]
+
+
+def test_a_plan_holds_the_blocks_its_step_reads_until_it_is_dropped():
+    layout = tiny_model(seed=1).memory_layout()
+    pool = BlockPool(layout, block_size=BLOCK, blocks=16)
+    row = plan_row(pool, PagedRow(None, fed=0), 8, 100).result  # two full blocks: the step starts a third
+    decode_plan.FEW_ROWS, saved = 0, decode_plan.FEW_ROWS
+    try:
+        plan = plan_decode(pool, [row], np.array([4]))  # keeps 4: the result drops the first two blocks
+    finally:
+        decode_plan.FEW_ROWS = saved
+    assert plan.widths.tolist() == [3] and len(plan.results[0].ids) == 2
+    del row
+    assert pool.used_blocks == 3  # the step's table still holds all three
+    result = plan.results[0]
+    del plan
+    assert pool.used_blocks == 2 and isinstance(result.table, BlockTable)
+    del result
+    assert pool.used_blocks == 0
