@@ -308,7 +308,7 @@ class DecodeGraphs:
             if graph is None:  # turned off: this iteration runs eagerly (what was planned is dropped, unused)
                 return Launched.done(ModelRunner(self.model, self.pool).run(rows, [])[0])
         n = len(rows)
-        graph.step.load(plan, windows_at(mem_lens, grids, same_length, fed))
+        graph.step.load(plan, windows_at(mem_lens, grids, same_length, plan.positions))
         graph.sampling.load([r.params for r in rows], [r.seed for r in rows], [r.counter for r in rows])
         hiddens = [r.last_hidden for r in rows]
         last = self._last_hidden
