@@ -118,6 +118,11 @@ def prefer(kernel: str | None) -> Iterator[None]:
         _preferred.reset(token)
 
 
+def preferred() -> str | None:
+    """The kernel `prefer` asks for in this context, or None (the measured choice)."""
+    return _preferred.get()
+
+
 def _onednn(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 

@@ -17,6 +17,7 @@ from typing import cast, overload
 import torch
 from torch import Tensor, nn
 
+from . import fused_decode
 from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .attention import AttentionGroup, RelPartialLearnableMultiHeadAttn
 from .config import TxlConfig
@@ -191,6 +192,10 @@ class TransfoXLModel(nn.Module):
         hidden = self.drop(self.word_emb(tokens))  # [N, D]
         if tables is None:
             tables = self.positional_tables(step.n_pos)
+        layers = cast(Sequence[RelPartialLearnableDecoderLayer], self.layers)
+        fused = fused_decode.applies(layers, step, self.training)
+        if fused is not None:
+            return fused_decode.forward(fused, cast(PagedStep, step), hidden, tables)
         for i, layer in enumerate(self.layers):
             hidden = cast(RelPartialLearnableDecoderLayer, layer).forward_paged(hidden, step, i, tables[i])
         return hidden

@@ -1,0 +1,85 @@
+"""A whole decoder layer for decoding rows in one native call (`decode_layer.c`), float32 on the CPU.
+
+Why: at one row, a layer's torch path is about forty small operations (projections, bias adds, the positional
+product, index copies, LayerNorms), each a Python call and a dispatch of 1-3 µs, around four weight reads. On the
+bundled model that overhead was half of a token's time. The call here reads each weight once and every row's
+memory once, as the native linear and attention kernels do, with nothing in between.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+from .cpu import build_library
+
+SOURCE = Path(__file__).with_name("decode_layer.c")
+
+
+class LayerArgs(ctypes.Structure):
+    """decode_layer.c's TxlLayer: one layer's weights and constants."""
+
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("qkv_w", "o_w", "ff1_w", "ff1_b", "ff2_w", "ff2_b")),
+        *((name, ctypes.c_void_p) for name in ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "u", "v")),
+        ("eps1", ctypes.c_float),
+        ("eps2", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("pre_lnorm", ctypes.c_int64),
+    ]
+
+
+class StateArgs(ctypes.Structure):
+    """decode_layer.c's TxlState: a layer's positional table and its part of the pool, for one step."""
+
+    _fields_ = [
+        ("pos", ctypes.c_void_p),
+        ("ptab", ctypes.c_int64),
+        ("keys", ctypes.c_void_p),
+        ("values", ctypes.c_void_p),
+        ("hidden", ctypes.c_void_p),
+    ]
+
+
+class RowsArgs(ctypes.Structure):
+    """decode_layer.c's TxlRows: the step's sizes and each row's block table, window and write slot."""
+
+    _fields_ = [
+        *((name, ctypes.c_int64) for name in ("R", "D", "H", "Dh", "Di", "S", "NB", "bs")),
+        *((name, ctypes.c_void_p) for name in ("table", "starts", "klens", "windows")),
+        ("write_blocks", ctypes.c_void_p),
+        ("write_slots", ctypes.c_void_p),
+    ]
+
+
+def scratch_floats(rows: RowsArgs) -> int:
+    """Floats of scratch one call needs (see decode_layer.c)."""
+    return rows.R * (4 * rows.H * rows.Dh + 2 * rows.D + rows.Di) + rows.S * rows.bs
+
+
+class DecodeLayerKernel:
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._function = library.txl_decode_layer_f32
+        self._function.argtypes = [
+            ctypes.POINTER(LayerArgs),
+            ctypes.POINTER(StateArgs),
+            ctypes.POINTER(RowsArgs),
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        self._function.restype = None
+
+    def __call__(self, layer: LayerArgs, state: StateArgs, rows: RowsArgs, x: int, scratch: int) -> None:
+        """Runs one layer for `rows`. x: the address of their inputs [R, D] (float32, contiguous), updated in
+        place; scratch: the address of at least `scratch_floats(rows)` floats. The caller keeps every tensor the
+        arguments point into alive through the call (the GIL is released during it)."""
+        self._function(ctypes.byref(layer), ctypes.byref(state), ctypes.byref(rows), x, scratch)
+
+
+@functools.cache
+def cpu_decode_layer() -> DecodeLayerKernel | None:
+    """The kernel for this machine, built on first use; None where it cannot be (no compiler, a failed build,
+    `TXL_CPU_KERNELS=0`)."""
+    library = build_library(SOURCE)
+    return DecodeLayerKernel(library) if library is not None else None

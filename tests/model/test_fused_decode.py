@@ -1,0 +1,129 @@
+"""A decoding step through one native call per layer (txl.fused_decode) equals the layer-by-layer path, writes the
+pool alike, and is taken exactly where it applies."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import txl
+from torch import nn
+from txl import fused_decode
+from txl.kernels import reference_path
+from txl.kernels.decode_layer import cpu_decode_layer
+
+from .helpers import tiny_model
+
+needs_kernel = pytest.mark.skipif(
+    cpu_decode_layer() is None, reason="no C compiler here: the native decode layer could not be built"
+)
+
+
+def _history(model, pool, lengths, generator):
+    """One memory per length, each fed that many random tokens in one step; a fork of the first for a 4th row."""
+    memories = []
+    with torch.inference_mode():
+        for n in lengths:
+            memory = model.empty_memory(1, pool=pool, keep_hidden=pool.keep_hidden)
+            if n:
+                tokens = torch.randint(0, model.config.vocab_size, (1, n), generator=generator)
+                _, memory = model(tokens, memory)
+            memories.append(memory)
+    return memories
+
+
+def _decode(model, lengths, *, fused, block_size, keep_hidden, steps=4, seed=0):
+    """Log-probabilities [rows, steps, V] of greedy decoding from memories of `lengths` (the first continued by
+    two rows: they share its blocks), and every memory's tensors afterwards."""
+    pool = txl.BlockPool(model.memory_layout(), block_size=block_size, keep_hidden=keep_hidden)
+    memories = _history(model, pool, lengths, torch.Generator().manual_seed(seed))
+    memories.append(memories[0])  # a fork: both rows continue the same memory
+    tokens = torch.arange(len(memories))[:, None] % model.config.vocab_size
+    out = []
+    context = contextlib.nullcontext() if fused else fused_decode.disabled()
+    with torch.inference_mode(), context:
+        for _ in range(steps):
+            hidden, memories = model(tokens, memories)
+            log_probs = model.log_probs(hidden[:, -1])
+            out.append(log_probs)
+            tokens = log_probs.argmax(-1, keepdim=True)
+    return torch.stack(out, 1), [m.to_tensors() for m in memories]
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("overrides", "block_size", "keep_hidden"),
+    [
+        (dict(), 4, False),
+        (dict(same_length=True, clamp_len=5), 1, False),
+        (dict(pre_lnorm=True), 16, True),
+        (dict(d_head=32, n_head=2, d_model=32, d_embed=32, mem_len=9), 3, False),  # Dh 32: its own code path
+        (dict(d_head=64, n_head=1, d_model=24, d_embed=24, d_inner=40, untie_r=False), 5, False),  # Dh 64
+        (dict(d_head=12, n_head=3, d_model=20, d_embed=20, div_val=1, cutoffs=[]), 2, True),
+    ],
+)
+def test_fused_decoding_equals_the_layer_by_layer_path(overrides, block_size, keep_hidden):
+    model = tiny_model(seed=31, **overrides)
+    mem_len = model.config.mem_len
+    lengths = [mem_len + 7, 0, 1]  # a full memory that drops positions every step, an empty one, one position
+    got, got_memories = _decode(model, lengths, fused=True, block_size=block_size, keep_hidden=keep_hidden)
+    expected, expected_memories = _decode(
+        model, lengths, fused=False, block_size=block_size, keep_hidden=keep_hidden
+    )
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    for got_memory, expected_memory in zip(got_memories, expected_memories, strict=True):
+        assert got_memory.keys() == expected_memory.keys()
+        for name, tensor in got_memory.items():
+            torch.testing.assert_close(tensor, expected_memory[name], rtol=0, atol=1e-5)
+
+
+@needs_kernel
+def test_fused_decoding_after_a_weight_is_replaced_reads_the_new_one():
+    model = tiny_model(seed=32)
+    lengths = [5, 9]
+    before, _ = _decode(model, lengths, fused=True, block_size=4, keep_hidden=False)
+    attention = model.transformer.layers[1].dec_attn
+    with torch.no_grad():
+        attention.qkv_net.weight = nn.Parameter(attention.qkv_net.weight * 1.5)
+        model.transformer.layers[0].pos_ff.CoreNet[0].bias.mul_(-1)  # in place: same tensor, new values
+    got, _ = _decode(model, lengths, fused=True, block_size=4, keep_hidden=False)
+    expected, _ = _decode(model, lengths, fused=False, block_size=4, keep_hidden=False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert (got - before).abs().max() > 1e-2
+
+
+def _takes_fused(monkeypatch, model, tokens, memory, context=None) -> bool:
+    calls = []
+    original = fused_decode.forward
+
+    def counted(*args):
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(fused_decode, "forward", counted)
+    with torch.inference_mode(), context if context is not None else contextlib.nullcontext():
+        model(tokens, memory)
+    return bool(calls)
+
+
+@needs_kernel
+def test_the_fused_path_is_taken_exactly_where_it_applies(monkeypatch):
+    model = tiny_model(seed=33)
+    pool = txl.BlockPool(model.memory_layout(), block_size=4)
+    rows = fused_decode.MAX_ROWS
+    one = torch.zeros(rows, 1, dtype=torch.long)
+    memory = model.empty_memory(rows, pool=pool)
+    assert _takes_fused(monkeypatch, model, one, memory)
+    assert _takes_fused(monkeypatch, model, one, memory, txl.linear.prefer("native"))
+    # Not: more rows, prompt segments, another kernel asked for, the torch attention path, switched off.
+    wide = model.empty_memory(rows + 1, pool=pool)
+    assert not _takes_fused(monkeypatch, model, torch.zeros(rows + 1, 1, dtype=torch.long), wide)
+    assert not _takes_fused(monkeypatch, model, torch.zeros(rows, 2, dtype=torch.long), memory)
+    assert not _takes_fused(monkeypatch, model, one, memory, txl.linear.prefer("plain"))
+    assert not _takes_fused(monkeypatch, model, one, memory, reference_path())
+    assert not _takes_fused(monkeypatch, model, one, memory, fused_decode.disabled())
+    # Not in bfloat16, nor in training mode.
+    half = tiny_model(seed=33).to(torch.bfloat16)
+    assert not _takes_fused(monkeypatch, half, one, half.empty_memory(rows))
+    assert not _takes_fused(monkeypatch, model.train(), one, memory)
