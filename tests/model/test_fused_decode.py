@@ -71,7 +71,7 @@ def test_fused_decoding_equals_the_layer_by_layer_path(overrides, block_size, ke
     expected, expected_memories = _decode(
         model, lengths, fused=False, block_size=block_size, keep_hidden=keep_hidden
     )
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)  # log-probs up to ~30 in size
     for got_memory, expected_memory in zip(got_memories, expected_memories, strict=True):
         assert got_memory.keys() == expected_memory.keys()
         for name, tensor in got_memory.items():

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from txl import BlockPool
+from txl import BlockPool, fused_decode
 from txl.kernel_choice import ROW_BUCKETS
 from txl.kernels import decode_kernel, prefer, reference_path, triton_decode, triton_sampling
 from txl.sampling import SamplingParams
@@ -181,12 +181,15 @@ def _choose_linear_kernels(worker: Worker, mem_len: int) -> None:
     """On a CPU each linear layer's kernel is chosen by timing the candidates the first time a shape and row
     count meets it (txl.linear; remembered on disk per machine). One forward per measured row count now, so
     that a new machine measures before the server says it is ready, not inside its first users' requests
-    (about a second for the bundled model, once)."""
+    (about a second for the bundled model, once). Layer by layer: a step of a few decoding rows takes one native
+    call per layer (txl.fused_decode) instead, but falls back to these kernels wherever that call does not
+    apply (e.g. the C attention kernel failed its check)."""
     model, pool = worker.model, worker.pool
     started = time.perf_counter()
     for rows in ROW_BUCKETS:
         tokens = torch.zeros(1, rows, dtype=torch.long, device=pool.layout.device)
-        model(tokens, model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid))
+        with fused_decode.disabled():
+            model(tokens, model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid))
     log.info("linear kernels for every row count ready in %.2f s", time.perf_counter() - started)
 
 
