@@ -59,11 +59,12 @@ class _FusedLayer:
     """A layer's weights as the native call reads them: the arguments (their addresses, filled once) and the
     tensors they point into, held so that the addresses stay valid."""
 
-    __slots__ = ("args", "kept", "weights")
+    __slots__ = ("addresses", "args", "kept", "weights")
 
     def __init__(self, layer: RelPartialLearnableDecoderLayer) -> None:
         attn, ff = layer.dec_attn, layer.pos_ff
         self.weights = _weights(layer)
+        self.addresses = tuple(t.data_ptr() for t in self.weights)
         self.kept = [
             t.contiguous() for t in self.weights
         ]  # what the call reads (the same tensors, as loaded)
@@ -76,31 +77,40 @@ class _FusedLayer:
         )
 
     def current(self, layer: RelPartialLearnableDecoderLayer) -> bool:
-        """Whether the layer still holds the tensors this was made for (a replaced weight needs new addresses;
-        one changed in place does not)."""
-        return all(a is b for a, b in zip(_weights(layer), self.weights, strict=True))
+        """Whether the layer still holds the tensors this was made for, where they were: a replaced weight, or
+        one whose data moved (`module.to` swaps a parameter's data in place), needs new addresses; one changed in
+        place does not."""
+        return all(
+            a is b and a.data_ptr() == address
+            for a, b, address in zip(_weights(layer), self.weights, self.addresses, strict=True)
+        )
 
 
-def _weights(layer: RelPartialLearnableDecoderLayer) -> tuple[Tensor, ...]:
+def _weights(layer: nn.Module) -> tuple[Tensor, ...]:
     """In decode_layer.c's TxlLayer order: qkv, o, FF in (weight, bias), FF out (weight, bias), the attention's
-    LayerNorm, the FF's LayerNorm, u, v."""
-    attn, ff = layer.dec_attn, layer.pos_ff
-    inner, outer = ff.CoreNet[0], ff.CoreNet[3]
-    assert isinstance(inner, nn.Linear) and isinstance(outer, nn.Linear)
-    assert inner.bias is not None and outer.bias is not None
-    return (
-        attn.qkv_net.weight,
-        attn.o_net.weight,
-        inner.weight,
-        inner.bias,
-        outer.weight,
-        outer.bias,
-        attn.layer_norm.weight,
-        attn.layer_norm.bias,
-        ff.layer_norm.weight,
-        ff.layer_norm.bias,
-        attn.r_w_bias,
-        attn.r_r_bias,
+    LayerNorm, the FF's LayerNorm, u, v. Read from the modules' own dicts (what attribute access on a module does
+    too, at a tenth of its cost: every step checks them)."""
+    attn, ff = layer._modules["dec_attn"], layer._modules["pos_ff"]
+    assert attn is not None and ff is not None
+    core = ff._modules["CoreNet"]
+    assert core is not None
+    modules = attn._modules
+    return tuple(
+        module._parameters[name]  # type: ignore[union-attr, misc]
+        for module, name in (
+            (modules["qkv_net"], "weight"),
+            (modules["o_net"], "weight"),
+            (core._modules["0"], "weight"),
+            (core._modules["0"], "bias"),
+            (core._modules["3"], "weight"),
+            (core._modules["3"], "bias"),
+            (modules["layer_norm"], "weight"),
+            (modules["layer_norm"], "bias"),
+            (ff._modules["layer_norm"], "weight"),
+            (ff._modules["layer_norm"], "bias"),
+            (attn, "r_w_bias"),
+            (attn, "r_r_bias"),
+        )
     )
 
 

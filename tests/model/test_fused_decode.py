@@ -87,6 +87,8 @@ def test_fused_decoding_after_a_weight_is_replaced_reads_the_new_one():
     with torch.no_grad():
         attention.qkv_net.weight = nn.Parameter(attention.qkv_net.weight * 1.5)
         model.transformer.layers[0].pos_ff.CoreNet[0].bias.mul_(-1)  # in place: same tensor, new values
+    model.double().float()  # the same parameters, their data moved (and the old data freed)
+    torch.zeros(10_000_000).fill_(7)  # likely to take the freed memory over
     got, _ = _decode(model, lengths, fused=True, block_size=4, keep_hidden=False)
     expected, _ = _decode(model, lengths, fused=False, block_size=4, keep_hidden=False)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
