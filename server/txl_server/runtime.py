@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import torch
 from redis import asyncio as aioredis
 from txl import BlockPool, TransfoXLLMHeadModel, linear, load_pretrained
+from txl.allocator import keep_freed_memory
 from txl.tokenizers import Tokenizer, load_tokenizer
 
 from .engine.device_report import DeviceReport, describe
@@ -62,6 +63,8 @@ def check_dtype(settings: Settings) -> None:
 
 def load_model(settings: Settings) -> LoadedModel:
     check_dtype(settings)
+    if torch.device(settings.device).type == "cpu":
+        keep_freed_memory()  # prompt segments then reuse their pages instead of faulting in new ones (2x)
     model_dir = Path(settings.model_dir)
     model = load_pretrained(model_dir, dtype=settings.dtype, device=settings.device)
     tokenizer = load_tokenizer(model_dir)
