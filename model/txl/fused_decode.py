@@ -2,8 +2,8 @@
 the layer-by-layer path would, faster.
 
 It takes a step when:
-- the step is a `PagedStep` whose rows each feed one token (one query group), at most `MAX_ROWS` of them, in
-  float32 on the CPU, for inference (no gradients, eval mode);
+- the step is a `PagedStep` whose rows each feed one token (one query group), at most `max_rows()` of them,
+  in float32 on the CPU, for inference (no gradients, eval mode);
 - decoding attention would take the CPU kernel (not torch's path: `txl.kernels.reference_path()` turns this off
   too), and the native library builds;
 - no other linear kernel is asked for (`txl.linear.prefer("plain")` or `"onednn"` turns it off; `"native"`, the
@@ -12,13 +12,16 @@ It takes a step when:
 Everything else takes the layer-by-layer path (`disabled()` forces it, for tests and benchmarks). Both read the
 same weights, pool and positional tables and write the pool alike; the results agree to float32 rounding.
 
-Why at most 4 rows: the call runs on one thread, and its products take each row against a weight row in turn
-(decoding's case: bound by reading the weights). Measured on an AMD EPYC (AVX-512), bundled model, memory 512,
-decode step including the next-token distribution, against the layer-by-layer path with its kernels chosen by
-measurement: 1 row 1.6 against 2.3 ms (1 thread) and 1.8 against 3.1 ms (2 threads); 4 rows 3.7 against 5.0 ms
-(1 thread), 4.0 against 4.9 ms (2 threads); 8 rows on 2 threads 7.5 against 5.5 ms, where the layer-by-layer path
-runs its products and attention on both threads. Splitting rows across threads, each part through every layer,
-read every weight once per part and gained nothing consistent (2 rows: slower).
+Why at most 16 rows on one torch thread and 4 on more: the call runs on one thread, and its products take each
+row against a weight row in turn (decoding's case: bound by reading the weights). Measured on an AMD EPYC
+(AVX-512), bundled model, memory 512, decode step including the next-token distribution, against the
+layer-by-layer path with its kernels chosen by measurement (`python -m bench cpu` and same-run A/B runs):
+- 1 thread (a server on 2 cores runs its worker so): 1 row 1.4 against 2.6 ms, 4 rows 3.9 against 5.6 ms,
+  8 rows 7.2 against 8.8 ms, 16 rows 13.9 against 16.0 ms.
+- 2 threads: 1 row 1.4 against 3.0 ms, 4 rows 3.6 against 5.1 ms; from 8 rows the layer-by-layer path, its
+  products and attention on both threads, was as fast or faster (8 rows: 0.9-1.1x, 16 rows: 0.7-1.0x).
+Splitting rows across threads, each part through every layer, read every weight once per part and gained
+nothing consistent (2 rows: slower).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from .paged_step import PagedStep, StaticDecodeStep
 if TYPE_CHECKING:
     from .model import RelPartialLearnableDecoderLayer
 
-MAX_ROWS = 4
+MAX_ROWS_ONE_THREAD = 16  # the native linear loop's own limit (kernels/rows_linear.py)
+MAX_ROWS = 4  # with more torch threads, which the layer-by-layer path uses
 _enabled: ContextVar[bool] = ContextVar("txl_fused_decode", default=True)
 
 
@@ -122,13 +126,18 @@ def _fused_layer(layer: RelPartialLearnableDecoderLayer) -> _FusedLayer:
     return found
 
 
+def max_rows() -> int:
+    """The most rows a step may have to take the native call, for torch's thread count now."""
+    return MAX_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else MAX_ROWS
+
+
 def applies(
     layers: Sequence[RelPartialLearnableDecoderLayer], step: PagedStep | StaticDecodeStep, training: bool
 ) -> list[_FusedLayer] | None:
     """Each layer's native arguments when the native call takes this step (see the module's docstring), else None."""
     if not _enabled.get() or not isinstance(step, PagedStep) or training or torch.is_grad_enabled():
         return None
-    if len(step.groups) != 1 or step.groups[0].queries != 1 or step.n_tokens > MAX_ROWS:
+    if len(step.groups) != 1 or step.groups[0].queries != 1 or step.n_tokens > max_rows():
         return None
     keys = step.pool.keys
     if keys.dtype != torch.float32 or keys.device.type != "cpu":

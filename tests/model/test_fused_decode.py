@@ -110,10 +110,21 @@ def _takes_fused(monkeypatch, model, tokens, memory, context=None) -> bool:
 
 
 @needs_kernel
-def test_the_fused_path_is_taken_exactly_where_it_applies(monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_fused_path_is_taken_exactly_where_it_applies(monkeypatch, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert fused_decode.max_rows() == (16 if threads == 1 else 4)
+        _check_where_it_applies(monkeypatch)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_where_it_applies(monkeypatch):
     model = tiny_model(seed=33)
     pool = txl.BlockPool(model.memory_layout(), block_size=4)
-    rows = fused_decode.MAX_ROWS
+    rows = fused_decode.max_rows()
     one = torch.zeros(rows, 1, dtype=torch.long)
     memory = model.empty_memory(rows, pool=pool)
     assert _takes_fused(monkeypatch, model, one, memory)
@@ -129,3 +140,18 @@ def test_the_fused_path_is_taken_exactly_where_it_applies(monkeypatch):
     half = tiny_model(seed=33).to(torch.bfloat16)
     assert not _takes_fused(monkeypatch, half, one, half.empty_memory(rows))
     assert not _takes_fused(monkeypatch, model.train(), one, memory)
+
+
+@needs_kernel
+def test_fused_decoding_of_many_rows_on_one_thread_equals_the_layer_by_layer_path():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = tiny_model(seed=34, d_head=16, n_head=2, d_model=24, d_embed=24)
+        lengths = [0, 1, 2, 3, 5, 8, 13, 15, 16, 17, 30]  # with the fork: 12 rows
+        assert len(lengths) + 1 <= fused_decode.max_rows()
+        got, _ = _decode(model, lengths, fused=True, block_size=4, keep_hidden=False)
+        expected, _ = _decode(model, lengths, fused=False, block_size=4, keep_hidden=False)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)

@@ -4,7 +4,7 @@ eager path before the server says it is ready.
 A GPU path that is wrong is worse than a slow one: it answers every request with plausible garbage. So before
 the worker starts (and so before `/ready` answers), on dummy rows of random tokens in the server's own pool:
 
-1. the native decoding kernel (Triton on CUDA; on a CPU the C kernel, and for up to 4 rows the whole layer in
+1. the native decoding kernel (Triton on CUDA; on a CPU the C kernel, and for a few rows the whole layer in
    one native call, `txl.fused_decode`, which the check's 4 rows take) decodes a step that the torch path also
    decodes; if it raises, or its tokens, log-probs or hidden states differ, it is logged once and the next one
    is tried (the torch path is the reference and always stands);
