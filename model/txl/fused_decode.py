@@ -12,16 +12,19 @@ It takes a step when:
 Everything else takes the layer-by-layer path (`disabled()` forces it, for tests and benchmarks). Both read the
 same weights, pool and positional tables and write the pool alike; the results agree to float32 rounding.
 
-Why at most 16 rows on one torch thread and 4 on more: the call runs on one thread, and its products take each
-row against a weight row in turn (decoding's case: bound by reading the weights). Measured on an AMD EPYC
-(AVX-512), bundled model, memory 512, decode step including the next-token distribution, against the
-layer-by-layer path with its kernels chosen by measurement (`python -m bench cpu` and same-run A/B runs):
-- 1 thread (a server on 2 cores runs its worker so): 1 row 1.4 against 2.6 ms, 4 rows 3.9 against 5.6 ms,
-  8 rows 7.2 against 8.8 ms, 16 rows 13.9 against 16.0 ms.
-- 2 threads: 1 row 1.4 against 3.0 ms, 4 rows 3.6 against 5.1 ms; from 8 rows the layer-by-layer path, its
-  products and attention on both threads, was as fast or faster (8 rows: 0.9-1.1x, 16 rows: 0.7-1.0x).
-Splitting rows across threads, each part through every layer, read every weight once per part and gained
-nothing consistent (2 rows: slower).
+How many rows: the call runs on one thread, and its products take each row against a weight row in turn
+(decoding's case: bound by reading the weights, until the rows' multiply-adds outgrow the reads). Measured on
+an AMD EPYC (AVX-512), decode steps including the next-token distribution, against the layer-by-layer path with
+its kernels chosen by measurement (`python -m bench cpu` and same-run A/B runs):
+- bundled model (0.8 M weights a layer), memory 512, 1 thread (as a server's worker on 2 cores runs): 1 row 1.4
+  against 2.6 ms, 4 rows 3.9 against 5.6, 8 rows 7.2 against 8.8, 16 rows 13.9 against 16.0.
+- the same, 2 threads: 1 row 1.4 against 3.0 ms, 4 rows 3.6 against 5.1; from 8 rows the layer-by-layer path,
+  its products and attention on both threads, was as fast or faster (8 rows 0.9-1.1x, 16 rows 0.7-1.0x).
+- wt103's shape (12.6 M weights a layer), memory 128, 1 thread: 1 row 32 against 35 ms, 2 rows 41 against 39,
+  4 rows 64 against 45, 8 rows 114 against 61: oneDNN's blocked products win as soon as there are products.
+Hence at most 16 rows on one thread and 4 on more, and at most `MAX_WORK` multiply-adds a layer (rows times the
+layer's weights). Splitting rows across threads, each part through every layer, read every weight once per
+part and gained nothing consistent (2 rows: slower).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 
 MAX_ROWS_ONE_THREAD = 16  # the native linear loop's own limit (kernels/rows_linear.py)
 MAX_ROWS = 4  # with more torch threads, which the layer-by-layer path uses
+MAX_WORK = 16_000_000  # multiply-adds a layer: rows times the layer's weights
 _enabled: ContextVar[bool] = ContextVar("txl_fused_decode", default=True)
 
 
@@ -63,12 +67,13 @@ class _FusedLayer:
     """A layer's weights as the native call reads them: the arguments (their addresses, filled once) and the
     tensors they point into, held so that the addresses stay valid."""
 
-    __slots__ = ("addresses", "args", "kept", "weights")
+    __slots__ = ("addresses", "args", "kept", "size", "weights")
 
     def __init__(self, layer: RelPartialLearnableDecoderLayer) -> None:
         attn, ff = layer.dec_attn, layer.pos_ff
         self.weights = _weights(layer)
         self.addresses = tuple(t.data_ptr() for t in self.weights)
+        self.size = sum(t.numel() for t in self.weights)  # weights read once per row
         self.kept = [
             t.contiguous() for t in self.weights
         ]  # what the call reads (the same tensors, as loaded)
@@ -146,7 +151,10 @@ def applies(
         return None
     if not isinstance(decode_kernel(keys), PagedDecodeKernel) or cpu_decode_layer() is None:
         return None
-    return [_fused_layer(layer) for layer in layers]
+    fused = [_fused_layer(layer) for layer in layers]
+    if step.n_tokens * max(layer.size for layer in fused) > MAX_WORK:
+        return None
+    return fused
 
 
 def forward(

@@ -136,6 +136,13 @@ def _check_where_it_applies(monkeypatch):
     assert not _takes_fused(monkeypatch, model, one, memory, txl.linear.prefer("plain"))
     assert not _takes_fused(monkeypatch, model, one, memory, reference_path())
     assert not _takes_fused(monkeypatch, model, one, memory, fused_decode.disabled())
+    # Not when the rows' products outgrow the weight reads (MAX_WORK multiply-adds a layer).
+    size = fused_decode._fused_layer(model.transformer.layers[0]).size
+    monkeypatch.setattr(fused_decode, "MAX_WORK", size * (rows - 1))
+    assert not _takes_fused(monkeypatch, model, one, memory)
+    fewer = model.empty_memory(rows - 1, pool=pool)
+    assert _takes_fused(monkeypatch, model, torch.zeros(rows - 1, 1, dtype=torch.long), fewer)
+    monkeypatch.undo()
     # Not in bfloat16, nor in training mode.
     half = tiny_model(seed=33).to(torch.bfloat16)
     assert not _takes_fused(monkeypatch, half, one, half.empty_memory(rows))
