@@ -28,7 +28,9 @@ from .rows import DecodeRows
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=c11", "-shared", "-fPIC"]
+# -ffp-contract=fast: ISO C mode (-std=c11) keeps a * b + c as two roundings, so without it GCC emits no fused
+# multiply-adds at all; with them the fused decode layer ran 8% faster at 8 rows (same at 1-4, bound by reads).
+FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp-simd", "-std=c11", "-shared", "-fPIC"]
 _ARGS = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 9 + [ctypes.c_void_p]
 
 
