@@ -294,24 +294,20 @@ def group_attention(
         query = q_content.index_select(0, group.token_index).float()  # [B, H, Dh]
         out = kernel(query, by_distance.float(), keys, values, group)
         return out.to(keys.dtype)
+    prefill = prefill_kernel(keys, q_content)
+    if prefill is not None:
+        return prefill(q_content, q_position, keys, values, positions, group, qlen)
     index = indices()
+    bd = _positional_scores(rows_first(q_position), positions, group, index)  # [H, B, T, L]
     # The rows' blocks side by side: [H*n_blocks, bs*Dh] rows -> [H*B*S, bs*Dh] = [H*B, L, Dh]
     rows = keys.size(0) * keys.size(1)
     row_keys = keys.reshape(rows, -1).index_select(0, index.head_rows).view(heads * batch, slots, d_head)
     row_values = values.reshape(rows, -1).index_select(0, index.head_rows).view(heads * batch, slots, d_head)
     query = rows_first(q_content).reshape(heads * batch, qlen, d_head)
-    prefill = prefill_kernel(keys, query)
-    if prefill is not None:
-        # Content and positional scores from one product each; the native pass shifts, masks and normalises.
-        by_distance = torch.bmm(rows_first(q_position), positions.transpose(1, 2))  # [H, B*T, P]
-        prob = torch.bmm(query, row_keys.transpose(1, 2))  # [H*B, T, L]: AC, then the probabilities
-        prefill(prob.view(heads, batch, qlen, slots), by_distance, group, qlen)
-    else:
-        bd = _positional_scores(rows_first(q_position), positions, group, index)  # [H, B, T, L]
-        score = torch.baddbmm(bd.reshape(heads * batch, qlen, slots), query, row_keys.transpose(1, 2))
-        score = score.view(heads, batch, qlen, slots)
-        prob = attention_probs(score, index.mask, values.dtype, in_place=True)  # [H, B, T, L]
-        prob = prob.view(heads * batch, qlen, slots)
+    score = torch.baddbmm(bd.reshape(heads * batch, qlen, slots), query, row_keys.transpose(1, 2))
+    score = score.view(heads, batch, qlen, slots)
+    prob = attention_probs(score, index.mask, values.dtype, in_place=True)  # [H, B, T, L]
+    prob = prob.view(heads * batch, qlen, slots)
     out = torch.bmm(prob, row_values)  # [H*B, T, Dh]
     return out.view(heads, batch * qlen, d_head).transpose(0, 1)  # [B*T, H, Dh]
 

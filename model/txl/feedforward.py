@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .linear import linear
@@ -29,7 +28,7 @@ class PositionwiseFF(nn.Module):
             return self.CoreNet(x)
         inner, outer = self.CoreNet[0], self.CoreNet[3]
         assert isinstance(inner, nn.Linear) and isinstance(outer, nn.Linear)
-        return linear(torch.relu(linear(x, inner)), outer)  # dropout is the identity at inference
+        return linear(linear(x, inner, relu=True), outer)  # dropout is the identity at inference
 
     def forward(self, x: Tensor) -> Tensor:
         """x [B, T, D] -> [B, T, D]."""

@@ -123,8 +123,8 @@ def preferred() -> str | None:
     return _preferred.get()
 
 
-def _onednn(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def _onednn(x: Tensor, packed: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation, [], "")
 
 
 def _native(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -145,16 +145,20 @@ class _LayerKernels:
         self.dense: Tensor | None = None  # contiguous, for the native kernel (a copy of a transposed weight)
         self.chosen: dict[tuple[int, int], str] = {}
 
-    def run(self, kernel: str, x: Tensor) -> Tensor:
-        if kernel == PLAIN:
-            return nn.functional.linear(x, self.weight, self.bias)
+    def run(self, kernel: str, x: Tensor, relu: bool = False) -> Tensor:
+        """The layer's output through `kernel`, with a ReLU after it if `relu` (oneDNN applies it as it writes
+        the output, the others in place after)."""
         if kernel == ONEDNN:
             if self.packed is None:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.contiguous(), None)
-            return _onednn(x, self.packed, self.bias)
-        if self.dense is None:
-            self.dense = self.weight.contiguous()
-        return _native(x, self.dense, self.bias)
+            return _onednn(x, self.packed, self.bias, "relu" if relu else "none")
+        if kernel == PLAIN:
+            out = nn.functional.linear(x, self.weight, self.bias)
+        else:
+            if self.dense is None:
+                self.dense = self.weight.contiguous()
+            out = _native(x, self.dense, self.bias)
+        return out.relu_() if relu else out
 
     def choose(self, rows: int, threads: int) -> str:
         """The measured (or cached) kernel for `rows` input rows."""
@@ -207,12 +211,19 @@ def _key(weight: Tensor, bias: Tensor | None) -> tuple:
 
 
 def packed_linear(
-    x: Tensor, weight: Tensor, bias: Tensor | None, owner: nn.Module, slot: str = "_kernels"
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    owner: nn.Module,
+    slot: str = "_kernels",
+    *,
+    relu: bool = False,
 ) -> Tensor:
-    """F.linear(x, weight, bias) through the kernel chosen for this shape on this CPU (inference), with the
-    weight's copies for other kernels (if any) kept on `owner` under `slot`."""
+    """F.linear(x, weight, bias) (then a ReLU if `relu`) through the kernel chosen for this shape on this CPU
+    (inference), with the weight's copies for other kernels (if any) kept on `owner` under `slot`."""
     if x.device.type != "cpu" or x.dtype != weight.dtype or torch.is_grad_enabled():
-        return nn.functional.linear(x, weight, bias)
+        out = nn.functional.linear(x, weight, bias)
+        return torch.relu(out) if relu else out
     key = _key(weight, bias)
     layer: _LayerKernels | None = owner.__dict__.get(slot)
     if layer is None or layer.key != key:
@@ -225,7 +236,7 @@ def packed_linear(
     else:
         threads = torch.get_num_threads()
         kernel = layer.chosen.get((rows, threads)) or layer.choose(rows, threads)
-    return layer.run(kernel, x)
+    return layer.run(kernel, x, relu)
 
 
 def chosen_kernels(model: nn.Module) -> dict[str, str]:
@@ -241,6 +252,7 @@ def chosen_kernels(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def linear(x: Tensor, layer: nn.Linear) -> Tensor:
-    """`layer(x)` for an nn.Linear, through the kernel chosen for its shape (CPU inference)."""
-    return packed_linear(x, layer.weight, layer.bias, layer)
+def linear(x: Tensor, layer: nn.Linear, *, relu: bool = False) -> Tensor:
+    """`layer(x)` for an nn.Linear (then a ReLU if `relu`: fused into oneDNN's product, where one is chosen),
+    through the kernel chosen for its shape (CPU inference)."""
+    return packed_linear(x, layer.weight, layer.bias, layer, relu=relu)

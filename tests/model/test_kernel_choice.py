@@ -66,9 +66,9 @@ class Spy:
         self.calls: list[tuple[str, int, torch.dtype]] = []
         onednn, native, plain = txl.linear._onednn, txl.linear._native, torch.nn.functional.linear
 
-        def spied_onednn(x, packed, bias):
+        def spied_onednn(x, packed, bias, activation="none"):
             self.calls.append(("onednn", x.numel() // x.size(-1), x.dtype))
-            return onednn(x, packed, bias)
+            return onednn(x, packed, bias, activation)
 
         def spied_native(x, weight, bias):
             self.calls.append(("native", x.numel() // x.size(-1), x.dtype))

@@ -55,11 +55,13 @@ def test_bfloat16_on_a_cpu_without_it_takes_the_plain_kernel_with_the_same_resul
     onednn_dtypes: list[torch.dtype] = []
     onednn = txl.linear._onednn
 
-    def avx2_onednn(rows, packed, bias):  # oneDNN on an AVX2-only CPU: float32 runs, bfloat16 raises
+    def avx2_onednn(
+        rows, packed, bias, activation="none"
+    ):  # oneDNN on AVX2 alone: float32 runs, bfloat16 raises
         onednn_dtypes.append(rows.dtype)
         if rows.dtype == torch.bfloat16:
             raise RuntimeError(AVX2_ERROR)
-        return onednn(rows, packed, bias)
+        return onednn(rows, packed, bias, activation)
 
     monkeypatch.setattr(txl.linear, "_onednn", avx2_onednn)
     monkeypatch.setattr(txl.linear, "cpu_runs_bfloat16", lambda: False)
@@ -95,8 +97,10 @@ def test_each_kernel_computes_what_the_plain_kernel_does(kernel, rows):
             no_bias = txl.linear.packed_linear(x, layer.weight, None, layer, "_other")
             out_t = txl.linear.packed_linear(x, transposed, None, layer, "_t")
             batched = txl.linear.linear(x.view(1, rows, 96), layer)  # any leading shape
+            rectified = txl.linear.linear(x, layer, relu=True)  # oneDNN: a post-op of its product
     scale = plain.abs().max()
     assert (out - plain).abs().max() <= 1e-5 * scale
+    assert torch.equal(rectified, out.clamp_min(0)) and (rectified == 0).any()
     assert (no_bias - (plain - layer.bias)).abs().max() <= 1e-5 * scale
     assert (out_t - plain_t).abs().max() <= 1e-5 * plain_t.abs().max()
     assert batched.shape == (1, rows, 200) and torch.equal(batched[0], out)

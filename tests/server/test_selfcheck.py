@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import txl
-from txl.kernels import triton_decode
+from txl.kernels import prefill, triton_decode
+from txl.kernels.prefill import cpu_prefill_attention
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.engine import selfcheck
@@ -169,6 +170,29 @@ async def test_a_triton_kernel_that_raises_is_replaced_before_the_graphs_are_mad
             assert await runtime.ready()
     assert len(failing_triton) == 1  # the start-up check only: serving never called it
     assert sum("does not use that kernel" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.skipif(cpu_prefill_attention() is None, reason="no C compiler for the CPU prefill kernel")
+async def test_a_cpu_prefill_kernel_that_differs_turns_the_native_kernels_off(
+    make_settings, monkeypatch, eager_tokens
+):
+    """The start-up check's scored segment takes the prefill kernel: one that is off by 0.01 turns "c" off, and
+    both decoding and prompts take the torch path (the same tokens as the eager reference)."""
+    calls: list[int] = []
+    call = prefill.PrefillAttentionKernel.__call__
+
+    def slightly_off(self, *args):
+        calls.append(1)
+        return call(self, *args) + 0.01
+
+    monkeypatch.setattr(prefill.PrefillAttentionKernel, "__call__", slightly_off)
+    async with running(make_settings(cuda_graphs=False)) as runtime:
+        report = runtime.device_report()
+        assert report.attention == "torch" and "the c attention kernel" in report.attention_reason
+        checked = len(calls)
+        assert checked and _pool_is_free(runtime) and await runtime.ready()
+        assert await _tokens(runtime) == eager_tokens
+        assert len(calls) == checked  # serving never called it
 
 
 async def test_triton_switched_off_is_never_run(make_settings, eager_tokens, failing_triton):

@@ -7,8 +7,9 @@ Decoding (one query per row) reads the rows' blocks in place through a kernel wh
   `TXL_CPU_KERNELS=0` is set;
 - on CUDA, a Triton kernel (`triton_decode.py`), unless `TXL_TRITON_KERNELS=0`.
 
-Prompt segments (several queries per row) take torch's products, and on a CPU in float32 a native pass between
-them (`prefill_softmax.c`: the positional shift, the mask and the softmax in one pass over the scores).
+Prompt segments (several queries per row) take, on a CPU in float32, `prefill_attention.c`: a group's whole
+attention in one call per layer (its own register-tiled products, the positional shift, mask and softmax in one
+pass); elsewhere torch's products.
 
 Elsewhere attention takes the torch path. `reference_path()` forces the torch path for a block of code and
 `prefer("triton")` a given kernel (tests compare them; benchmarks measure each).
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from . import triton_decode
 from .cpu import PagedDecodeKernel, cpu_paged_decode
-from .prefill import PrefillSoftmaxKernel, cpu_prefill_softmax
+from .prefill import PrefillAttentionKernel, cpu_prefill_attention
 from .rows import DecodeRows
 
 # q [B, H, Dh], bd [H, B, P], keys, values [H, NB, bs, Dh], the rows' tables and windows -> [B, H, Dh] float32
@@ -68,14 +69,14 @@ def decode_kernel(keys: Tensor) -> DecodeKernel | None:
     return None
 
 
-def prefill_kernel(keys: Tensor, query: Tensor) -> PrefillSoftmaxKernel | None:
-    """The native pass a prompt segment's attention probabilities take for a pool tensor like `keys` and queries
-    like `query` (float32 on a CPU, outside autograd: it writes in place, unseen by it), or None for torch's."""
+def prefill_kernel(keys: Tensor, query: Tensor) -> PrefillAttentionKernel | None:
+    """The native call a prompt segment's attention takes for a pool tensor like `keys` and queries like `query`
+    (float32 on a CPU, outside autograd, which could not see into it), or None for the torch path."""
     if _choice.get() not in ("auto", "cpu") or keys.device.type != "cpu" or keys.dtype != torch.float32:
         return None
     if torch.is_grad_enabled() and (query.requires_grad or keys.requires_grad):
         return None
-    return cpu_prefill_softmax()
+    return cpu_prefill_attention()
 
 
 def kernel_name(device: torch.device | str, dtype: torch.dtype = torch.float32) -> str:
@@ -90,7 +91,7 @@ __all__ = [
     "DecodeKernel",
     "DecodeRows",
     "PagedDecodeKernel",
-    "PrefillSoftmaxKernel",
+    "PrefillAttentionKernel",
     "cpu_paged_decode",
     "decode_kernel",
     "kernel_name",

@@ -1,17 +1,21 @@
-"""Attention probabilities of a prompt segment in one native pass (`prefill_softmax.c`), float32 on the CPU.
+"""Attention of a prompt segment's queries in one native call per layer (`prefill_attention.c`), float32 on the CPU.
 
-Why: for a 128-token segment over a memory of 512, the torch path makes four passes over the [H, T, L] scores,
-each larger than the L2 cache: it copies the shifted positional scores into the output of the content product
-(`baddbmm`'s input), adds them, masks the hidden slots and takes the softmax. The pass here reads each visible
-score once with its positional score and writes the probability; the hidden slots it only zeroes. Both products
-stay torch's (blocked GEMMs).
+Why: a 128-token segment of the bundled model over a memory of 512 spent 11 of its 24 ms in torch's three attention
+products a layer (content, positional, values), at about 105 GFLOP/s on one thread of the AMD EPYC measured here:
+MKL runs AVX2 code on it. The register-tiled loops of the call, built with -march=native, ran those products at
+about 240 (as fast as oneDNN's packed products there; 128 against MKL's 106 when built for AVX2 alone). Between
+them the call makes one pass per query where torch made four over the [H, T, L] scores (copying the shifted
+positional scores, adding them, masking, the softmax), gathers only the slots some query sees, and skips the tiles
+of the products that no query sees.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -19,36 +23,87 @@ from torch import Tensor
 from .cpu import build_library
 from .rows import DecodeRows
 
-SOURCE = Path(__file__).with_name("prefill_softmax.c")
-_ARGS = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6
+SOURCE = Path(__file__).with_name("prefill_attention.c")
+_ARGS = (
+    [ctypes.c_void_p] * 10 + [ctypes.c_int64] + [ctypes.c_void_p] + [ctypes.c_int64] * 10 + [ctypes.c_void_p]
+)
 
 
-class PrefillSoftmaxKernel:
-    """In place: content scores -> probabilities of a query group (see prefill_softmax.c for the contract)."""
+class PrefillRows(DecodeRows, Protocol):
+    """What the call reads of a query group besides the pool: its rows' tables and windows [B, T], and each query's
+    token (`txl.paged_step.QueryGroup` is one)."""
+
+    @property
+    def token_index(self) -> Tensor: ...
+
+
+class PrefillAttentionKernel:
+    """Relative attention of a query group over its rows' blocks (see prefill_attention.c for the contract)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._function = library.txl_prefill_softmax_f32
+        self._function = library.txl_prefill_attention_f32
         self._function.argtypes = _ARGS
         self._function.restype = None
+        self._scratch_floats = library.txl_prefill_scratch_floats
+        self._scratch_floats.argtypes = [ctypes.c_int64] * 4
+        self._scratch_floats.restype = ctypes.c_int64
+        # One scratch buffer per thread, kept between calls: the call needs no particular contents in it.
+        self._local = threading.local()
 
-    def __call__(self, score: Tensor, by_distance: Tensor, rows: DecodeRows, queries: int) -> None:
-        """score [H, B, T, L] float32 contiguous (AC in, probabilities out); by_distance [H, B*T, P] float32
-        contiguous: each query's positional scores for distances P-1..0."""
-        heads, batch, qlen, slots = score.shape
-        if qlen != queries or not (score.is_contiguous() and by_distance.is_contiguous()):
-            raise ValueError("prefill softmax: scores [H, B, T, L] and positional scores must be contiguous")
-        if score.dtype != torch.float32 or by_distance.dtype != torch.float32:
-            raise ValueError("prefill softmax: float32 only")
-        n_pos = by_distance.size(2)
-        starts, key_lengths, windows = rows.starts, rows.key_lengths, rows.windows.contiguous()
-        pointers = [t.data_ptr() for t in (score, by_distance, starts, key_lengths, windows)]
-        # One call on one thread: split across Python threads, the bundled model's segment took 7% longer at 2
-        # threads (torch's own threads spin between its operations, beside them).
-        self._function(*pointers, batch, qlen, slots, n_pos, 0, heads * batch * qlen)
+    def _scratch(self, floats: int) -> Tensor:
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None or buffer.numel() < floats:
+            buffer = self._local.buffer = torch.empty(floats)
+        return buffer
+
+    def __call__(
+        self,
+        q_content: Tensor,
+        q_position: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        positions: Tensor,
+        rows: PrefillRows,
+        queries: int,
+    ) -> Tensor:
+        """q_content, q_position [N, H, Dh] float32 (biased and scaled); keys, values: a layer's pool
+        [H, NB, bs, Dh] float32; positions [H, P, Dh]: positional keys for distances P-1..0 -> [B*T, H, Dh],
+        each query's attention output in the group's token order."""
+        tensors = (q_content, q_position, keys, values, positions)
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+            raise ValueError("prefill attention: float32 tensors on the CPU only")
+        heads, n_blocks, block_size, d_head = keys.shape
+        table = rows.table
+        batch, width = table.shape
+        n_pos = positions.size(1)
+        q_content, q_position = q_content.contiguous(), q_position.contiguous()
+        if positions.stride(2) != 1 or positions.stride(1) != d_head:
+            positions = positions.contiguous()  # each head's [P, Dh] rows in one piece; heads may lie apart
+        out = q_content.new_empty(batch * queries, heads, d_head)
+        scratch = self._scratch(self._scratch_floats(queries, d_head, width * block_size, n_pos))
+        inputs = [q_content, q_position, rows.token_index, keys, values, table, rows.starts, rows.key_lengths]
+        pointers = [t.data_ptr() for t in (*inputs, rows.windows.contiguous(), positions)]
+        self._function(
+            *pointers,
+            positions.stride(0),
+            out.data_ptr(),
+            heads,
+            batch,
+            queries,
+            d_head,
+            width,
+            n_blocks,
+            block_size,
+            n_pos,
+            0,
+            heads * batch,
+            scratch.data_ptr(),
+        )
+        return out
 
 
 @functools.cache
-def cpu_prefill_softmax() -> PrefillSoftmaxKernel | None:
+def cpu_prefill_attention() -> PrefillAttentionKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be (attention then uses torch)."""
     library = build_library(SOURCE)
-    return PrefillSoftmaxKernel(library) if library is not None else None
+    return PrefillAttentionKernel(library) if library is not None else None

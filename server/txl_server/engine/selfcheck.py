@@ -6,8 +6,9 @@ the worker starts (and so before `/ready` answers), on dummy rows of random toke
 
 1. the native decoding kernel (Triton on CUDA; on a CPU the C kernel, and for a few rows the whole layer in
    one native call, `txl.fused_decode`, which the check's 4 rows take) decodes a step that the torch path also
-   decodes; if it raises, or its tokens, log-probs or hidden states differ, it is logged once and the next one
-   is tried (the torch path is the reference and always stands);
+   decodes, and a scored prompt segment follows (on a CPU through the native prefill kernel, which the same
+   choice turns on); if it raises, or its tokens, log-probs or hidden states differ, it is logged once and the
+   next one is tried (the torch path is the reference and always stands);
 2. every decoding graph the server will use is captured (on a CPU: its static buffers built), with the kernel
    chosen in 1, and replayed once with its outputs poisoned (NaN, token -1) beforehand, against the eager path.
    A capture that raises, or a replay that differs, turns the graphs off for good, logged once: decoding then
@@ -38,7 +39,7 @@ from txl.sampling import SamplingParams
 from txl.window import WindowRule
 
 from .graphs import DecodeGraphs, GraphKey
-from .runner import DecodeOut, DecodeRow, ModelRunner
+from .runner import ChunkRow, DecodeOut, DecodeRow, ModelRunner
 from .worker import Worker, is_device_error
 
 log = logging.getLogger(__name__)
@@ -245,8 +246,19 @@ def _warm_up_triton(worker: Worker) -> None:
 
 
 def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut]:
+    """A decoding step of `rows`, then a scored prompt segment after the longest one's memory (on a CPU the
+    segment takes the native prefill kernel, txl.kernels.prefill, which `kernel` "cpu" covers as well), the
+    segment's outcome put as one more row: its summed log-probs and its last hidden state."""
+    runner = ModelRunner(worker.model, worker.pool)
+    vocab = worker.model.config.vocab_size
+    tokens = [(7 * i + 3) % vocab for i in range(2 * worker.pool.block_size + 5)]
+    segment = ChunkRow(rows[0].memory, tokens, rows[0].last_hidden, score=True)
     with prefer(kernel):
-        return ModelRunner(worker.model, worker.pool).run(rows, [])[0]
+        decoded = runner.run(rows, [])[0]
+        (scored,) = runner.run([], [segment])[1]
+    assert scored.logprobs is not None
+    total = float(scored.logprobs.double().sum())
+    return [*decoded, DecodeOut(-1, total, None, scored.memory, scored.last_hidden)]
 
 
 # ---------------------------------------------------------------------------------------------- graphs
