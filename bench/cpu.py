@@ -11,8 +11,8 @@ is larger.
 Each model runs in a subprocess per source tree: this one, with its linear kernels chosen by measurement, and with
 every layer on one kernel wherever it can run (torch's plain one, oneDNN's packed one, the native loop for up to
 16 rows), interleaved step by step; and the tree before kernels were chosen (`BEFORE`, oneDNN's `mkldnn_linear`
-everywhere). On a CPU with AVX-512 the suite also measures an AVX2-only CPU, simulated by limiting oneDNN, ATen
-and MKL to AVX2 (the C kernels are still compiled for the real CPU); a simulated section never replaces one
+everywhere). On a CPU with AVX-512 the suite also measures an AVX2-only CPU, simulated by limiting oneDNN, ATen,
+MKL and the C kernels (built without AVX-512) to AVX2; a simulated section never replaces one
 measured natively.
 """
 
@@ -40,6 +40,7 @@ SIMULATED_AVX2 = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "TXL_CPU_KERNEL_ISA": "avx2",  # our C kernels built without AVX-512
 }
 BATCHES = (1, 8, 64)
 VARIANTS = ("chosen", "plain", "onednn", "native")  # "before" runs in its own tree
@@ -362,9 +363,9 @@ def class_section(run: ClassRun) -> Section:
             f"{machine()}, limited to AVX2 ({', '.join(f'{k}={v}' for k, v in SIMULATED_AVX2.items())})"
         )
         section.note(
-            "Simulated: an AVX-512 CPU with oneDNN, ATen and MKL limited to AVX2. The C kernels (attention, the "
-            "native linear loop) are still compiled for the real CPU, and caches and memory are the real CPU's: a "
-            "native AVX2 run replaces this section."
+            "Simulated: an AVX-512 CPU with oneDNN, ATen, MKL and the C kernels (attention, the native linear "
+            "loop, the fused decode layer) limited to AVX2; caches and memory are the real CPU's: a native AVX2 "
+            "run replaces this section."
         )
     else:
         section.note(f"{NATIVE_MARK} on this CPU.")

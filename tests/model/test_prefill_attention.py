@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,3 +193,31 @@ def test_the_kernel_is_taken_exactly_where_it_applies(monkeypatch):
     assert prefill_kernel(keys, query) is None
     with torch.no_grad():
         assert prefill_kernel(keys, query) is not None
+
+
+def test_the_kernels_built_for_avx2_alone_meet_the_same_contracts(tmp_path):
+    """TXL_CPU_KERNEL_ISA=avx2 builds the C kernels without AVX-512 (the tiles of 8-float vectors an AVX2-only
+    CPU runs): on an AVX-512 machine this is the only way that code is tested. A process of its own, with its own
+    kernel cache."""
+    if cpu_prefill_attention() is None:
+        pytest.skip("no C compiler here")
+    env = {**os.environ, "TXL_CPU_KERNEL_ISA": "avx2", "TXL_KERNEL_CACHE": str(tmp_path)}
+    root = Path(__file__).resolve().parents[2]
+    tests = [
+        "tests/model/test_prefill_attention.py::test_the_kernel_meets_its_contract_on_random_rows",
+        "tests/model/test_prefill_attention.py::test_prompt_segments_through_the_kernel_equal_the_torch_path",
+        "tests/model/test_kernels.py::test_cpu_decode_kernel_meets_the_contract_on_random_rows",
+        "tests/model/test_fused_decode.py::test_fused_decoding_equals_the_layer_by_layer_path",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *tests],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-500:]
+    built = {path.name.split("-")[0] for path in tmp_path.glob("*.so")}
+    assert {"prefill_attention", "paged_decode", "decode_layer"} <= built, built

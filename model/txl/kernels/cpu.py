@@ -31,6 +31,9 @@ SOURCE = Path(__file__).with_name("paged_decode.c")
 # -ffp-contract=fast: ISO C mode (-std=c11) keeps a * b + c as two roundings, so without it GCC emits no fused
 # multiply-adds at all; with them the fused decode layer ran 8% faster at 8 rows (same at 1-4, bound by reads).
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp-simd", "-std=c11", "-shared", "-fPIC"]
+# TXL_CPU_KERNEL_ISA=avx2 builds the kernels without AVX-512 on a CPU that has it: with oneDNN, ATen and MKL
+# limited likewise, what an AVX2-only CPU runs (`python -m bench cpu` measures that class so).
+AVX2_ONLY = ["-mno-avx512f"]
 _ARGS = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 9 + [ctypes.c_void_p]
 
 
@@ -52,12 +55,17 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def _flags() -> list[str]:
+    return FLAGS + (AVX2_ONLY if os.environ.get("TXL_CPU_KERNEL_ISA", "").lower() == "avx2" else [])
+
+
 def _build(compiler: str, source: Path) -> Path:
     # The compiler is the system's own (CC or cc on PATH), run with fixed arguments.
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout  # noqa: S603
+    flags = _flags()
     key = hashlib.sha256(
         "\n".join(
-            [source.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags(), platform.machine()]
+            [source.read_text(), compiler, version, " ".join(flags), _cpu_flags(), platform.machine()]
         ).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
@@ -67,7 +75,7 @@ def _build(compiler: str, source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         subprocess.run(  # noqa: S603
-            [compiler, *FLAGS, str(source), "-o", str(built), "-lm"],
+            [compiler, *flags, str(source), "-o", str(built), "-lm"],
             check=True,
             capture_output=True,
             text=True,
