@@ -200,9 +200,8 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
         step.write(layer, k, v, x)
         q_content, q_position = self._queries(q)
         positions = pos_table[:, pos_table.size(1) - step.n_pos :]  # [H, P, Dh], distances P-1..0
-        attn_vec = torch.empty_like(q)  # [N, H, Dh]
-        for g, group in enumerate(step.groups):
-            out = group_attention(
+        outs = [
+            group_attention(
                 q_content,
                 q_position,
                 group,
@@ -211,8 +210,15 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
                 step.pool.values[layer],
                 positions,
             )
-            attn_vec.index_copy_(0, group.token_index, out)
-        return self._output(x, attn_vec.view(n_tokens, self.n_head * self.d_head))
+            for g, group in enumerate(step.groups)
+        ]
+        if len(outs) == 1 and outs[0].size(0) == n_tokens:
+            attn_vec = outs[0]  # one group of all the step's rows: already in the step's token order
+        else:
+            attn_vec = torch.empty_like(q)  # [N, H, Dh]
+            for group, out in zip(step.groups, outs, strict=True):
+                attn_vec.index_copy_(0, group.token_index, out)
+        return self._output(x, attn_vec.reshape(n_tokens, self.n_head * self.d_head))
 
     # ------------------------------------------------------------------ dense memory (training)
 
