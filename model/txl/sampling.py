@@ -83,6 +83,32 @@ def counter_uniform(seeds: Tensor, counters: Tensor) -> Tensor:
     return (a * 67108864 + b).double() / 9007199254740992.0  # (a * 2**26 + b) / 2**53
 
 
+def _mix32_int(x: int) -> int:
+    """`_mix32` on one Python integer: the same integer arithmetic, so the same bits."""
+    x ^= x >> 16
+    x = (x * _MIX) & _MASK32
+    x ^= x >> 16
+    x = (x * _MIX) & _MASK32
+    return x ^ (x >> 16)
+
+
+def counter_uniform_host(seeds: Sequence[int], counters: Sequence[int]) -> list[float]:
+    """`counter_uniform` computed by the host in Python integers, bit for bit the same numbers: for a few rows
+    on a CPU, 45 tensor operations of 1-2 µs each (a tenth of a bundled model's token on the server) become a
+    few microseconds. seeds: int64 values (`signed64`), counters: >= 0."""
+    out = []
+    for seed, counter in zip(seeds, counters, strict=True):
+        lo, hi = (
+            seed & _MASK32,
+            (seed >> 32) & _MASK32,
+        )  # Python's >> and & act on two's complement, as int64's
+        h = _mix32_int(lo ^ _mix32_int(hi ^ _mix32_int((counter & _MASK32) ^ 0x9E3779B9)))
+        a = _mix32_int(h ^ 0x85EBCA6B) >> 5
+        b = _mix32_int(h ^ 0xC2B2AE35) >> 6
+        out.append((a * 67108864 + b) / 9007199254740992.0)  # exact: below 2**53, over a power of two
+    return out
+
+
 def seed_from(generator: torch.Generator) -> int:
     """A 63-bit seed drawn from a torch generator (for callers that hold one)."""
     return int(torch.randint(0, 2**62, (), generator=generator).item())
@@ -110,6 +136,9 @@ class RowParams:
     counters: Tensor  # [N] int64: index of the token being sampled within its request
     max_top_k: int  # the largest limited top_k (0: no row limits k)
     any_top_p: bool
+    # counter_uniform(seeds, counters) [N] float64, where the host computed it (`build` on a CPU); None: computed
+    # from the tensors where they are (a captured graph computes it from each replay's buffers).
+    uniform: Tensor | None = None
 
     @classmethod
     def build(
@@ -121,15 +150,20 @@ class RowParams:
         device: torch.device | str,
     ) -> RowParams:
         limited = [p.top_k for p in params if 0 < p.top_k < vocab]
+        signed = [signed64(s) for s in seeds]
+        uniform = None
+        if torch.device(device).type == "cpu":
+            uniform = torch.tensor(counter_uniform_host(signed, counters), dtype=torch.float64)
         return cls(
             torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device),
             torch.tensor([p.greedy for p in params], device=device),
             torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device),
             torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            torch.tensor([signed64(s) for s in seeds], dtype=torch.int64, device=device),
+            torch.tensor(signed, dtype=torch.int64, device=device),
             torch.tensor(list(counters), dtype=torch.int64, device=device),
             max(limited, default=0),
             any(p.top_p < 1 for p in params),
+            uniform,
         )
 
 
@@ -162,11 +196,13 @@ def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:
     """[N, V] float32 log-probs -> (token ids [N] long, the model's log-prob of each [N] float32), on the same
     device, with no host synchronisation (but for CPU top-p, where the host decides what to search)."""
     logits = log_probs / rows.temperature[:, None]
-    threshold = keep_thresholds(logits, rows)
-    weights = torch.exp(logits - logits.amax(-1, keepdim=True)).masked_fill(logits < threshold, 0)  # [N, V]
+    weights = torch.exp(logits - logits.amax(-1, keepdim=True))  # [N, V]
+    if rows.max_top_k or rows.any_top_p:  # else every token is kept: masking would change nothing
+        weights = weights.masked_fill(logits < keep_thresholds(logits, rows), 0)
     cdf = weights.cumsum(-1)
     total = cdf[:, -1:].contiguous()  # [N, 1]
-    target = counter_uniform(rows.seeds, rows.counters).to(cdf.dtype) * cdf[:, -1]  # [N]
+    uniform = rows.uniform if rows.uniform is not None else counter_uniform(rows.seeds, rows.counters)
+    target = uniform.to(cdf.dtype) * cdf[:, -1]  # [N]
     # The first token whose cdf exceeds the target: a token of zero weight never does. The target may round up to
     # the total (a number within 2**-25 of 1 becomes 1.0 in float32); the last token at which the cdf reaches the
     # total is then the one drawn, a kept token like every other the search can return.

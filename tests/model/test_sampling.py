@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -11,11 +12,13 @@ from txl.sampling import (
     RowParams,
     SamplingParams,
     counter_uniform,
+    counter_uniform_host,
     keep_thresholds,
     make_generator,
     sample,
     sample_batch,
     sample_rows,
+    signed64,
     truncated_logits,
 )
 
@@ -103,6 +106,29 @@ def test_the_random_number_is_a_pure_function_of_seed_and_counter():
     many = counter_uniform(torch.full((20000,), 42), torch.arange(20000))
     counts = torch.histc(many.float(), bins=10, min=0, max=1)
     assert (counts - 2000).abs().max() < 200
+
+
+def test_the_hosts_random_numbers_are_the_devices_bit_for_bit():
+    """A CPU's rows take their numbers from the host (Python integers), a graph's from its buffers (tensors):
+    the same bits, so eager and graph steps draw the same tokens."""
+    generator = torch.Generator().manual_seed(5)
+    seeds = [signed64(s) for s in (0, 1, -1, -5, 2**63 - 1, -(2**63), 2**64 + 7, 3**40)]
+    seeds += torch.randint(-(2**63), 2**63 - 1, (500,), generator=generator).tolist()
+    counters = [0, 1, 2**32 - 1, 2**31, 9, 4, 1, 77]
+    counters += torch.randint(0, 2**32, (500,), generator=generator).tolist()
+    device = counter_uniform(torch.tensor(seeds), torch.tensor(counters))
+    host = torch.tensor(counter_uniform_host(seeds, counters), dtype=torch.float64)
+    assert torch.equal(host, device)
+    # And a CPU's RowParams carries them: sampling with them or from the tensors draws the same tokens.
+    log_probs = torch.log_softmax(torch.randn(len(seeds), 50, generator=generator), dim=-1)
+    params = [
+        SamplingParams(temperature=0.7 + (i % 5) / 10, top_p=1.0 if i % 3 else 0.9) for i in range(len(seeds))
+    ]
+    rows = RowParams.build(params, seeds, counters, 50, "cpu")
+    assert rows.uniform is not None and torch.equal(rows.uniform, device)
+    from_host = sample_rows(log_probs, rows)
+    from_tensors = sample_rows(log_probs, dataclasses.replace(rows, uniform=None))
+    assert torch.equal(from_host[0], from_tensors[0]) and torch.equal(from_host[1], from_tensors[1])
 
 
 def test_top_k_and_top_p_together_keep_the_intersection():
