@@ -101,41 +101,35 @@ static void product_wide(const float *a, int64_t lda, const float *b, int64_t ld
     }
 }
 
+typedef void (*TileFn)(const float *a, int64_t lda, int64_t rows, const float *b, int64_t ldb, float *c,
+                       int64_t ldc, int64_t k0, int64_t k1);
+
+/* A tile shape: its function, rows and columns. */
+typedef struct {
+    TileFn tile;
+    int64_t rows, columns;
+} Shape;
+
+/* The widest tile whose columns divide N (a multiple of VEC). */
+static Shape narrow_shape(int64_t N) {
+#if VEC == 16
+    if (N % (4 * VEC) == 0) return (Shape){tile_6x4, 6, 4 * VEC};
+    if (N % (2 * VEC) == 0) return (Shape){tile_12x2, 12, 2 * VEC};
+#else
+    if (N % (2 * VEC) == 0) return (Shape){tile_6x2, 6, 2 * VEC};
+#endif
+    return (Shape){tile_12x1, 12, VEC};
+}
+
 /* C[0:M, 0:N] = A B summing only over the keys each row tile needs (the others have weight 0): N a multiple of
  * VEC, the value width. */
 static void product_narrow(const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
                            int64_t M, int64_t N, NeedFn need, const void *ctx) {
-#if VEC == 16
-    if (N % (4 * VEC) == 0) {
-        for (int64_t j = 0; j < N; j += 4 * VEC)
-            for (int64_t i = 0; i < M; i += 6) {
-                const Span s = need(ctx, i, min64(i + 6, M));
-                tile_6x4(a + i * lda, lda, M - i, b + j, ldb, c + i * ldc + j, ldc, s.lo, s.hi);
-            }
-        return;
-    }
-    if (N % (2 * VEC) == 0) {
-        for (int64_t j = 0; j < N; j += 2 * VEC)
-            for (int64_t i = 0; i < M; i += 12) {
-                const Span s = need(ctx, i, min64(i + 12, M));
-                tile_12x2(a + i * lda, lda, M - i, b + j, ldb, c + i * ldc + j, ldc, s.lo, s.hi);
-            }
-        return;
-    }
-#else
-    if (N % (2 * VEC) == 0) {
-        for (int64_t j = 0; j < N; j += 2 * VEC)
-            for (int64_t i = 0; i < M; i += 6) {
-                const Span s = need(ctx, i, min64(i + 6, M));
-                tile_6x2(a + i * lda, lda, M - i, b + j, ldb, c + i * ldc + j, ldc, s.lo, s.hi);
-            }
-        return;
-    }
-#endif
-    for (int64_t j = 0; j < N; j += VEC)
-        for (int64_t i = 0; i < M; i += 12) {
-            const Span s = need(ctx, i, min64(i + 12, M));
-            tile_12x1(a + i * lda, lda, M - i, b + j, ldb, c + i * ldc + j, ldc, s.lo, s.hi);
+    const Shape shape = narrow_shape(N);
+    for (int64_t j = 0; j < N; j += shape.columns)
+        for (int64_t i = 0; i < M; i += shape.rows) {
+            const Span s = need(ctx, i, min64(i + shape.rows, M));
+            shape.tile(a + i * lda, lda, M - i, b + j, ldb, c + i * ldc + j, ldc, s.lo, s.hi);
         }
 }
 
