@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,58 @@ class ErrorEvent:
 Event = TokenEvent | ProgressEvent | DoneEvent | ErrorEvent
 
 
+class Outbox:
+    """Events the worker thread holds back until it next waits (`flush`), then sends to their loops in one
+    wake-up each.
+
+    Why: torch's operations and the C kernels release the GIL while they compute, but the worker's Python
+    between them (bookkeeping a step's tokens, planning the next) holds it. An event sent at once wakes the loop
+    while the worker is still in that Python, and the two take turns on the GIL: the stream's own handling
+    (formatting, the socket write) then adds to every step. Flushed as the next step starts computing, the loop
+    does that work while the worker's thread is inside an operation, off the GIL. A token is held back for
+    the next step's preparation only, a fraction of a step; order is kept (one list, flushed whole).
+    """
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self._held: list[tuple[Job, Event]] = []
+
+    @classmethod
+    def current(cls) -> Outbox | None:
+        """The outbox of this thread, if it holds events back (`holding`)."""
+        return getattr(cls._local, "outbox", None)
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[Outbox]:
+        """Events emitted on this thread within are held here (flushed at the end whatever happens)."""
+        self._local.outbox = self
+        try:
+            yield self
+        finally:
+            self._local.outbox = None
+            self.flush()
+
+    def put(self, job: Job, event: Event) -> None:
+        self._held.append((job, event))
+
+    def flush(self) -> None:
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        loops: dict[asyncio.AbstractEventLoop, list[tuple[Job, Event]]] = {}
+        for job, event in held:
+            loops.setdefault(job._loop, []).append((job, event))
+        for loop, events in loops.items():
+            with contextlib.suppress(RuntimeError):  # a loop that closed: its jobs have no reader left
+                loop.call_soon_threadsafe(_deliver, events)
+
+
+def _deliver(events: list[tuple[Job, Event]]) -> None:
+    for job, event in events:
+        job._events.put_nowait(event)
+
+
 class Job:
     """Base: an event channel back to the loop that submitted it, and a cancellation flag."""
 
@@ -93,8 +146,12 @@ class Job:
         self.cancelled = True
 
     def emit(self, event: Event) -> None:
-        """Called from the worker thread."""
-        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        """Called from the worker thread (held back while its Outbox is `holding`)."""
+        outbox = Outbox.current()
+        if outbox is not None:
+            outbox.put(self, event)
+        else:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
     async def events(self) -> AsyncIterator[Event]:
         """Events until (and including) the terminal one."""

@@ -42,6 +42,7 @@ from .jobs import (
     GenerateJob,
     GenerateResult,
     Job,
+    Outbox,
     ProgressEvent,
     TokenEvent,
     TopLogprobs,
@@ -200,6 +201,7 @@ class Worker:
         self._waiting: dict[_Ingest, _Decode] = {}  # generate jobs still feeding their prompt
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._outbox = Outbox()  # events held back until the worker next computes or waits
 
     # ------------------------------------------------------------------ control (event loop side)
 
@@ -248,7 +250,7 @@ class Worker:
     # ------------------------------------------------------------------ loop (worker thread)
 
     def _run(self) -> None:
-        with torch.inference_mode(), prefer(self.attention):
+        with torch.inference_mode(), prefer(self.attention), self._outbox.holding():
             while self._wait_for_work():
                 self._iterate()
             self._finish_pending()
@@ -259,6 +261,7 @@ class Worker:
     def _wait_for_work(self) -> bool:
         with self._cv:
             while not self._stopping and not self._inbox and not self._ingesting and not self._decoding:
+                self._outbox.flush()
                 self._cv.wait()
             return not self._stopping
 
@@ -277,6 +280,7 @@ class Worker:
         elif self._pending is not None:
             self._finish_pending()
         elif self._decoding or self._ingesting:  # waiting for blocks: others' commits and evictions free them
+            self._outbox.flush()
             with self._cv:
                 self._cv.wait(STARVED_WAIT_SECONDS)
         self.observer.on_queue(len(self._inbox), self.active_jobs)
@@ -434,6 +438,7 @@ class Worker:
             ChunkRow(t.state.memory, t.tokens[t.cursor : t.cursor + n], t.state.last_hidden, t.score, t.top_k)
             for t, n in iteration.chunks
         ]
+        self._outbox.flush()  # the loop handles the last step's events while this one computes
         try:
             decoded, fed = self.runner.run(decode_rows, chunk_rows)
         except Exception as exc:
@@ -473,6 +478,7 @@ class Worker:
         if not rows or not self.runner.can_launch(rows):
             return False
         started = time.perf_counter()
+        self._outbox.flush()  # the loop handles the last step's events while this one computes
         try:
             launched = self.runner.launch(rows)
         except Exception as exc:
