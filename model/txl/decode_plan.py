@@ -23,6 +23,20 @@ _NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
+class RowArrays:
+    """The rows a plan leaves (its `results`), as the next plan of the same rows reads them: a decoding batch
+    goes on with the same rows step after step, and reading them back from 64 row objects was a fifth of the
+    planning. Numbers only: block ids here hold no reference to their blocks."""
+
+    starts: np.ndarray  # [n] offset of each row's first position in its first block
+    lengths: np.ndarray  # [n] positions held
+    fed: np.ndarray  # [n] positions fed
+    widths: np.ndarray  # [n] blocks in each row's table
+    lasts: np.ndarray  # [n] each table's last block (0: no table)
+    ids: list[np.ndarray]  # each table's block ids
+
+
+@dataclass(frozen=True)
 class DecodePlan:
     """Where each row's new position goes and what its attention reads, as arrays over the rows."""
 
@@ -38,6 +52,9 @@ class DecodePlan:
     results: list[PagedRow]  # each row's memory after the step
     # Tables of rows planned by `plan_row` (their step read new blocks): held until the step has run.
     keep_alive: list[BlockTable]
+    # The results as arrays, for the next step of the same rows (`plan_decode(previous=...)`); None when planned
+    # row by row.
+    after: RowArrays | None = None
 
     def __len__(self) -> int:
         return len(self.results)
@@ -68,24 +85,35 @@ class DecodePlan:
 FEW_ROWS = 24
 
 
-def plan_decode(pool: BlockPool, rows: Sequence[PagedRow], keeps: np.ndarray) -> DecodePlan:
+def plan_decode(
+    pool: BlockPool, rows: Sequence[PagedRow], keeps: np.ndarray, previous: RowArrays | None = None
+) -> DecodePlan:
     """Makes room for one new position after each of `rows` and plans the step; row i's memory keeps at most
     `keeps[i]` positions after it (`WindowRule.keep`). Each row's step and result are those of `plan_row` on the
-    rows in turn, and the pool's reference counts and marks end the same (fresh blocks may get other ids)."""
+    rows in turn, and the pool's reference counts and marks end the same (fresh blocks may get other ids).
+
+    `previous`: the `after` of the plan whose `results` are exactly `rows`, in order (the caller checks it: the
+    same row objects); their numbers are then taken from it instead of read from each row. It is used up (its
+    arrays change): pass each `after` once."""
     n, bs = len(rows), pool.block_size
     if n <= FEW_ROWS:
         with pool.zeroing_together():
             steps = [plan_row(pool, row, 1, keep) for row, keep in zip(rows, keeps.tolist(), strict=True)]
         return DecodePlan.of_row_steps(steps)
     tables: list[BlockTable | None] = [row.table for row in rows]
-    ids = [t.ids if t is not None else _NO_IDS for t in tables]
-    starts = np.fromiter((row.start for row in rows), dtype=np.int64, count=n)
-    lengths = np.fromiter((row.length for row in rows), dtype=np.int64, count=n)
-    fed = np.fromiter((row.fed for row in rows), dtype=np.int64, count=n)
-    widths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
-    flat = np.concatenate(ids)
-    bounds = np.cumsum(widths)  # where each row's ids end in `flat`
-    lasts = np.where(widths > 0, flat[bounds - 1], 0) if flat.size else np.zeros(n, dtype=np.int64)
+    if previous is not None:
+        ids = list(previous.ids)
+        starts, lengths, fed = previous.starts, previous.lengths, previous.fed
+        widths, lasts = previous.widths, previous.lasts  # changed in place below: `previous` is used up
+    else:
+        ids = [t.ids if t is not None else _NO_IDS for t in tables]
+        starts = np.fromiter((row.start for row in rows), dtype=np.int64, count=n)
+        lengths = np.fromiter((row.length for row in rows), dtype=np.int64, count=n)
+        fed = np.fromiter((row.fed for row in rows), dtype=np.int64, count=n)
+        widths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
+        flat = np.concatenate(ids)
+        bounds = np.cumsum(widths)  # where each row's ids end in `flat`
+        lasts = np.where(widths > 0, flat[bounds - 1], 0) if flat.size else np.zeros(n, dtype=np.int64)
     ends = starts + lengths
     tails = ends % bs
     fits = (ends + bs - 1) // bs == widths  # the memory ends in its table's last block (no block past it)
@@ -132,29 +160,34 @@ def plan_decode(pool: BlockPool, rows: Sequence[PagedRow], keeps: np.ndarray) ->
             write_slots[i] = position % bs
     if planned:  # their tables changed in any way
         widths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
-    if planned or fresh_rows.size:  # one concatenation of the new tables (np.insert cost 3x as much)
+    if previous is not None or planned or fresh_rows.size:  # one concatenation (np.insert cost 3x as much)
         flat = np.concatenate(ids)
     # The memory after the step: the last `keep` positions, without the blocks before them.
     dropping = np.flatnonzero(drops > 0)
     dropping = dropping[~np.isin(dropping, planned)] if planned else dropping
+    ids_after, widths_after = list(ids), widths.copy()  # each result's table: the step's, but for these
     if dropping.size:
         drop_list = drops[dropping].tolist()
         kept = [ids[i][d:] for i, d in zip(dropping.tolist(), drop_list, strict=True)]
         pool.incref(np.concatenate(kept))
         for i, a in zip(dropping.tolist(), kept, strict=True):
             tables[i] = BlockTable(pool, a, owned=True)
-    for i in np.flatnonzero(keeps == 0).tolist():
+            ids_after[i] = a
+        widths_after[dropping] -= drops[dropping]
+    emptied = np.flatnonzero(keeps == 0)
+    for i in emptied.tolist():
         tables[i] = None
-    results = [
-        PagedRow(table, start, keep, after)
-        for table, start, keep, after in zip(
-            tables,
-            np.where(keeps > 0, new_starts - drops * bs, 0).tolist(),
-            keeps.tolist(),
-            (fed + 1).tolist(),
-            strict=True,
-        )
-    ]
+        ids_after[i] = _NO_IDS
+    widths_after[emptied] = 0
+    starts_after = np.where(keeps > 0, new_starts - drops * bs, 0)
+    fed_after = fed + 1
+    results = list(map(PagedRow, tables, starts_after.tolist(), keeps.tolist(), fed_after.tolist()))
+    lasts_after = np.where(keeps > 0, write_blocks, 0)  # a kept row's last block: where its new position went
     for i, rs in plans.items():
-        results[i] = rs.result
-    return DecodePlan(flat, widths, starts, lengths + 1, fed, write_blocks, write_slots, results, keep_alive)
+        results[i] = row = rs.result
+        ids_after[i] = row.ids
+        widths_after[i] = row.ids.size
+    after = RowArrays(starts_after, keeps, fed_after, widths_after, lasts_after, ids_after)
+    return DecodePlan(
+        flat, widths, starts, lengths + 1, fed, write_blocks, write_slots, results, keep_alive, after
+    )

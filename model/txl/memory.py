@@ -49,7 +49,7 @@ class Memory:
     may hold different lengths.
     """
 
-    __slots__ = ("grid", "mem_len", "pool", "rows")
+    __slots__ = ("__weakref__", "grid", "mem_len", "pool", "rows")  # weakly referenced: a batch's rows
 
     def __init__(
         self,

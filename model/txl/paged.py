@@ -42,6 +42,11 @@ class PoolExhausted(RuntimeError):
     """No free block is left in a pool that may not grow."""
 
 
+# Tables of up to this many blocks count their references one by one: a decoding step drops or extends a few
+# short tables, and for them `np.add.at` and its masks cost twice what a loop over the ids does.
+SMALL_TABLE = 8
+
+
 class BlockPool:
     """Keys and values of fixed-size blocks, for every layer, on one device.
 
@@ -224,17 +229,31 @@ class BlockPool:
             self.generation += 1
 
     def incref(self, ids: np.ndarray) -> None:
-        if ids.size:
-            with self._lock:
+        if not ids.size:
+            return
+        with self._lock:
+            if ids.size > SMALL_TABLE:
                 np.add.at(self._refs, ids, 1)
+                return
+            refs = self._refs
+            for block in ids.tolist():
+                refs[block] += 1
 
     def decref(self, ids: np.ndarray) -> None:
         if not ids.size:
             return
         with self._lock:
-            np.subtract.at(self._refs, ids, 1)
-            for block in ids[self._refs[ids] == 0].tolist():
-                heapq.heappush(self._free, block)
+            refs = self._refs
+            if ids.size > SMALL_TABLE:
+                np.subtract.at(refs, ids, 1)
+                for block in np.unique(ids[refs[ids] == 0]).tolist():  # a repeated id is freed once
+                    heapq.heappush(self._free, block)
+                return
+            for block in ids.tolist():  # repeated ids count once each, as with np.subtract.at
+                left = refs[block] - 1
+                refs[block] = left
+                if left == 0:
+                    heapq.heappush(self._free, block)
 
     def refcount(self, block: int) -> int:
         return int(self._refs[block])

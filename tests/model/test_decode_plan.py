@@ -136,3 +136,51 @@ def test_a_plan_holds_the_blocks_its_step_reads_until_it_is_dropped():
     assert pool.used_blocks == 2 and isinstance(result.table, BlockTable)
     del result
     assert pool.used_blocks == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_batch_going_on_plans_the_same_from_the_arrays_its_last_step_left(seed, monkeypatch):
+    """Twin pools run the same rows step after step: one reads every step's rows back from the row objects, the
+    other from the previous plan's `after` (a persistent batch). Their plans, results and pools stay the same,
+    through rows that start blocks, slide past their window, share a block at its mark, or keep nothing."""
+    monkeypatch.setattr(decode_plan, "FEW_ROWS", 0)
+    layout = tiny_model(seed=1).memory_layout()
+    pools = [BlockPool(layout, block_size=BLOCK, blocks=8) for _ in range(2)]
+    rows = [_history(pool, seed) for pool in pools]
+    rng = random.Random(seed + 200)
+    keeps_per_row = [rng.choice([0, 1, 3, 5, 8, 11, 100]) for _ in rows[0]]
+    after = None
+    for step in range(12):
+        fed = np.array([row.fed for row in rows[0]], dtype=np.int64)
+        keeps = np.minimum(fed + 1, np.array(keeps_per_row, dtype=np.int64))
+        read = plan_decode(pools[0], rows[0], keeps.copy())
+        carried = plan_decode(pools[1], rows[1], keeps.copy(), after)
+        for field in (
+            "flat_ids",
+            "widths",
+            "starts",
+            "key_lengths",
+            "positions",
+            "write_blocks",
+            "write_slots",
+        ):
+            np.testing.assert_array_equal(
+                getattr(read, field), getattr(carried, field), err_msg=f"{step} {field}"
+            )
+        for a, b in zip(read.results, carried.results, strict=True):
+            assert (a.start, a.length, a.fed) == (b.start, b.length, b.fed)
+            np.testing.assert_array_equal(a.ids, b.ids)
+        assert carried.after is not None
+        expect = [r.ids for r in carried.results]
+        assert [a.tolist() for a in carried.after.ids] == [a.tolist() for a in expect]
+        np.testing.assert_array_equal(carried.after.widths, [a.size for a in expect])
+        np.testing.assert_array_equal(carried.after.lasts, [a[-1] if a.size else 0 for a in expect])
+        np.testing.assert_array_equal(carried.after.starts, [r.start for r in carried.results])
+        np.testing.assert_array_equal(carried.after.lengths, [r.length for r in carried.results])
+        np.testing.assert_array_equal(carried.after.fed, [r.fed for r in carried.results])
+        every = np.arange(1, pools[0].n_blocks)
+        assert pools[0].n_blocks == pools[1].n_blocks and _state(pools[0], every) == _state(pools[1], every)
+        rows = [read.results, carried.results]
+        after = carried.after
+    del read, carried, rows, a, b
+    assert pools[0].used_blocks == pools[1].used_blocks == 0

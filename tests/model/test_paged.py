@@ -298,3 +298,21 @@ def test_a_released_pool_holds_no_memory_and_refuses_to_be_used():
     assert pool.n_blocks == blocks  # sizes still read (metrics, reports)
     with pytest.raises((RuntimeError, NotImplementedError)):
         model(torch.tensor([[1, 2]]), memory=memory)
+
+
+# counted one by one up to paged.SMALL_TABLE, then by numpy
+@pytest.mark.parametrize("size", [1, 3, 8, 9, 40])
+def test_reference_counts_count_each_id_of_a_table_repeats_included(size):
+    pool = BlockPool(tiny_model(seed=1).memory_layout(), block_size=4, blocks=64)
+    rng = np.random.default_rng(size)
+    held = pool.allocate(20)
+    ids = rng.choice(held, size=size)  # repeats: a table may list a block twice
+    expected = {int(b): 1 + int((ids == b).sum()) for b in held}
+    pool.incref(ids)
+    assert {int(b): pool.refcount(int(b)) for b in held} == expected
+    pool.decref(ids)
+    assert {int(b): pool.refcount(int(b)) for b in held} == dict.fromkeys(expected, 1)
+    pool.incref(ids)
+    pool.decref(held)
+    pool.decref(ids)  # the last references go, repeats included: each block is freed once
+    assert pool.used_blocks == 0 and sorted(pool._free) == sorted(set(pool._free))

@@ -241,3 +241,44 @@ async def test_an_engine_decoding_through_the_buffers_generates_what_it_did_with
         finally:
             await rt.stop()
     assert outputs[0] == outputs[1]
+
+
+def test_a_batch_going_on_is_not_read_back_row_by_row_and_keeps_no_finished_row_alive(monkeypatch):
+    """Rows that continue as the last iteration left them, in its order, are planned from the numbers it left
+    (txl.decode_plan's `previous`); rows in another order, or other rows, are read back. What the graphs keep of
+    the last iteration holds no blocks: once its rows are dropped, the pool has them back."""
+    monkeypatch.setattr(decode_plan, "FEW_ROWS", 0)
+    carried: list[bool] = []
+    plan = graphs_module.plan_decode
+
+    def spy(pool, rows, keeps, previous=None):
+        carried.append(previous is not None)
+        return plan(pool, rows, keeps, previous)
+
+    monkeypatch.setattr(graphs_module, "plan_decode", spy)
+    model = tiny_model(seed=41, mem_len=MEM_LEN)
+    pool = txl.BlockPool(model.memory_layout(), block_size=4)
+    graphs = DecodeGraphs(
+        model, pool, max_batch_size=8, max_positions=max_positions(model, None), capture=False
+    )
+    eager = ModelRunner(model, pool)
+    scratch = pool.used_blocks  # the graphs' padding block
+    rows = decode_rows(model, pool, [3, 9, 16, 22, 30, 5])
+
+    def go_on(rows, outs):
+        return [
+            dataclasses.replace(r, memory=o.memory, last_hidden=o.last_hidden) for o, r in zip(outs, rows)
+        ]
+
+    for order in (None, None, None, "reversed", None, "fewer", None):
+        if order == "reversed":
+            rows = rows[::-1]
+        elif order == "fewer":
+            rows = rows[1:]
+        got, (expected, _) = graphs.run(rows), eager.run(rows, [])
+        assert [o.token for o in got] == [o.token for o in expected]
+        rows = go_on(rows, got)
+    assert carried == [False, True, True, False, True, False, True]
+    del rows, got, expected
+    assert graphs._last_rows is not None  # it still has the numbers, and no hold on the blocks
+    assert pool.used_blocks == scratch

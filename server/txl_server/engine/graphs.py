@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
-from txl.decode_plan import plan_decode
+from txl.decode_plan import RowArrays, plan_decode
 from txl.paged import BlockTable, resting_blocks
 from txl.paged_step import StaticDecodeStep
 from txl.sampling import RowParams, SamplingParams, sample_rows, signed64
@@ -100,12 +102,10 @@ class Launched:
         assert self.read_back is not None
         if self.read_back.ready is not None:
             self.read_back.ready.synchronize()
-        host = self.read_back.host
-        ids, logprobs = host[:, 0].long().tolist(), host[:, 1].tolist()
-        return [
-            DecodeOut(ids[i], logprobs[i], None, memory, self.hidden[i])
-            for i, memory in enumerate(self.memories)
-        ]
+        # One conversion: [token, log-prob] pairs of Python floats (a token id is exact in a float64)
+        tokens, logprobs = zip(*self.read_back.host.tolist(), strict=True)
+        n = len(self.memories)
+        return list(map(DecodeOut, map(int, tokens), logprobs, repeat(None, n), self.memories, self.hidden))
 
 
 class SamplingInputs:
@@ -162,6 +162,21 @@ class SamplingInputs:
         )
 
 
+@dataclass(frozen=True)
+class _LastRows:
+    """What the last iteration left: its rows' memories (weakly: a row that finished lets its blocks go) and the
+    numbers the next iteration of the same rows starts from, so that a batch going on is not read back row by
+    row (vLLM's persistent batch)."""
+
+    memories: list[weakref.ref[Memory]]
+    mem_lens: np.ndarray  # [n]
+    grids: np.ndarray  # [n]
+    after: RowArrays
+
+    def alive(self) -> Iterator[Memory | None]:
+        return (ref() for ref in self.memories)
+
+
 @dataclass
 class _Graph:
     """One captured decoding iteration and the buffers it reads and writes. It keeps alive everything its body
@@ -209,6 +224,8 @@ class DecodeGraphs:
         self._readback_turn = 0
         # The new hidden states of the last iteration: all rows' [n, D], and each row's view of it.
         self._last_hidden: tuple[Tensor, tuple[Tensor, ...]] | None = None
+        # The memories the last iteration left, weakly (a finished row's blocks are not kept), with its numbers.
+        self._last_rows: _LastRows | None = None
 
     def all_keys(self) -> list[GraphKey]:
         """Every graph this server uses, largest batch first (captured in that order, smaller graphs reuse the
@@ -294,11 +311,22 @@ class DecodeGraphs:
         same_length = self.model.config.same_length
         memories = [r.memory for r in rows]
         paged = [m.rows[0] for m in memories]
-        mem_lens = np.fromiter((m.mem_len for m in memories), dtype=np.int64, count=len(rows))
-        grids = np.fromiter((m.grid or 0 for m in memories), dtype=np.int64, count=len(rows))
-        fed = np.fromiter((p.fed for p in paged), dtype=np.int64, count=len(rows))
+        left, self._last_rows = self._last_rows, None  # used up by this plan, even one that fails
+        if (
+            left is not None
+            and len(left.memories) == len(rows)
+            and all(map(operator.is_, memories, left.alive()))
+        ):
+            # The rows the last iteration left, in its order (a batch going on): their numbers as it left them
+            mem_lens, grids, after = left.mem_lens, left.grids, left.after
+            fed = after.fed
+        else:
+            mem_lens = np.fromiter((m.mem_len for m in memories), dtype=np.int64, count=len(rows))
+            grids = np.fromiter((m.grid or 0 for m in memories), dtype=np.int64, count=len(rows))
+            fed = np.fromiter((p.fed for p in paged), dtype=np.int64, count=len(rows))
+            after = None
         # Planned first: planning may allocate blocks, and a growable pool then reallocates its tensors.
-        plan = plan_decode(self.pool, paged, keeps_after(mem_lens, grids, same_length, fed + 1))
+        plan = plan_decode(self.pool, paged, keeps_after(mem_lens, grids, same_length, fed + 1), after)
         if self.pool.generation != self._generation:  # the pool was reallocated: captured addresses are stale
             self._graphs.clear()
             self._generation = self.pool.generation
@@ -322,6 +350,11 @@ class DecodeGraphs:
         self._last_hidden = (out, hidden)
         memories = [m.like((result,)) for m, result in zip(memories, plan.results, strict=True)]
         graph.step.plan = None  # the buffers keep no memory alive
+        self._last_rows = (
+            _LastRows(list(map(weakref.ref, memories)), mem_lens, grids, plan.after)
+            if plan.after is not None
+            else None
+        )
         return Launched(memories, hidden, self._read_back(graph.readback[:n]))
 
     def _read_back(self, readback: Tensor) -> ReadBack:
