@@ -184,3 +184,16 @@ def test_a_batch_going_on_plans_the_same_from_the_arrays_its_last_step_left(seed
         after = carried.after
     del read, carried, rows, a, b
     assert pools[0].used_blocks == pools[1].used_blocks == 0
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+@pytest.mark.parametrize("mem_len", [0, 1, 5, 16])
+@pytest.mark.parametrize("grid", [None, 1, 4, 7])
+def test_one_rule_for_every_row_given_as_integers_is_the_rule(same_length, mem_len, grid):
+    rule = WindowRule(mem_len, same_length, grid)
+    fed = np.arange(0, 60, dtype=np.int64)
+    keeps = keeps_after(mem_len, grid or 0, same_length, fed)
+    windows = windows_at(mem_len, grid or 0, same_length, fed)
+    assert keeps.shape == windows.shape == fed.shape
+    assert keeps.tolist() == [rule.keep(int(f)) for f in fed]
+    assert windows.tolist() == [rule.window(int(f)) for f in fed]

@@ -169,12 +169,26 @@ class _LastRows:
     row (vLLM's persistent batch)."""
 
     memories: list[weakref.ref[Memory]]
-    mem_lens: np.ndarray  # [n]
-    grids: np.ndarray  # [n]
+    mem_lens: np.ndarray | int  # [n], or one for every row
+    grids: np.ndarray | int  # [n], or one for every row (0: none)
     after: RowArrays
 
     def alive(self) -> Iterator[Memory | None]:
         return (ref() for ref in self.memories)
+
+
+def _rules(memories: Sequence[Memory]) -> tuple[np.ndarray | int, np.ndarray | int]:
+    """The rows' window rules, for `txl.window.keeps_after` and `windows_at`: (mem_len, grid) as integers when
+    every row has the same, else arrays."""
+    first = memories[0]
+    mem_len, grid = first.mem_len, first.grid
+    if all(m.mem_len == mem_len and m.grid == grid for m in memories):
+        return mem_len, grid or 0
+    n = len(memories)
+    return (
+        np.fromiter((m.mem_len for m in memories), dtype=np.int64, count=n),
+        np.fromiter((m.grid or 0 for m in memories), dtype=np.int64, count=n),
+    )
 
 
 @dataclass
@@ -321,8 +335,7 @@ class DecodeGraphs:
             mem_lens, grids, after = left.mem_lens, left.grids, left.after
             fed = after.fed
         else:
-            mem_lens = np.fromiter((m.mem_len for m in memories), dtype=np.int64, count=len(rows))
-            grids = np.fromiter((m.grid or 0 for m in memories), dtype=np.int64, count=len(rows))
+            mem_lens, grids = _rules(memories)
             fed = np.fromiter((p.fed for p in paged), dtype=np.int64, count=len(rows))
             after = None
         # Planned first: planning may allocate blocks, and a growable pool then reallocates its tensors.
