@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kernels.plan_marks import Marks, cpu_plan_marks
 from .paged import BlockPool, BlockTable, PagedRow, RowStep, plan_row
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
@@ -80,6 +81,54 @@ class DecodePlan:
         )
 
 
+def _marks(
+    bs: int,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    widths: np.ndarray,
+    lasts: np.ndarray,
+    fed: np.ndarray,
+    filled: np.ndarray,
+    keeps: np.ndarray,
+) -> Marks:
+    """Where each row's new position goes, as array operations (the contract of kernels/plan_marks.c, which
+    does it in one call where it can be built); `filled` is the pool's marks, under its lock."""
+    ends = starts + lengths
+    tails = ends % bs
+    fits = (ends + bs - 1) // bs == widths  # the memory ends in its table's last block (no block past it)
+    # Appends in place: the memory ends inside its last block, at the block's mark (nothing written after it).
+    in_place = fits & (tails > 0) & (filled[lasts] == tails)
+    at = np.flatnonzero(in_place)
+    ending = np.sort(lasts[at])
+    if (ending[1:] == ending[:-1]).any():
+        # Rows ending in the same block at its mark: the first in order extends it, the others copy it.
+        in_place[:] = False
+        at = at[np.unique(lasts[at], return_index=True)[1]]
+        in_place[at] = True
+    filled[lasts[at]] = tails[at] + 1
+    # The memory fills its last block exactly (or there is none): the new position starts a fresh block.
+    starts_block = fits & (tails == 0)
+    planned = ~(in_place | starts_block)  # any other case: `plan_row`
+    keeps = np.minimum(keeps, lengths + 1)
+    new_starts = ends + 1 - keeps
+    drops = np.where(keeps > 0, new_starts // bs, 0)
+    return Marks(
+        tails,
+        drops,
+        np.where(keeps > 0, new_starts - drops * bs, 0),
+        fed + 1,
+        np.flatnonzero(starts_block),
+        np.flatnonzero(planned).tolist(),
+        np.flatnonzero((drops > 0) & ~planned),
+        np.flatnonzero(keeps == 0),
+        keeps,
+    )
+
+
+# Where each row's new position goes is decided in one native call where it can be built
+# (kernels/plan_marks.c), else by `_marks`; tests turn it off to run both.
+NATIVE = True
+
 # Up to this many rows a step is planned row by row (`plan_row`): array operations cost a few microseconds each
 # whatever their length, and for a handful of rows there are more of them than there is work.
 FEW_ROWS = 24
@@ -114,32 +163,15 @@ def plan_decode(
         flat = np.concatenate(ids)
         bounds = np.cumsum(widths)  # where each row's ids end in `flat`
         lasts = np.where(widths > 0, flat[bounds - 1], 0) if flat.size else np.zeros(n, dtype=np.int64)
-    ends = starts + lengths
-    tails = ends % bs
-    fits = (ends + bs - 1) // bs == widths  # the memory ends in its table's last block (no block past it)
-    # Appends in place: the memory ends inside its last block, at the block's mark (nothing written after it).
-    in_place = fits & (tails > 0)
+    native = cpu_plan_marks() if NATIVE else None
     with pool._lock:
-        in_place &= pool._filled[lasts] == tails
-        at = np.flatnonzero(in_place)
-        ending = np.sort(lasts[at])
-        if (ending[1:] == ending[:-1]).any():
-            # Rows ending in the same block at its mark: the first in order extends it, the others copy it.
-            in_place[:] = False
-            at = at[np.unique(lasts[at], return_index=True)[1]]
-            in_place[at] = True
-        pool._filled[lasts[at]] = tails[at] + 1
-    # The memory fills its last block exactly (or there is none): the new position starts a fresh block.
-    starts_block = fits & (tails == 0)
-    planned = np.flatnonzero(~(in_place | starts_block)).tolist()  # any other case: `plan_row`
-    keeps = np.minimum(keeps, lengths + 1)
-    new_starts = ends + 1 - keeps
-    drops = np.where(keeps > 0, new_starts // bs, 0)
-    write_blocks, write_slots = lasts, tails
+        marks = (native or _marks)(bs, starts, lengths, widths, lasts, fed, pool._filled, keeps)
+    keeps, drops, planned = marks.keeps, marks.drops, marks.planned
+    write_blocks, write_slots = lasts, marks.slots
     keep_alive: list[BlockTable] = []
     plans: dict[int, RowStep] = {}
     with pool.zeroing_together():
-        fresh_rows = np.flatnonzero(starts_block)
+        fresh_rows = marks.fresh
         if fresh_rows.size:
             fresh = pool.allocate(fresh_rows.size)  # one reference each, which the step's table takes over
             pool._filled[fresh] = 1
@@ -173,8 +205,7 @@ def plan_decode(
     if previous is not None or planned or fresh_rows.size:  # one concatenation (np.insert cost 3x as much)
         flat = np.concatenate(ids)
     # The memory after the step: the last `keep` positions, without the blocks before them.
-    dropping = np.flatnonzero(drops > 0)
-    dropping = dropping[~np.isin(dropping, planned)] if planned else dropping
+    dropping = marks.dropping
     ids_after, widths_after = list(ids), widths.copy()  # each result's table: the step's, but for these
     if dropping.size:
         drop_list = drops[dropping].tolist()
@@ -184,13 +215,12 @@ def plan_decode(
             tables[i] = BlockTable(pool, a, owned=True)
             ids_after[i] = a
         widths_after[dropping] -= drops[dropping]
-    emptied = np.flatnonzero(keeps == 0)
+    emptied = marks.emptied
     for i in emptied.tolist():
         tables[i] = None
         ids_after[i] = _NO_IDS
     widths_after[emptied] = 0
-    starts_after = np.where(keeps > 0, new_starts - drops * bs, 0)
-    fed_after = fed + 1
+    starts_after, fed_after = marks.starts_after, marks.fed_after
     results = list(map(PagedRow, tables, starts_after.tolist(), keeps.tolist(), fed_after.tolist()))
     lasts_after = np.where(keeps > 0, write_blocks, 0)  # a kept row's last block: where its new position went
     for i, rs in plans.items():

@@ -8,12 +8,15 @@ goes) and its memory after the step, every block's reference count and mark.
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 
 import numpy as np
 import pytest
 from txl import decode_plan
 from txl.decode_plan import DecodePlan, plan_decode
+from txl.kernels.plan_marks import cpu_plan_marks
 from txl.paged import BlockPool, BlockTable, PagedRow, plan_row
 from txl.window import WindowRule, keeps_after, windows_at
 
@@ -38,9 +41,24 @@ def _state(pool: BlockPool, ids: np.ndarray) -> list[tuple[int, int]]:
     return [(pool.refcount(int(b)), int(pool._filled[b])) for b in ids]
 
 
+@pytest.fixture(params=[True, False], ids=["native", "arrays"])
+def native(request, monkeypatch) -> bool:
+    """Rows placed by kernels/plan_marks.c (where a C compiler exists), and by numpy's array operations."""
+    if request.param and cpu_plan_marks() is None:
+        pytest.skip("no C compiler: plan_marks.c cannot be built")
+    monkeypatch.setattr(decode_plan, "NATIVE", request.param)
+    return request.param
+
+
+def test_the_native_call_is_built_where_a_c_compiler_is():
+    assert (cpu_plan_marks() is not None) == (
+        shutil.which("cc") is not None or shutil.which("gcc") is not None
+    ) or os.environ.get("TXL_CPU_KERNELS") == "0"
+
+
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("few_rows", [0, 1000])  # every step through the arrays, and every step row by row
-def test_planning_rows_together_is_planning_them_one_by_one(seed, few_rows, monkeypatch):
+def test_planning_rows_together_is_planning_them_one_by_one(seed, few_rows, native, monkeypatch):
     monkeypatch.setattr(decode_plan, "FEW_ROWS", few_rows)
     layout = tiny_model(seed=1).memory_layout()
     pools = [BlockPool(layout, block_size=BLOCK, blocks=8) for _ in range(2)]
@@ -84,7 +102,7 @@ def test_planning_rows_together_is_planning_them_one_by_one(seed, few_rows, monk
     assert pools[0].used_blocks == pools[1].used_blocks == 0
 
 
-def test_rows_ending_in_one_block_at_its_mark_extend_it_once_and_copy_it_after():
+def test_rows_ending_in_one_block_at_its_mark_extend_it_once_and_copy_it_after(native):
     """Two forks of one memory, whose last block is partly written: the first in order appends in place, the
     second continues in a copy, as `plan_row` would have it."""
     layout = tiny_model(seed=1).memory_layout()
@@ -139,7 +157,7 @@ def test_a_plan_holds_the_blocks_its_step_reads_until_it_is_dropped():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_a_batch_going_on_plans_the_same_from_the_arrays_its_last_step_left(seed, monkeypatch):
+def test_a_batch_going_on_plans_the_same_from_the_arrays_its_last_step_left(seed, native, monkeypatch):
     """Twin pools run the same rows step after step: one reads every step's rows back from the row objects, the
     other from the previous plan's `after` (a persistent batch). Their plans, results and pools stay the same,
     through rows that start blocks, slide past their window, share a block at its mark, or keep nothing."""
