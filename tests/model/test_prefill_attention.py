@@ -17,6 +17,7 @@ import torch
 import txl
 from torch import Tensor
 from txl.kernels import prefill, prefill_kernel, reference_path
+from txl.kernels.cpu import openmp_runtimes
 from txl.kernels.prefill import cpu_prefill_attention
 
 from .helpers import tiny_model
@@ -110,6 +111,31 @@ def test_the_kernel_meets_its_contract_on_random_rows(seed):
         got = kernel(*case, queries)
         expected = _reference(*case, queries)
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=2e-5)
+
+
+@needs_kernel
+def test_the_kernel_splits_its_rows_and_heads_over_torchs_threads_with_the_same_bits():
+    """Each (head, row) is one thread's whole work, so any split gives the same bits; items that do not divide
+    evenly, and fewer items than threads, included. Built with OpenMP, the kernel binds to torch's runtime: the
+    process maps one OpenMP library, so the kernel's team is torch's own."""
+    kernel = cpu_prefill_attention()
+    if "OpenMP" in torch.__config__.parallel_info():
+        assert kernel.threaded and len(openmp_runtimes()) == 1
+    rng = random.Random(5)
+    cases = [_random_case(rng, queries) for queries in (1, 7, 13, 30)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [
+            kernel(*case, case_queries) for case, case_queries in zip(cases, (1, 7, 13, 30), strict=True)
+        ]
+        for threads in (2, 3, 5):
+            torch.set_num_threads(threads)
+            for case, queries, expected in zip(cases, (1, 7, 13, 30), alone, strict=True):
+                assert torch.equal(kernel(*case, queries), expected)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(alone[-1].double(), _reference(*cases[-1], 30), rtol=1e-5, atol=2e-5)
 
 
 def _feed(model, lengths, segments, *, block_size, threads=None):

@@ -59,10 +59,10 @@ def _flags() -> list[str]:
     return FLAGS + (AVX2_ONLY if os.environ.get("TXL_CPU_KERNEL_ISA", "").lower() == "avx2" else [])
 
 
-def _build(compiler: str, source: Path) -> Path:
+def _build(compiler: str, source: Path, extra: list[str]) -> Path:
     # The compiler is the system's own (CC or cc on PATH), run with fixed arguments.
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout  # noqa: S603
-    flags = _flags()
+    flags = _flags() + extra
     key = hashlib.sha256(
         "\n".join(
             [source.read_text(), compiler, version, " ".join(flags), _cpu_flags(), platform.machine()]
@@ -84,23 +84,45 @@ def _build(compiler: str, source: Path) -> Path:
     return target
 
 
-def build_library(source: Path) -> ctypes.CDLL | None:
+def build_library(source: Path, openmp: bool = False) -> ctypes.CDLL | None:
     """`source` compiled for this machine on first use (cached on disk) and loaded; None where no C compiler is
-    found, the build fails, or `TXL_CPU_KERNELS=0` is set (callers then take torch's path)."""
+    found, the build fails, or `TXL_CPU_KERNELS=0` is set (callers then take torch's path). `openmp`: built with
+    -fopenmp where that builds, and without it where not (its parallel regions then run in one thread)."""
     if os.environ.get("TXL_CPU_KERNELS", "1") == "0":
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.info("no C compiler found: %s is not used, torch's kernels are", source.name)
         return None
+    if openmp:
+        try:
+            return ctypes.CDLL(str(_build(compiler, source, ["-fopenmp"])))
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = getattr(exc, "stderr", "") or str(exc)
+            log.info("%s without OpenMP (%s): one thread per call", source.name, detail.strip()[:200])
     try:
-        return ctypes.CDLL(str(_build(compiler, source)))
+        return ctypes.CDLL(str(_build(compiler, source, [])))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)
         log.warning(
             "could not build %s (%s): using torch's kernels instead", source.name, detail.strip()[:500]
         )
         return None
+
+
+_OPENMP_RUNTIMES = ("libgomp", "libiomp", "libomp")
+
+
+def openmp_runtimes() -> set[str]:
+    """The OpenMP runtimes mapped into this process (their files), from /proc/self/maps; empty where it cannot
+    be read. One runtime means a kernel built with -fopenmp shares torch's thread team; two would each keep a team
+    of their own, and their threads would fight for the cores."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return set()
+    paths = {line.split(maxsplit=5)[-1] for line in lines if line.count(" ") >= 5}
+    return {p for p in paths if Path(p).name.startswith(_OPENMP_RUNTIMES)}
 
 
 class PagedDecodeKernel:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import threading
 from pathlib import Path
 from typing import Protocol
@@ -20,13 +21,15 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .cpu import build_library
+from .cpu import build_library, openmp_runtimes
 from .rows import DecodeRows
 
+log = logging.getLogger(__name__)
+
 SOURCE = Path(__file__).with_name("prefill_attention.c")
-_ARGS = (
-    [ctypes.c_void_p] * 10 + [ctypes.c_int64] + [ctypes.c_void_p] + [ctypes.c_int64] * 10 + [ctypes.c_void_p]
-)
+# qc .. pos; the positional heads' stride; out; H, B, T, Dh, S, NB, bs, P, threads; scratch, its floats per thread
+_ARGS = [ctypes.c_void_p] * 10 + [ctypes.c_int64] + [ctypes.c_void_p] + [ctypes.c_int64] * 9
+_ARGS += [ctypes.c_void_p, ctypes.c_int64]
 
 
 class PrefillRows(DecodeRows, Protocol):
@@ -40,9 +43,12 @@ class PrefillRows(DecodeRows, Protocol):
 class PrefillAttentionKernel:
     """Relative attention of a query group over its rows' blocks (see prefill_attention.c for the contract)."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._function = library.txl_prefill_attention_f32
+    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
+        self._function = library.txl_prefill_attention_f32_threads
         self._function.argtypes = _ARGS
+        # Whether a call may split its items over torch's thread team (see the C file): only where the library was
+        # built with OpenMP and the process maps one OpenMP runtime, torch's.
+        self.threaded = threaded
         self._function.restype = None
         self._scratch_floats = library.txl_prefill_scratch_floats
         self._scratch_floats.argtypes = [ctypes.c_int64] * 4
@@ -80,7 +86,9 @@ class PrefillAttentionKernel:
         if positions.stride(2) != 1 or positions.stride(1) != d_head:
             positions = positions.contiguous()  # each head's [P, Dh] rows in one piece; heads may lie apart
         out = q_content.new_empty(batch * queries, heads, d_head)
-        scratch = self._scratch(self._scratch_floats(queries, d_head, width * block_size, n_pos))
+        threads = min(torch.get_num_threads(), heads * batch) if self.threaded else 1
+        per_thread = self._scratch_floats(queries, d_head, width * block_size, n_pos)
+        scratch = self._scratch(threads * per_thread)
         inputs = [q_content, q_position, rows.token_index, keys, values, table, rows.starts, rows.key_lengths]
         pointers = [t.data_ptr() for t in (*inputs, rows.windows.contiguous(), positions)]
         self._function(
@@ -95,9 +103,9 @@ class PrefillAttentionKernel:
             n_blocks,
             block_size,
             n_pos,
-            0,
-            heads * batch,
+            threads,
             scratch.data_ptr(),
+            per_thread,
         )
         return out
 
@@ -105,5 +113,15 @@ class PrefillAttentionKernel:
 @functools.cache
 def cpu_prefill_attention() -> PrefillAttentionKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be (attention then uses torch)."""
-    library = build_library(SOURCE)
-    return PrefillAttentionKernel(library) if library is not None else None
+    library = build_library(SOURCE, openmp=True)
+    if library is None:
+        return None
+    runtimes = openmp_runtimes()
+    threaded = len(runtimes) == 1
+    if not threaded:
+        log.warning(
+            "prefill attention runs in one thread: %d OpenMP runtimes are loaded (%s), not torch's alone",
+            len(runtimes),
+            ", ".join(sorted(runtimes)) or "none found",
+        )
+    return PrefillAttentionKernel(library, threaded)

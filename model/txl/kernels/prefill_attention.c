@@ -16,11 +16,19 @@
  * Layouts: qc, qp [N, H, Dh] with token_index [B*T] giving each (b, i)'s row; keys, values: one layer of the pool
  * [H, NB, bs, Dh]; table [B, S] int64; starts, klens [B], windows [B, T] int64; pos: head h's positional keys for
  * distances P-1..0 at pos + h * pos_head_stride, [P, Dh]; out [B*T, H, Dh]. Work items h * B + b in [begin, end);
- * scratch: txl_prefill_scratch_floats(...) floats, zero-filled by the caller, for this call alone.
+ * scratch: txl_prefill_scratch_floats(...) floats for this call alone (any contents).
+ *
+ * txl_prefill_attention_f32_threads splits the items over an OpenMP team, each thread with its own scratch. Built
+ * with -fopenmp it binds to the libgomp torch already loaded (the same soname): the team is torch's own, the
+ * threads that run its products, so the two never hold more threads than torch's count. Built without, it runs
+ * the items in one thread.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__AVX512F__)
 #define VEC 16 /* floats per vector register */
@@ -336,5 +344,29 @@ void txl_prefill_attention_f32(const float *qc, const float *qp, const int64_t *
             const float *src = o + i * z.Dp;
             for (int64_t d = 0; d < Dh; d++) dst[d] = src[d] * inverse[i];
         }
+    }
+}
+
+/* The items [0, H * B) split over `threads` threads in contiguous runs (items run head by head, so a thread packs
+ * each of its heads' positional keys once); thread t uses scratch + t * scratch_floats. */
+void txl_prefill_attention_f32_threads(const float *qc, const float *qp, const int64_t *token_index,
+                                       const float *keys, const float *values, const int64_t *table,
+                                       const int64_t *starts, const int64_t *klens, const int64_t *windows,
+                                       const float *pos, int64_t pos_head_stride, float *out, int64_t H, int64_t B,
+                                       int64_t T, int64_t Dh, int64_t S, int64_t NB, int64_t bs, int64_t P,
+                                       int64_t threads, float *scratch, int64_t scratch_floats) {
+    const int64_t items = H * B;
+#ifdef _OPENMP
+#pragma omp parallel num_threads((int)threads)
+    {
+        const int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
+#else
+    (void)threads;
+    {
+        const int64_t part = 0, parts = 1;
+#endif
+        txl_prefill_attention_f32(qc, qp, token_index, keys, values, table, starts, klens, windows, pos,
+                                  pos_head_stride, out, H, B, T, Dh, S, NB, bs, P, items * part / parts,
+                                  items * (part + 1) / parts, scratch + part * scratch_floats);
     }
 }
