@@ -8,6 +8,7 @@ import pytest
 import torch
 import txl
 from txl.kernels import cpu_paged_decode, prefer, reference_path
+from txl.kernels.cpu import openmp_runtimes
 
 from .decode_cases import dense_reference, random_case
 from .helpers import tiny_model
@@ -77,6 +78,35 @@ def test_cpu_decode_kernel_meets_the_contract_on_random_rows(dtype):
         got = kernel(case.q, case.bd, case.keys, case.values, case.rows)
         error = float((got.double() - dense_reference(case)).abs().max())
         assert error < 1e-5, case.describe()
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_decode_kernel_splits_rows_over_torchs_threads_with_the_same_bits(dtype):
+    """Each (row, head) is one thread's whole work, so any split gives the same bits, splits that do not divide
+    evenly included. Built with OpenMP, the kernel binds to torch's runtime (the process maps one)."""
+    kernel = cpu_paged_decode()
+    if "OpenMP" in torch.__config__.parallel_info():
+        assert kernel.threaded and len(openmp_runtimes()) == 1
+    rng = random.Random(3)
+    cases = [
+        random_case(rng, dtype=dtype, block_size=block_size, d_head=16, heads=5, long=rng.randint(30, 90))
+        for block_size in (1, 4, 12)
+    ]
+
+    def decode(case):
+        return kernel(case.q, case.bd, case.keys, case.values, case.rows)
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [decode(case) for case in cases]
+        for threads in (2, 3, 5):
+            torch.set_num_threads(threads)
+            for case, expected in zip(cases, alone, strict=True):
+                assert torch.equal(decode(case), expected), case.describe()
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_cpu_kernel

@@ -3,7 +3,8 @@
 Why native code: decoding attends one query per row over every row's memory, which lives in pool blocks. In
 plain torch that means gathering each row's blocks into a dense copy first (index_select), then two products:
 the copy alone moves twice the bytes attention needs. The kernel reads each block in place, once. ctypes
-releases the GIL during the call, so a step may split its rows across threads.
+releases the GIL during the call; with more than one torch thread the call splits its rows over torch's own
+OpenMP team (see the C file).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -34,7 +34,8 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp-simd", "-std=c1
 # TXL_CPU_KERNEL_ISA=avx2 builds the kernels without AVX-512 on a CPU that has it: with oneDNN, ATen and MKL
 # limited likewise, what an AVX2-only CPU runs (`python -m bench cpu` measures that class so).
 AVX2_ONLY = ["-mno-avx512f"]
-_ARGS = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 9 + [ctypes.c_void_p]
+# q .. out; B, H, S, NB, bs, Dh, P, threads; scratch, its floats per thread
+_ARGS = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 8 + [ctypes.c_void_p, ctypes.c_int64]
 
 
 def _cpu_flags() -> str:
@@ -128,15 +129,17 @@ def openmp_runtimes() -> set[str]:
 class PagedDecodeKernel:
     """Attention of one query per row over paged keys/values (see paged_decode.c for the contract)."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
         self._functions = {
-            torch.float32: library.txl_paged_decode_f32,
-            torch.bfloat16: library.txl_paged_decode_bf16,
+            torch.float32: library.txl_paged_decode_f32_threads,
+            torch.bfloat16: library.txl_paged_decode_bf16_threads,
         }
         for function in self._functions.values():
             function.argtypes = _ARGS
             function.restype = None
-        self._pool: ThreadPoolExecutor | None = None
+        # Whether a call may split its rows over torch's thread team: only where the library was built with OpenMP
+        # and the process maps one OpenMP runtime, torch's (openmp_runtimes).
+        self.threaded = threaded
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions
@@ -149,28 +152,36 @@ class PagedDecodeKernel:
         width, n_pos = table.size(1), bd.size(2)
         q, bd, table = q.contiguous(), bd.contiguous(), table.contiguous()
         out = torch.empty_like(q)
-        function = self._functions[keys.dtype]
+        items = batch * heads
+        # At least 4 (row, head) items a thread: fewer cost more to hand out than they save.
+        threads = min(torch.get_num_threads(), max(1, items // 4)) if self.threaded else 1
+        scratch = torch.empty(threads, width * block_size)
         pointers = [t.data_ptr() for t in (q, bd, keys, values, table, starts, key_lengths, windows, out)]
         sizes = [batch, heads, width, n_blocks, block_size, d_head, n_pos]
-        items = batch * heads
-        threads = min(torch.get_num_threads(), max(1, items // 4))
-        scratch = torch.empty(threads, width * block_size)
-
-        def run(part: int) -> None:
-            begin, end = items * part // threads, items * (part + 1) // threads
-            function(*pointers, *sizes, begin, end, scratch[part].data_ptr())
-
-        if threads == 1:
-            run(0)
-        else:
-            if self._pool is None or self._pool._max_workers < threads:
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="txl-attn")
-            list(self._pool.map(run, range(threads)))
+        self._functions[keys.dtype](*pointers, *sizes, threads, scratch.data_ptr(), width * block_size)
         return out
+
+
+def shares_torchs_threads(kernel: str) -> bool:
+    """Whether a kernel built with OpenMP may split its work over torch's thread team: true where this process
+    maps one OpenMP runtime (torch's, which the kernel's libgomp.so.1 bound to); else it runs in one thread, and
+    the log says why."""
+    runtimes = openmp_runtimes()
+    if len(runtimes) == 1:
+        return True
+    log.warning(
+        "%s runs in one thread: %d OpenMP runtimes are loaded (%s), not torch's alone",
+        kernel,
+        len(runtimes),
+        ", ".join(sorted(runtimes)) or "none found",
+    )
+    return False
 
 
 @functools.cache
 def cpu_paged_decode() -> PagedDecodeKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be (attention then uses torch)."""
-    library = build_library(SOURCE)
-    return PagedDecodeKernel(library) if library is not None else None
+    library = build_library(SOURCE, openmp=True)
+    if library is None:
+        return None
+    return PagedDecodeKernel(library, shares_torchs_threads(SOURCE.name))

@@ -9,10 +9,22 @@
  * float32 or bfloat16 (uint16 bits); table [B, S] int64; starts, klens, windows [B] int64; out [B, H, Dh] float32;
  * scratch: at least S * bs floats for this call. Work items are b * H + h in [begin, end), so that callers may
  * split them across threads.
+ *
+ * The _threads entries split the items [0, B * H) over an OpenMP team, thread t with scratch + t * scratch_floats.
+ * Built with -fopenmp, the library binds to the libgomp torch already loaded (the same soname): the team is the
+ * one that runs torch's products, not a second one fighting it for the cores (Python threads, as before, were).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+static inline int64_t team_member(void) { return omp_get_thread_num(); }
+static inline int64_t team_size(void) { return omp_get_num_threads(); }
+#else /* built without -fopenmp: the parallel region below is one thread */
+static inline int64_t team_member(void) { return 0; }
+static inline int64_t team_size(void) { return 1; }
+#endif
 
 static inline float bf16_to_f32(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
@@ -86,3 +98,19 @@ static inline void block_span(int64_t blk, int64_t first, int64_t p, int64_t bs,
 
 DEFINE_KERNEL(txl_paged_decode_f32, float, LOAD_F32)
 DEFINE_KERNEL(txl_paged_decode_bf16, uint16_t, LOAD_BF16)
+
+#define DEFINE_THREADED(NAME, KERNEL, T)                                                                    \
+    void NAME(const float *q, const float *bd, const T *keys, const T *values, const int64_t *table,         \
+              const int64_t *starts, const int64_t *klens, const int64_t *windows, float *out, int64_t B,     \
+              int64_t H, int64_t S, int64_t NB, int64_t bs, int64_t Dh, int64_t P, int64_t threads,          \
+              float *scratch, int64_t scratch_floats) {                                                      \
+        const int64_t items = B * H;                                                                         \
+        _Pragma("omp parallel num_threads((int)threads)") {                                                  \
+            const int64_t part = team_member(), parts = team_size();                                         \
+            KERNEL(q, bd, keys, values, table, starts, klens, windows, out, B, H, S, NB, bs, Dh, P,          \
+                   items * part / parts, items * (part + 1) / parts, scratch + part * scratch_floats);       \
+        }                                                                                                    \
+    }
+
+DEFINE_THREADED(txl_paged_decode_f32_threads, txl_paged_decode_f32, float)
+DEFINE_THREADED(txl_paged_decode_bf16_threads, txl_paged_decode_bf16, uint16_t)

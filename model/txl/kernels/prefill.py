@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import threading
 from pathlib import Path
 from typing import Protocol
@@ -21,10 +20,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .cpu import build_library, openmp_runtimes
+from .cpu import build_library, shares_torchs_threads
 from .rows import DecodeRows
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("prefill_attention.c")
 # qc .. pos; the positional heads' stride; out; H, B, T, Dh, S, NB, bs, P, threads; scratch, its floats per thread
@@ -46,8 +43,7 @@ class PrefillAttentionKernel:
     def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
         self._function = library.txl_prefill_attention_f32_threads
         self._function.argtypes = _ARGS
-        # Whether a call may split its items over torch's thread team (see the C file): only where the library was
-        # built with OpenMP and the process maps one OpenMP runtime, torch's.
+        # Whether a call may split its items over torch's thread team (see the C file and shares_torchs_threads).
         self.threaded = threaded
         self._function.restype = None
         self._scratch_floats = library.txl_prefill_scratch_floats
@@ -116,12 +112,4 @@ def cpu_prefill_attention() -> PrefillAttentionKernel | None:
     library = build_library(SOURCE, openmp=True)
     if library is None:
         return None
-    runtimes = openmp_runtimes()
-    threaded = len(runtimes) == 1
-    if not threaded:
-        log.warning(
-            "prefill attention runs in one thread: %d OpenMP runtimes are loaded (%s), not torch's alone",
-            len(runtimes),
-            ", ".join(sorted(runtimes)) or "none found",
-        )
-    return PrefillAttentionKernel(library, threaded)
+    return PrefillAttentionKernel(library, shares_torchs_threads(SOURCE.name))

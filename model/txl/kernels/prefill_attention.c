@@ -28,6 +28,11 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+static inline int64_t team_member(void) { return omp_get_thread_num(); }
+static inline int64_t team_size(void) { return omp_get_num_threads(); }
+#else /* built without -fopenmp: the parallel region below is one thread */
+static inline int64_t team_member(void) { return 0; }
+static inline int64_t team_size(void) { return 1; }
 #endif
 
 #if defined(__AVX512F__)
@@ -356,15 +361,9 @@ void txl_prefill_attention_f32_threads(const float *qc, const float *qp, const i
                                        int64_t T, int64_t Dh, int64_t S, int64_t NB, int64_t bs, int64_t P,
                                        int64_t threads, float *scratch, int64_t scratch_floats) {
     const int64_t items = H * B;
-#ifdef _OPENMP
 #pragma omp parallel num_threads((int)threads)
     {
-        const int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
-#else
-    (void)threads;
-    {
-        const int64_t part = 0, parts = 1;
-#endif
+        const int64_t part = team_member(), parts = team_size();
         txl_prefill_attention_f32(qc, qp, token_index, keys, values, table, starts, klens, windows, pos,
                                   pos_head_stride, out, H, B, T, Dh, S, NB, bs, P, items * part / parts,
                                   items * (part + 1) / parts, scratch + part * scratch_floats);
