@@ -12,19 +12,23 @@ It takes a step when:
 Everything else takes the layer-by-layer path (`disabled()` forces it, for tests and benchmarks). Both read the
 same weights, pool and positional tables and write the pool alike; the results agree to float32 rounding.
 
-How many rows: the call runs on one thread, and its products take each row against a weight row in turn
-(decoding's case: bound by reading the weights, until the rows' multiply-adds outgrow the reads). Measured on
-an AMD EPYC (AVX-512), decode steps including the next-token distribution, against the layer-by-layer path with
-its kernels chosen by measurement (`python -m bench cpu` and same-run A/B runs):
+How many rows: the call's products take each row against a weight row in turn (decoding's case: bound by
+reading the weights, until the rows' multiply-adds outgrow the reads). With more than one torch thread the call
+runs on torch's own OpenMP team (`kernels/decode_layer.c`): each product's output features and the attention's
+(head, row) items split over it, the same bits on any number of threads. Measured on an AMD EPYC (AVX-512),
+decode steps including the next-token distribution, against the layer-by-layer path with its kernels chosen by
+measurement (`python -m bench cpu` and same-run A/B runs):
 - bundled model (0.8 M weights a layer), memory 512, 1 thread (as a server's worker on 2 cores runs): 1 row 1.4
-  against 2.6 ms, 4 rows 3.9 against 5.6, 8 rows 7.2 against 8.8, 16 rows 13.9 against 16.0.
-- the same, 2 threads: 1 row 1.4 against 3.0 ms, 4 rows 3.6 against 5.1; from 8 rows the layer-by-layer path,
-  its products and attention on both threads, was as fast or faster (8 rows 0.9-1.1x, 16 rows 0.7-1.0x).
+  against 2.7 ms, 4 rows 3.9 against 5.6, 8 rows 7.3 against 9.0, 16 rows 14-16 against 15 (even).
+- the same, 2 threads: 1 row 0.6-1.0 against 2.1-2.3 ms, 4 rows 2.0-2.2 against 3.8-4.0, 8 rows 4.0-4.1
+  against 5.8-5.9, 16 rows 7.7-8.2 against 9.4-9.8. When the call still ran on one thread beside torch's others,
+  the layer-by-layer path was as fast or faster from 8 rows: 4 rows stay the limit where the call cannot share
+  torch's team (another OpenMP runtime loaded, or no -fopenmp).
 - wt103's shape (12.6 M weights a layer), memory 128, 1 thread: 1 row 32 against 35 ms, 2 rows 41 against 39,
   4 rows 64 against 45, 8 rows 114 against 61: oneDNN's blocked products win as soon as there are products.
-Hence at most 16 rows on one thread and 4 on more, and at most `MAX_WORK` multiply-adds a layer (rows times the
-layer's weights). Splitting rows across threads, each part through every layer, read every weight once per
-part and gained nothing consistent (2 rows: slower).
+Hence at most 16 rows (the native linear loop's limit) and at most `MAX_WORK` multiply-adds a layer (rows times
+the layer's weights). Splitting rows across Python threads, each part through every layer, read every weight
+once per part and gained nothing consistent (2 rows: slower).
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ from .paged_step import PagedStep, StaticDecodeStep
 if TYPE_CHECKING:
     from .model import RelPartialLearnableDecoderLayer
 
-MAX_ROWS_ONE_THREAD = 16  # the native linear loop's own limit (kernels/rows_linear.py)
-MAX_ROWS = 4  # with more torch threads, which the layer-by-layer path uses
+MAX_ROWS = 16  # the native linear loop's own limit (kernels/rows_linear.py)
+MAX_ROWS_BESIDE_THREADS = 4  # with more torch threads than the call can use (it cannot share their team)
 MAX_WORK = 16_000_000  # multiply-adds a layer: rows times the layer's weights
 _enabled: ContextVar[bool] = ContextVar("txl_fused_decode", default=True)
 
@@ -133,7 +137,10 @@ def _fused_layer(layer: RelPartialLearnableDecoderLayer) -> _FusedLayer:
 
 def max_rows() -> int:
     """The most rows a step may have to take the native call, for torch's thread count now."""
-    return MAX_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else MAX_ROWS
+    kernel = cpu_decode_layer()
+    if torch.get_num_threads() == 1 or (kernel is not None and kernel.threaded):
+        return MAX_ROWS
+    return MAX_ROWS_BESIDE_THREADS
 
 
 def applies(
@@ -184,9 +191,10 @@ def forward(
         step.write_slots.data_ptr(),
     )
     x = hidden.contiguous()  # [N, D] float32, updated in place by each layer
-    scratch = torch.empty(scratch_floats(rows))
+    threads = kernel.threads()
+    scratch = torch.empty(scratch_floats(rows, threads))
     for layer, state in zip(fused, _states(pool, tables), strict=True):
-        kernel(layer.args, state, rows, x.data_ptr(), scratch.data_ptr())
+        kernel(layer.args, state, rows, x.data_ptr(), scratch.data_ptr(), threads)
     return x
 
 

@@ -115,6 +115,10 @@ def test_the_fused_path_is_taken_exactly_where_it_applies(monkeypatch, threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
+        assert fused_decode.max_rows() == 16  # on torch's team, or one thread
+        _check_where_it_applies(monkeypatch)
+        # A call that could not share torch's team (another OpenMP runtime loaded) keeps to 4 rows beside it.
+        monkeypatch.setattr(cpu_decode_layer(), "threaded", False)
         assert fused_decode.max_rows() == (16 if threads == 1 else 4)
         _check_where_it_applies(monkeypatch)
     finally:
@@ -147,6 +151,41 @@ def _check_where_it_applies(monkeypatch):
     half = tiny_model(seed=33).to(torch.bfloat16)
     assert not _takes_fused(monkeypatch, half, one, half.empty_memory(rows))
     assert not _takes_fused(monkeypatch, model.train(), one, memory)
+
+
+@needs_kernel
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_fused_decoding_on_torchs_threads_gives_the_bits_of_one_thread(monkeypatch, pre_lnorm):
+    """Each output feature and each (head, row) of attention is one thread's whole work: a step's native layers
+    give the bits of one thread on 2, 3 or 5 threads (more than rows or heads), and write the pool alike. The
+    same call is repeated on the same inputs (what comes before it, torch's embedding products, may round
+    differently with the thread count)."""
+    kernel = cpu_decode_layer()
+    if "OpenMP" in torch.__config__.parallel_info():
+        assert kernel.threaded
+    model = tiny_model(seed=35, pre_lnorm=pre_lnorm, d_head=16, n_head=3, d_model=40, d_embed=40)
+    pool = txl.BlockPool(model.memory_layout(), block_size=4, keep_hidden=True)
+    memories = _history(model, pool, [0, 1, 4, 7, 12, 30], torch.Generator().manual_seed(1))
+    calls = []
+    original = fused_decode.forward
+    monkeypatch.setattr(fused_decode, "forward", lambda *args: calls.append(args) or original(*args))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            model(torch.tensor([[3], [1], [4], [1], [5], [9]]), memories)
+        assert len(calls) == 1  # the step took the native call
+        fused, step, hidden, tables = calls[0]
+        expected = original(fused, step, hidden.clone(), tables)
+        pool_after = [pool.keys.clone(), pool.values.clone(), pool.hidden.clone()]
+        for threads in (2, 3, 5):
+            torch.set_num_threads(threads)
+            assert torch.equal(original(fused, step, hidden.clone(), tables), expected)
+            # As bits: blocks never written hold whatever the allocator left, NaNs included.
+            now = (pool.keys, pool.values, pool.hidden)
+            assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(now, pool_after))
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_kernel

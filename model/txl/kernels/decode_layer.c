@@ -13,11 +13,23 @@
  *
  * Every linear layer walks its weight once, front to back, taking each input row against a weight row while
  * that row is in L1 (as rows_linear.c does: decoding is bound by reading the weights). x [R, D] is updated in
- * place. Scratch: at least R * (4 H Dh + 2 D + Di) + S * bs floats.
+ * place. Scratch: at least R * (4 H Dh + D + Di) + threads * S * bs floats.
+ *
+ * With `threads` > 1 the layer runs in one OpenMP parallel region: each linear layer's output features, and the
+ * attention's (head, row) items, are split over the team, each stage ending at the team's barrier. Built with
+ * -fopenmp, the library binds to the libgomp torch already loaded (the same soname), so the team is torch's own.
+ * Every output element is computed by one thread in the order one thread would: the bits do not depend on the
+ * thread count. Built without -fopenmp, the region is one thread.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+static inline int64_t team_member(void) { return omp_get_thread_num(); }
+#else
+static inline int64_t team_member(void) { return 0; }
+#endif
 
 typedef struct {
     const float *qkv_w; /* [3 H Dh, D] */
@@ -68,19 +80,30 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return acc;
 }
 
-/* y[r, o] = W[o] . x[r] (+ b[o]) for r < R, o < out. */
+/* What a linear layer does with its result s = W[o] . x[r] + b[o]: store it, add it to y (a residual), or store
+ * relu(s). */
+typedef enum { STORE, ADD_TO, RELU } Epilogue;
+
+/* y[r, o] <- epilogue(W[o] . x[r] (+ b[o])) for r < R, o < out. Output features split over the team (each thread
+ * one contiguous run of weight rows), then the team's barrier. */
 static void linear_rows(const float *restrict W, const float *restrict x, const float *restrict b,
-                        float *restrict y, int64_t R, int64_t out, int64_t in) {
+                        float *restrict y, int64_t R, int64_t out, int64_t in, Epilogue epilogue) {
+#pragma omp for schedule(static)
     for (int64_t o = 0; o < out; o++) {
         const float *restrict w = W + o * in;
         const float bias = b ? b[o] : 0.0f;
-        for (int64_t r = 0; r < R; r++) y[r * out + o] = dot(w, x + r * in, in) + bias;
+        for (int64_t r = 0; r < R; r++) {
+            const float s = dot(w, x + r * in, in) + bias;
+            float *dst = y + r * out + o;
+            *dst = epilogue == ADD_TO ? *dst + s : epilogue == RELU ? (s > 0.0f ? s : 0.0f) : s;
+        }
     }
 }
 
 /* Each row of y [R, D] <- LayerNorm(y) (biased variance, as torch's). */
 static void layer_norm_rows(float *restrict y, const float *restrict w, const float *restrict b, float eps,
                             int64_t R, int64_t D) {
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < R; r++) {
         float *restrict row = y + r * D;
         float sum = 0.0f;
@@ -143,16 +166,19 @@ static inline __attribute__((always_inline)) void attend_head(
 }
 
 /* attn [R, H Dh] <- each row's attention over its blocks; qkv [R, 3, H, Dh]. Heads outside, rows inside: a head's
- * positional keys (Ptab Dh floats) are read by every row, and stay in cache from one row to the next. */
+ * positional keys (Ptab Dh floats) are read by every row, and stay in cache from one row to the next. The
+ * (head, row) items split over the team in contiguous runs; each thread has its own S * bs scores. */
 static void attend(const TxlLayer *L, const TxlState *M, const TxlRows *rows, const float *qkv, float *attn,
                    float *scores) {
     const int64_t H = rows->H, Dh = rows->Dh, S = rows->S, NB = rows->NB, bs = rows->bs;
     const int64_t inner = H * Dh;
+    float *own_scores = scores + team_member() * S * bs;
+#pragma omp for collapse(2) schedule(static)
     for (int64_t h = 0; h < H; h++) {
-        const float *u = L->u + h * Dh, *v = L->v + h * Dh;
-        const float *kh = M->keys + h * NB * bs * Dh, *vh = M->values + h * NB * bs * Dh;
-        const float *ph = M->pos + h * M->ptab * Dh; /* distance d: row Ptab - 1 - d */
         for (int64_t r = 0; r < rows->R; r++) {
+            const float *u = L->u + h * Dh, *v = L->v + h * Dh;
+            const float *kh = M->keys + h * NB * bs * Dh, *vh = M->values + h * NB * bs * Dh;
+            const float *ph = M->pos + h * M->ptab * Dh; /* distance d: row Ptab - 1 - d */
             const int64_t p = rows->starts[r] + rows->klens[r] - 1; /* the query's position in its table */
             int64_t first = p - rows->windows[r] + 1;
             if (first < rows->starts[r]) first = rows->starts[r];
@@ -160,33 +186,20 @@ static void attend(const TxlLayer *L, const TxlState *M, const TxlRows *rows, co
             const float *q = qkv + r * 3 * inner + h * Dh;
             float *out = attn + r * inner + h * Dh;
             if (Dh == 32)
-                attend_head(L, M, q, u, v, kh, vh, ph, table, first, p, bs, 32, scores, out);
+                attend_head(L, M, q, u, v, kh, vh, ph, table, first, p, bs, 32, own_scores, out);
             else if (Dh == 64)
-                attend_head(L, M, q, u, v, kh, vh, ph, table, first, p, bs, 64, scores, out);
+                attend_head(L, M, q, u, v, kh, vh, ph, table, first, p, bs, 64, own_scores, out);
             else
-                attend_head(L, M, q, u, v, kh, vh, ph, table, first, p, bs, Dh, scores, out);
+                attend_head(L, M, q, u, v, kh, vh, ph, table, first, p, bs, Dh, own_scores, out);
         }
     }
 }
 
-void txl_decode_layer_f32(const TxlLayer *L, const TxlState *M, const TxlRows *rows, float *x, float *scratch) {
-    const int64_t R = rows->R, D = rows->D, H = rows->H, Dh = rows->Dh, Di = rows->Di, bs = rows->bs;
-    const int64_t inner = H * Dh;
-    float *qkv = scratch;            /* [R, 3, H, Dh] */
-    float *attn = qkv + R * 3 * inner; /* [R, H Dh] */
-    float *normed = attn + R * inner;  /* [R, D] */
-    float *mid = normed + R * D;       /* [R, Di] */
-    float *ff = mid + R * Di;          /* [R, D] */
-    float *scores = ff + R * D;        /* [S bs] */
-
-    const float *h = x;
-    if (L->pre_lnorm) {
-        memcpy(normed, x, (size_t)(R * D) * sizeof *x);
-        layer_norm_rows(normed, L->ln1_w, L->ln1_b, L->eps1, R, D);
-        h = normed;
-    }
-    linear_rows(L->qkv_w, h, NULL, qkv, R, 3 * inner, D);
-    for (int64_t r = 0; r < R; r++) {
+/* Each row's new keys and values (and its input, where the pool keeps hidden states) into its write slot. */
+static void write_pool(const TxlState *M, const TxlRows *rows, const float *qkv, const float *x) {
+    const int64_t H = rows->H, Dh = rows->Dh, D = rows->D, bs = rows->bs, inner = H * Dh;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows->R; r++) {
         const int64_t at = rows->write_blocks[r] * bs + rows->write_slots[r];
         for (int64_t hd = 0; hd < H; hd++) {
             const int64_t slot = (hd * rows->NB * bs + at) * Dh;
@@ -195,21 +208,49 @@ void txl_decode_layer_f32(const TxlLayer *L, const TxlState *M, const TxlRows *r
         }
         if (M->hidden) memcpy(M->hidden + at * D, x + r * D, (size_t)D * sizeof *x);
     }
-    attend(L, M, rows, qkv, attn, scores);
+}
 
-    linear_rows(L->o_w, attn, NULL, normed, R, D, inner); /* normed <- attention output */
-    for (int64_t i = 0; i < R * D; i++) x[i] += normed[i];
-    if (!L->pre_lnorm) layer_norm_rows(x, L->ln1_w, L->ln1_b, L->eps1, R, D);
+/* normed <- LayerNorm(x), row by row (pre_lnorm's inputs to a sublayer). */
+static void normed_copy(float *restrict normed, const float *restrict x, const float *w, const float *b, float eps,
+                        int64_t R, int64_t D) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; r++) memcpy(normed + r * D, x + r * D, (size_t)D * sizeof *x);
+    layer_norm_rows(normed, w, b, eps, R, D);
+}
 
-    const float *z = x;
-    if (L->pre_lnorm) {
-        memcpy(normed, x, (size_t)(R * D) * sizeof *x);
-        layer_norm_rows(normed, L->ln2_w, L->ln2_b, L->eps2, R, D);
-        z = normed;
+void txl_decode_layer_f32(const TxlLayer *L, const TxlState *M, const TxlRows *rows, float *x, float *scratch,
+                          int64_t threads) {
+    const int64_t R = rows->R, D = rows->D, H = rows->H, Dh = rows->Dh, Di = rows->Di;
+    const int64_t inner = H * Dh;
+    float *qkv = scratch;              /* [R, 3, H, Dh] */
+    float *attn = qkv + R * 3 * inner; /* [R, H Dh] */
+    float *normed = attn + R * inner;  /* [R, D] */
+    float *mid = normed + R * D;       /* [R, Di] */
+    float *scores = mid + R * Di;      /* [threads, S bs] */
+
+    /* Every thread runs every stage below (the conditions are the same for all): each stage's loop is split
+     * over the team and ends at its barrier, so a stage reads only what the ones before it finished. */
+#pragma omp parallel num_threads((int)threads)
+    {
+        const float *h = x;
+        if (L->pre_lnorm) {
+            normed_copy(normed, x, L->ln1_w, L->ln1_b, L->eps1, R, D);
+            h = normed;
+        }
+        linear_rows(L->qkv_w, h, NULL, qkv, R, 3 * inner, D, STORE);
+        write_pool(M, rows, qkv, x);
+        attend(L, M, rows, qkv, attn, scores);
+
+        linear_rows(L->o_w, attn, NULL, x, R, D, inner, ADD_TO); /* x + a W_o^T */
+        if (!L->pre_lnorm) layer_norm_rows(x, L->ln1_w, L->ln1_b, L->eps1, R, D);
+
+        const float *z = x;
+        if (L->pre_lnorm) {
+            normed_copy(normed, x, L->ln2_w, L->ln2_b, L->eps2, R, D);
+            z = normed;
+        }
+        linear_rows(L->ff1_w, z, L->ff1_b, mid, R, Di, D, RELU);
+        linear_rows(L->ff2_w, mid, L->ff2_b, x, R, D, Di, ADD_TO); /* x + FF(z) */
+        if (!L->pre_lnorm) layer_norm_rows(x, L->ln2_w, L->ln2_b, L->eps2, R, D);
     }
-    linear_rows(L->ff1_w, z, L->ff1_b, mid, R, Di, D);
-    for (int64_t i = 0; i < R * Di; i++) mid[i] = mid[i] > 0.0f ? mid[i] : 0.0f;
-    linear_rows(L->ff2_w, mid, L->ff2_b, ff, R, D, Di);
-    for (int64_t i = 0; i < R * D; i++) x[i] += ff[i];
-    if (!L->pre_lnorm) layer_norm_rows(x, L->ln2_w, L->ln2_b, L->eps2, R, D);
 }

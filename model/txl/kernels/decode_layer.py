@@ -12,7 +12,9 @@ import ctypes
 import functools
 from pathlib import Path
 
-from .cpu import build_library
+import torch
+
+from .cpu import build_library, shares_torchs_threads
 
 SOURCE = Path(__file__).with_name("decode_layer.c")
 
@@ -53,13 +55,13 @@ class RowsArgs(ctypes.Structure):
     ]
 
 
-def scratch_floats(rows: RowsArgs) -> int:
-    """Floats of scratch one call needs (see decode_layer.c)."""
-    return rows.R * (4 * rows.H * rows.Dh + 2 * rows.D + rows.Di) + rows.S * rows.bs
+def scratch_floats(rows: RowsArgs, threads: int) -> int:
+    """Floats of scratch one call on `threads` threads needs (see decode_layer.c)."""
+    return rows.R * (4 * rows.H * rows.Dh + rows.D + rows.Di) + threads * rows.S * rows.bs
 
 
 class DecodeLayerKernel:
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
         self._function = library.txl_decode_layer_f32
         self._function.argtypes = [
             ctypes.POINTER(LayerArgs),
@@ -67,19 +69,31 @@ class DecodeLayerKernel:
             ctypes.POINTER(RowsArgs),
             ctypes.c_void_p,
             ctypes.c_void_p,
+            ctypes.c_int64,
         ]
         self._function.restype = None
+        # Whether a call may run on torch's thread team (see the C file and kernels.cpu.shares_torchs_threads).
+        self.threaded = threaded
 
-    def __call__(self, layer: LayerArgs, state: StateArgs, rows: RowsArgs, x: int, scratch: int) -> None:
-        """Runs one layer for `rows`. x: the address of their inputs [R, D] (float32, contiguous), updated in
-        place; scratch: the address of at least `scratch_floats(rows)` floats. The caller keeps every tensor the
-        arguments point into alive through the call (the GIL is released during it)."""
-        self._function(ctypes.byref(layer), ctypes.byref(state), ctypes.byref(rows), x, scratch)
+    def threads(self) -> int:
+        """The threads a call uses now: torch's count where the call shares torch's team, else 1."""
+        return torch.get_num_threads() if self.threaded else 1
+
+    def __call__(
+        self, layer: LayerArgs, state: StateArgs, rows: RowsArgs, x: int, scratch: int, threads: int
+    ) -> None:
+        """Runs one layer for `rows` on `threads` threads. x: the address of their inputs [R, D] (float32,
+        contiguous), updated in place; scratch: the address of at least `scratch_floats(rows, threads)` floats.
+        The caller keeps every tensor the arguments point into alive through the call (the GIL is released during
+        it)."""
+        self._function(ctypes.byref(layer), ctypes.byref(state), ctypes.byref(rows), x, scratch, threads)
 
 
 @functools.cache
 def cpu_decode_layer() -> DecodeLayerKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be (no compiler, a failed build,
     `TXL_CPU_KERNELS=0`)."""
-    library = build_library(SOURCE)
-    return DecodeLayerKernel(library) if library is not None else None
+    library = build_library(SOURCE, openmp=True)
+    if library is None:
+        return None
+    return DecodeLayerKernel(library, shares_torchs_threads(SOURCE.name))
