@@ -40,7 +40,9 @@ PLAIN = "plain"
 ONEDNN = "onednn"
 NATIVE = "native"
 KERNELS = (PLAIN, ONEDNN, NATIVE)
-FORMAT = 2
+# 3: the native kernel splits its outputs over torch's threads, so choices measured with more than one thread
+# before (the native kernel then on one) are measured again.
+FORMAT = 3
 # Another kernel replaces the plain one only when this much faster: below it, timing noise decides.
 MARGIN = 0.05
 # Rows a linear layer is measured at; an input takes the choice of the nearest in log scale (see `rows_bucket`).

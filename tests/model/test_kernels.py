@@ -7,8 +7,9 @@ import random
 import pytest
 import torch
 import txl
-from txl.kernels import cpu_paged_decode, prefer, reference_path
+from txl.kernels import cpu_paged_decode, prefer, reference_path, rows_linear
 from txl.kernels.cpu import openmp_runtimes
+from txl.kernels.rows_linear import cpu_rows_linear
 
 from .decode_cases import dense_reference, random_case
 from .helpers import tiny_model
@@ -128,3 +129,29 @@ def test_triton_decode_kernel_on_cuda_equals_the_torch_path():
     with prefer("triton"):
         got, expected = _decode_both_ways(model, lengths, mem_len=40, block_size=16)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.skipif(cpu_rows_linear() is None, reason="no C compiler here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_linear_splits_its_outputs_over_torchs_threads_with_the_same_bits(monkeypatch, dtype):
+    """Each output is one thread's whole sum: any split gives the bits of one thread, outputs that do not divide
+    evenly included; and the split equals F.linear."""
+    kernel = cpu_rows_linear()
+    if "OpenMP" in torch.__config__.parallel_info():
+        assert kernel.threaded
+    monkeypatch.setattr(rows_linear, "MIN_BYTES_PER_THREAD", 1)  # split even these small weights
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(333, 70, generator=g).to(dtype)
+    bias = torch.randn(333, generator=g).to(dtype)
+    x = torch.randn(5, 70, generator=g)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kernel(x, weight, bias)
+        for threads in (2, 3, 5):
+            torch.set_num_threads(threads)
+            assert torch.equal(kernel(x, weight, bias), alone)
+    finally:
+        torch.set_num_threads(before)
+    expected = torch.nn.functional.linear(x, weight.float(), bias.float()).to(dtype)  # float32 sums, rounded
+    torch.testing.assert_close(alone, expected, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)

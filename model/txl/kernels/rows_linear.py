@@ -14,22 +14,26 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .cpu import build_library
+from .cpu import build_library, shares_torchs_threads
 
 SOURCE = Path(__file__).with_name("rows_linear.c")
 MAX_ROWS = 16  # beyond, the products bound it and blocked GEMMs win
-_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5
+_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4  # W, x, bias, y; R, out, in, threads
+# Below this many weight bytes a thread, a team's hand-out and barrier (a few µs) cost more than the split saves.
+MIN_BYTES_PER_THREAD = 256 * 1024
 
 
 class RowsLinearKernel:
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
         self._functions = {
-            torch.float32: library.txl_rows_linear_f32,
-            torch.bfloat16: library.txl_rows_linear_bf16,
+            torch.float32: library.txl_rows_linear_f32_threads,
+            torch.bfloat16: library.txl_rows_linear_bf16_threads,
         }
         for function in self._functions.values():
             function.argtypes = _ARGS
             function.restype = None
+        # Whether a call may split its outputs over torch's thread team (kernels.cpu.shares_torchs_threads).
+        self.threaded = threaded
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions
@@ -39,6 +43,10 @@ class RowsLinearKernel:
         out_features, in_features = weight.shape
         rows = x.reshape(-1, in_features).float().contiguous()  # [R, in], float32 whatever the weight's type
         y = torch.empty(rows.size(0), out_features, dtype=weight.dtype)  # [R, out]
+        threads = 1
+        if self.threaded:
+            most = weight.numel() * weight.element_size() // MIN_BYTES_PER_THREAD
+            threads = max(1, min(torch.get_num_threads(), most))
         self._functions[weight.dtype](
             weight.data_ptr(),
             rows.data_ptr(),
@@ -47,8 +55,7 @@ class RowsLinearKernel:
             rows.size(0),
             out_features,
             in_features,
-            0,
-            out_features,
+            threads,
         )
         return y.view(*x.shape[:-1], out_features)
 
@@ -56,5 +63,7 @@ class RowsLinearKernel:
 @functools.cache
 def cpu_rows_linear() -> RowsLinearKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be."""
-    library = build_library(SOURCE)
-    return RowsLinearKernel(library) if library is not None else None
+    library = build_library(SOURCE, openmp=True)
+    if library is None:
+        return None
+    return RowsLinearKernel(library, shares_torchs_threads(SOURCE.name))
