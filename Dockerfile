@@ -9,7 +9,8 @@
 #
 # tests/deploy/test_image.py reads this file and runs its pip commands and its start command in a fresh
 # virtual environment (the cpu variant): the image paths /src, /wheels and /data become temp directories
-# there, and a RUN line that is neither pip nor user/directory setup makes that test fail until it learns it.
+# there, the apt-get line is checked against this machine's compiler instead of run, and a RUN line that is
+# none of these makes that test fail until it learns it.
 
 ARG VARIANT=cuda
 # The torch the test suite runs (scripts/install.sh pins the same one; tests/deploy checks that they agree).
@@ -19,17 +20,22 @@ ARG TORCH_VERSION=2.13.0
 # comes from: PyPI's Linux x86_64 wheel is the CUDA build (2.13.0: CUDA 13.0, whose libraries come as wheels, so
 # the host needs only an NVIDIA driver >= 580; for an older driver, another CUDA build of the same version, e.g.
 # --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126); PyTorch's CPU index has the CPU build.
-FROM python:3.11.11-slim-bookworm AS base-cuda
-ARG TORCH_VERSION
-ARG TORCH_INDEX=https://pypi.org/simple
-# A C compiler for Triton (which torch's CUDA build brings): on first use Triton compiles its CUDA driver module
-# and each kernel's launcher with the system compiler against Python's headers (this image has those), and
-# without one every decode step fails ("Failed to find C compiler"). gcc brings binutils; libc6-dev the C
-# headers and start files. Pinned to bookworm's series: libc6-dev must equal the image's libc6 exactly, and
-# Debian's point releases move that, so an exact pin would stop building at the next one.
+FROM python:3.11.11-slim-bookworm AS base-python
+# A C compiler, for both variants. On a GPU, Triton (which torch's CUDA build brings) compiles its CUDA driver
+# module and each kernel's launcher with the system compiler on first use, against Python's headers (this image
+# has those); without one every decode step fails ("Failed to find C compiler"). On a CPU, txl's native kernels
+# (attention, the fused decode layer, the few-row linear loop) are compiled for the machine the container runs on
+# (-march=native, so not at build time) on first use; without a compiler the server takes torch's paths, which
+# decoded 2.3x slower (docs/deploy.md). gcc brings binutils and libgomp (the kernels' OpenMP); libc6-dev the C headers and
+# start files. Pinned to bookworm's series: libc6-dev must equal the image's libc6 exactly, and Debian's point
+# releases move that, so an exact pin would stop building at the next one.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends "gcc=4:12.2.0-*" "libc6-dev=2.36-*" \
     && rm -rf /var/lib/apt/lists/*
+
+FROM base-python AS base-cuda
+ARG TORCH_VERSION
+ARG TORCH_INDEX=https://pypi.org/simple
 RUN python -m pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}"
 # What the NVIDIA container runtime exposes to the container: the GPUs it is given, for computing.
 ENV NVIDIA_VISIBLE_DEVICES=all \
@@ -37,7 +43,7 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     TXL_DEVICE=cuda \
     TXL_DTYPE=bfloat16
 
-FROM python:3.11.11-slim-bookworm AS base-cpu
+FROM base-python AS base-cpu
 ARG TORCH_VERSION
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN python -m pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}"
