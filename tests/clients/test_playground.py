@@ -74,9 +74,16 @@ def chromium(*extra_flags: str):
 
 
 def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = condition()
+        try:
+            value = condition()
+        except (
+            StaleElementReferenceException
+        ):  # the page re-rendered an element between finding and reading it
+            value = None
         if value:
             return value
         time.sleep(0.05)
@@ -247,19 +254,17 @@ def test_playground_starts_a_session_from_a_memory_and_saves_a_document_as_one(s
     driver.get(server.url + "/")
     driver.find_element(By.ID, "api-key").send_keys(API_KEY)
     driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
-    picker = wait_for(
+    tokens = len(DOCUMENT.encode())  # a byte-level model
+    wait_for(
         lambda: (
-            (s := Select(driver.find_element(By.ID, "memory-select")))
-            and memory.id in [o.get_attribute("value") for o in s.options]
-            and s
+            f"moby ({tokens} tokens)"
+            in [o.text for o in Select(driver.find_element(By.ID, "memory-select")).options]
         ),
         what="the memories to be listed",
     )
-    tokens = len(DOCUMENT.encode())  # a byte-level model
-    assert f"moby ({tokens} tokens)" in [o.text for o in picker.options]
 
     # ---- pick it: the next generation starts a session from it, exactly as the SDK's
-    picker.select_by_value(memory.id)
+    Select(driver.find_element(By.ID, "memory-select")).select_by_value(memory.id)
     assert "New session from the memory moby" in text_of("transcript")
     for element_id, value in (("max-tokens", "20"), ("temperature", "0")):
         field = driver.find_element(By.ID, element_id)
@@ -298,6 +303,44 @@ def test_playground_starts_a_session_from_a_memory_and_saves_a_document_as_one(s
         sdk.memories.delete(made)
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
     assert not errors, errors
+
+
+@pytest.mark.browser
+def test_a_late_answer_to_an_earlier_memories_load_does_not_empty_the_picker(server, browser):
+    """The page loads its memories when it opens (before a key is entered: a 401) and again when a key is
+    entered; if the first answer comes last, it must not replace the second's list."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    sdk = Client(server.url, API_KEY)
+    memory = sdk.memories.create(DOCUMENT, name="late")
+    driver = browser
+    driver.get(server.url + "/")
+    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+
+    def listed() -> list[str]:
+        return [o.get_attribute("value") for o in Select(driver.find_element(By.ID, "memory-select")).options]
+
+    wait_for(lambda: memory.id in listed(), what="the memory to be listed")
+    # The next memories request is answered 401, after a second: as the page's first load, without a key, can be.
+    driver.execute_script(
+        """const real = window.fetch;
+        let delayed = false;
+        window.fetch = (url, init) => {
+          if (!delayed && String(url).includes("v1/memories")) {
+            delayed = true;
+            return new Promise((done) => setTimeout(done, 1000)).then(
+              () => new Response('{"error": {"type": "unauthorized"}}', {status: 401}));
+          }
+          return real(url, init);
+        };
+        loadMemories();
+        loadMemories();"""
+    )
+    time.sleep(1.5)
+    assert memory.id in listed()
+    sdk.memories.delete(memory.id)
 
 
 @pytest.mark.browser

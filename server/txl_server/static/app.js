@@ -411,13 +411,21 @@ function memoryLabel(memory) {
   return `${name} (${memory.tokens.toLocaleString()} tokens)`;
 }
 
+let memoriesLoads = 0;
+
 async function loadMemories(select) {
   const picker = $("memory-select");
+  const load = ++memoriesLoads;
+  let memories;
   try {
-    state.memories = (await apiJson("GET", "v1/memories")).data;
+    memories = (await apiJson("GET", "v1/memories")).data;
   } catch (_) {
-    state.memories = []; // no key yet, or the server is away: the page says so elsewhere
+    memories = []; // no key yet, or the server is away: the page says so elsewhere
   }
+  // Answers can arrive out of order (the page's first load, without a key, after the one a key started): only
+  // the latest load fills the picker.
+  if (load !== memoriesLoads) return;
+  state.memories = memories;
   const wanted = select !== undefined ? select : picker.value;
   const options = [new Option("nothing (an empty session)", "")];
   for (const memory of state.memories) options.push(new Option(memoryLabel(memory), memory.id));
