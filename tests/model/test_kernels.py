@@ -8,7 +8,7 @@ import pytest
 import torch
 import txl
 from txl.kernels import cpu_paged_decode, prefer, reference_path, rows_linear
-from txl.kernels.cpu import openmp_runtimes
+from txl.kernels.cpu import build_library, openmp_runtimes
 from txl.kernels.rows_linear import cpu_rows_linear
 
 from .decode_cases import dense_reference, random_case
@@ -155,3 +155,17 @@ def test_the_native_linear_splits_its_outputs_over_torchs_threads_with_the_same_
         torch.set_num_threads(before)
     expected = torch.nn.functional.linear(x, weight.float(), bias.float()).to(dtype)  # float32 sums, rounded
     torch.testing.assert_close(alone, expected, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(cpu_rows_linear() is None, reason="no C compiler here")
+def test_a_kernel_is_rebuilt_when_a_header_it_includes_changes(tmp_path, monkeypatch):
+    """The cache key of a built kernel covers the headers it includes from beside it (team.h), not only its own
+    text: an edited header must not leave a stale library in the cache."""
+    monkeypatch.setenv("TXL_KERNEL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "answer.h").write_text("static inline int answer(void) { return 41; }\n")
+    source = tmp_path / "probe.c"
+    source.write_text('#include "answer.h"\nint txl_probe(void) { return answer(); }\n')
+    assert build_library(source).txl_probe() == 41
+    (tmp_path / "answer.h").write_text("static inline int answer(void) { return 42; }\n")
+    assert build_library(source).txl_probe() == 42
+    assert len(list((tmp_path / "cache").glob("probe-*.so"))) == 2

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -64,9 +65,12 @@ def _build(compiler: str, source: Path, extra: list[str]) -> Path:
     # The compiler is the system's own (CC or cc on PATH), run with fixed arguments.
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout  # noqa: S603
     flags = _flags() + extra
+    text = source.read_text()
+    # The headers it includes from beside it (team.h) are part of what is built: a change to one rebuilds it.
+    headers = [(source.parent / name).read_text() for name in re.findall(r'^#include "([^"]+)"', text, re.M)]
     key = hashlib.sha256(
         "\n".join(
-            [source.read_text(), compiler, version, " ".join(flags), _cpu_flags(), platform.machine()]
+            [text, *headers, compiler, version, " ".join(flags), _cpu_flags(), platform.machine()]
         ).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"

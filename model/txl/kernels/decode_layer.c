@@ -16,20 +16,15 @@
  * place. Scratch: at least R * (4 H Dh + D + Di) + threads * S * bs floats.
  *
  * With `threads` > 1 the layer runs in one OpenMP parallel region: each linear layer's output features, and the
- * attention's (head, row) items, are split over the team, each stage ending at the team's barrier. Built with
- * -fopenmp, the library binds to the libgomp torch already loaded (the same soname), so the team is torch's own.
- * Every output element is computed by one thread in the order one thread would: the bits do not depend on the
- * thread count. Built without -fopenmp, the region is one thread.
+ * attention's (head, row) items, are split over the team (torch's own: team.h), each stage ending at the team's
+ * barrier. Every output element is computed by one thread in the order one thread would: the bits do not depend
+ * on the thread count.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-static inline int64_t team_member(void) { return omp_get_thread_num(); }
-#else
-static inline int64_t team_member(void) { return 0; }
-#endif
+
+#include "team.h"
 
 typedef struct {
     const float *qkv_w; /* [3 H Dh, D] */

@@ -10,21 +10,14 @@
  * scratch: at least S * bs floats for this call. Work items are b * H + h in [begin, end), so that callers may
  * split them across threads.
  *
- * The _threads entries split the items [0, B * H) over an OpenMP team, thread t with scratch + t * scratch_floats.
- * Built with -fopenmp, the library binds to the libgomp torch already loaded (the same soname): the team is the
- * one that runs torch's products, not a second one fighting it for the cores (Python threads, as before, were).
+ * The _threads entries split the items [0, B * H) over an OpenMP team, thread t with scratch + t * scratch_floats:
+ * torch's own team (team.h), not a second set of threads fighting it for the cores (Python threads, before, were).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-static inline int64_t team_member(void) { return omp_get_thread_num(); }
-static inline int64_t team_size(void) { return omp_get_num_threads(); }
-#else /* built without -fopenmp: the parallel region below is one thread */
-static inline int64_t team_member(void) { return 0; }
-static inline int64_t team_size(void) { return 1; }
-#endif
+
+#include "team.h"
 
 static inline float bf16_to_f32(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
@@ -106,9 +99,10 @@ DEFINE_KERNEL(txl_paged_decode_bf16, uint16_t, LOAD_BF16)
               float *scratch, int64_t scratch_floats) {                                                      \
         const int64_t items = B * H;                                                                         \
         _Pragma("omp parallel num_threads((int)threads)") {                                                  \
-            const int64_t part = team_member(), parts = team_size();                                         \
-            KERNEL(q, bd, keys, values, table, starts, klens, windows, out, B, H, S, NB, bs, Dh, P,          \
-                   items * part / parts, items * (part + 1) / parts, scratch + part * scratch_floats);       \
+            int64_t begin, end;                                                                              \
+            team_share(items, &begin, &end);                                                                 \
+            KERNEL(q, bd, keys, values, table, starts, klens, windows, out, B, H, S, NB, bs, Dh, P, begin,   \
+                   end, scratch + team_member() * scratch_floats);                                           \
         }                                                                                                    \
     }
 

@@ -18,22 +18,14 @@
  * distances P-1..0 at pos + h * pos_head_stride, [P, Dh]; out [B*T, H, Dh]. Work items h * B + b in [begin, end);
  * scratch: txl_prefill_scratch_floats(...) floats for this call alone (any contents).
  *
- * txl_prefill_attention_f32_threads splits the items over an OpenMP team, each thread with its own scratch. Built
- * with -fopenmp it binds to the libgomp torch already loaded (the same soname): the team is torch's own, the
- * threads that run its products, so the two never hold more threads than torch's count. Built without, it runs
- * the items in one thread.
+ * txl_prefill_attention_f32_threads splits the items over an OpenMP team, each thread with its own scratch: torch's
+ * own team (team.h), the threads that run its products, so the two never hold more threads than torch's count.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-static inline int64_t team_member(void) { return omp_get_thread_num(); }
-static inline int64_t team_size(void) { return omp_get_num_threads(); }
-#else /* built without -fopenmp: the parallel region below is one thread */
-static inline int64_t team_member(void) { return 0; }
-static inline int64_t team_size(void) { return 1; }
-#endif
+
+#include "team.h"
 
 #if defined(__AVX512F__)
 #define VEC 16 /* floats per vector register */
@@ -363,9 +355,10 @@ void txl_prefill_attention_f32_threads(const float *qc, const float *qp, const i
     const int64_t items = H * B;
 #pragma omp parallel num_threads((int)threads)
     {
-        const int64_t part = team_member(), parts = team_size();
+        int64_t begin, end;
+        team_share(items, &begin, &end);
         txl_prefill_attention_f32(qc, qp, token_index, keys, values, table, starts, klens, windows, pos,
-                                  pos_head_stride, out, H, B, T, Dh, S, NB, bs, P, items * part / parts,
-                                  items * (part + 1) / parts, scratch + part * scratch_floats);
+                                  pos_head_stride, out, H, B, T, Dh, S, NB, bs, P, begin, end,
+                                  scratch + team_member() * scratch_floats);
     }
 }

@@ -10,20 +10,13 @@
  * or NULL; y [R, out] in W's type. Sums are float32; bfloat16 results are rounded to nearest even.
  *
  * The _threads entries split the outputs [0, out) over an OpenMP team in contiguous runs, each thread one
- * sequential stream of weight rows. Built with -fopenmp, the library binds to the libgomp torch already loaded
- * (the same soname), so the team is torch's own. Each output is one thread's whole sum: the same bits on any
- * number of threads.
+ * sequential stream of weight rows, on torch's own team (team.h). Each output is one thread's whole sum: the same
+ * bits on any number of threads.
  */
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-static inline int64_t team_member(void) { return omp_get_thread_num(); }
-static inline int64_t team_size(void) { return omp_get_num_threads(); }
-#else /* built without -fopenmp: the parallel region below is one thread */
-static inline int64_t team_member(void) { return 0; }
-static inline int64_t team_size(void) { return 1; }
-#endif
+
+#include "team.h"
 
 static inline float bf16_to_f32(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
@@ -69,8 +62,9 @@ DEFINE_KERNEL(txl_rows_linear_bf16, uint16_t, LOAD_BF16, STORE_BF16)
     void NAME(const T *restrict W, const float *restrict x, const T *restrict bias, T *restrict y,          \
               int64_t R, int64_t out, int64_t in, int64_t threads) {                                        \
         _Pragma("omp parallel num_threads((int)threads)") {                                                  \
-            const int64_t part = team_member(), parts = team_size();                                         \
-            KERNEL(W, x, bias, y, R, out, in, out * part / parts, out * (part + 1) / parts);                 \
+            int64_t begin, end;                                                                              \
+            team_share(out, &begin, &end);                                                                   \
+            KERNEL(W, x, bias, y, R, out, in, begin, end);                                                   \
         }                                                                                                    \
     }
 
