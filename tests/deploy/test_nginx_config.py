@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 from txl_client import _core
-from txl_server.api.completions import router as completions_router
-from txl_server.api.sessions import router as sessions_router
+from txl_server.api.completions.router import router as completions_router
+from txl_server.api.sessions.router import router as sessions_router
 from txl_server.sessions.service import SessionService, new_session_id
 
 from .nginx import (

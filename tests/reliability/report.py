@@ -27,7 +27,7 @@ FINDINGS = [
     (
         "test_faults.py::test_a_stream_left_with_an_idempotency_key_can_be_retried",
         "The same cancellation leaves the request's Idempotency-Key 'in progress', so every retry gets 409 for "
-        "24 h. Fix: shield the `finally` of the SSE generator in `api/sessions.py`.",
+        "24 h. Fix: shield the `finally` of the SSE generator in `api/sessions/serving.py`.",
     ),
     (
         "test_faults.py::test_an_idle_worker_reports_no_active_jobs",

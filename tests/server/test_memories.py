@@ -12,7 +12,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from txl_server.api.auth import ANONYMOUS
+from txl_server.api.shared.auth import ANONYMOUS
 from txl_server.settings import Persistence, Settings
 
 from .gate import Gate

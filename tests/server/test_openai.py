@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from txl_server.api.chat import ChatMessage, ChatTemplate
+from txl_server.api.shared.chat_template import ChatMessage, ChatTemplate
 from txl_server.settings import TRANSCRIPT_TEMPLATE, Settings
 
 from .live_server import client_of, serve

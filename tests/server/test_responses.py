@@ -11,8 +11,9 @@ import pytest
 import torch
 import txl
 from txl.sampling import SamplingParams
-from txl_server.api.chat import ChatTemplate
-from txl_server.api.responses_protocol import ResponseCreateRequest, turn_text
+from txl_server.api.responses.protocol import ResponseCreateRequest
+from txl_server.api.responses.turn_input import turn_text
+from txl_server.api.shared.chat_template import ChatTemplate
 from txl_server.errors import Conflict
 from txl_server.sessions.responses import ResponseRecord, parse_response_id, response_id
 from txl_server.settings import TRANSCRIPT_TEMPLATE, Persistence

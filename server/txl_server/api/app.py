@@ -12,29 +12,35 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match, Mount
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
-from ..errors import Conflict, Overloaded, PayloadTooLarge, ServiceError
+from ..errors import ServiceError
 from ..metrics import Metrics
 from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
-from . import chat, completions, history, memories, responses, score, sessions, system
-from .auth import ApiKeys
-from .common import validation_message
-from .disconnect import CLIENT_CLOSED_REQUEST, ClientGone
-from .openai_errors import OpenAIErrors
+from .chat.router import router as chat_router
+from .completions.router import router as completions_router
+from .fallback import Fallback
+from .memories.router import router as memories_router
+from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
+from .responses.router import router as responses_router
+from .score.router import router as score_router
+from .sessions.router import history_router
+from .sessions.router import router as sessions_router
+from .shared.auth import ApiKeys
+from .shared.disconnect import CLIENT_CLOSED_REQUEST, ClientGone
+from .shared.error_shapes import INTERNAL_ERROR, error_response
+from .shared.openai_errors import OpenAIErrors
+from .shared.validation import validation_message
 from .shutdown import Shutdown, ShutdownGate
+from .system.router import router as system_router
 
 log = logging.getLogger("txl_server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -80,8 +86,17 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.state.api_keys = ApiKeys.from_settings(settings)
     app.state.started_at = time.time()
     app.state.replica = replica_name(settings)
-    for module in (sessions, history, memories, score, completions, chat, responses, system):
-        app.include_router(module.router)
+    for router in (
+        sessions_router,
+        history_router,
+        memories_router,
+        score_router,
+        completions_router,
+        chat_router,
+        responses_router,
+        system_router,
+    ):
+        app.include_router(router)
     _install_error_handlers(app)
     # Outermost first: metrics see every response, including the limits' 413 and 429.
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
@@ -93,20 +108,6 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.add_middleware(ReplicaHeader, replica=app.state.replica)
     app.mount("/", Fallback(app, STATIC_DIR), name="playground")
     return app
-
-
-# A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer: steps take
-# tens of milliseconds to seconds, so a retry a second later usually finds the session free.
-CONFLICT_RETRY_AFTER_SECONDS = 1
-
-
-def error_response(error: ServiceError) -> JSONResponse:
-    headers = {}
-    if isinstance(error, Overloaded):
-        headers["Retry-After"] = str(max(1, round(error.retry_after)))
-    elif isinstance(error, Conflict):
-        headers["Retry-After"] = str(CONFLICT_RETRY_AFTER_SECONDS)
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -143,130 +144,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        body = {"error": {"type": "internal", "message": "internal error", "param": None}}
+        body = {"error": INTERNAL_ERROR}
         # Starlette sends this one from outside every middleware: it names its replica itself.
         return JSONResponse(body, status_code=500, headers={REPLICA_HEADER: request.app.state.replica})
-
-
-# ---------------------------------------------------------------------------------------------- routing
-
-
-_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
-
-
-class Fallback:
-    """What no route serves: the playground's files for GET and HEAD outside /v1; else 405 (with Allow) for
-    a route called with another method, and 404 `not_found` for everything else. (A plain StaticFiles mount
-    at `/` would answer every POST to an unknown route with its own 405.)"""
-
-    def __init__(self, app: FastAPI, directory: Path) -> None:
-        self.app = app
-        self.files = StaticFiles(directory=directory, html=True) if directory.is_dir() else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        api = scope["path"] == "/v1" or scope["path"].startswith("/v1/")
-        if scope["method"] in ("GET", "HEAD") and not api and self.files is not None:
-            await self.files(scope, receive, send)
-            return
-        allowed = [
-            method
-            for method in _METHODS
-            if any(
-                not isinstance(route, Mount) and route.matches({**scope, "method": method})[0] is Match.FULL
-                for route in self.app.router.routes
-            )
-        ]
-        if allowed:
-            raise StarletteHTTPException(
-                405,
-                f"{scope['method']} is not allowed on {scope['path']}; use {' or '.join(allowed)}",
-                headers={"Allow": ", ".join(allowed)},
-            )
-        raise StarletteHTTPException(404)
-
-
-# ---------------------------------------------------------------------------------------------- middleware
-
-
-class _BodyTooLarge(PayloadTooLarge):
-    pass
-
-
-class BodyLimit:
-    """413 for a body over the limit, whether announced by Content-Length or streamed in chunks."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = _BodyTooLarge(f"the request body is larger than {self.limit} bytes", param="body")
-        length = dict(scope.get("headers", [])).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await error_response(too_large)(scope, receive, send)
-            return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise too_large
-            return message
-
-        await self.app(scope, limited, send)
-
-
-class ConcurrencyLimit:
-    """429 (with Retry-After) once `limit` API requests are in flight; streams count until they end."""
-
-    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics) -> None:
-        self.app, self.limit, self.metrics = app, limit, metrics
-        self.in_flight = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
-            await self.app(scope, receive, send)
-            return
-        if self.in_flight >= self.limit:
-            self.metrics.overloaded.inc()
-            busy = Overloaded(f"more than {self.limit} requests in flight; retry shortly", retry_after=1)
-            await error_response(busy)(scope, receive, send)
-            return
-        self.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
-
-
-class RequestMetrics:
-    """Counts and times requests by route template and status (never by path: ids are not labels)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status: dict[str, Any] = {"code": 500}
-
-        async def capture(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, capture)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or ("/" if scope["path"] == "/" else "unmatched")
-            method = scope.get("method", "GET")
-            self.metrics.requests.labels(template, method, str(status["code"])).inc()
-            self.metrics.request_seconds.labels(template, method).observe(time.perf_counter() - started)

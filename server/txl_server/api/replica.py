@@ -13,6 +13,7 @@ import socket
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..settings import Settings
+from .middleware import HttpMiddleware
 
 REPLICA_HEADER = "X-TXL-Replica"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -25,18 +26,14 @@ def replica_name(settings: Settings) -> str:
     return _UNSAFE.sub("-", socket.gethostname())[:64] or "unnamed"
 
 
-class ReplicaHeader:
+class ReplicaHeader(HttpMiddleware):
     """Adds `X-TXL-Replica: NAME` to every HTTP response that passes through it."""
 
     def __init__(self, app: ASGIApp, replica: str) -> None:
-        self.app = app
+        super().__init__(app)
         self.header = (REPLICA_HEADER.lower().encode("latin-1"), replica.encode("latin-1"))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def named(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), self.header]}

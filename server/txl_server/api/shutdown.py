@@ -28,7 +28,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import sse
+from .shared import sse
 
 log = logging.getLogger("txl_server")
 

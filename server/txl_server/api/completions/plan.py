@@ -1,0 +1,83 @@
+"""A completion request checked against what this server supports and its limits: its prompts as token ids, one
+set of sampling parameters per choice, the stop strings, and what to report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from txl.sampling import SamplingParams
+from txl.tokenizers import Tokenizer
+
+from ...errors import InvalidRequest
+from ...settings import Settings
+from ..shared.limits import check_max_tokens, check_stop, check_text
+from ..shared.openai_errors import ModelNotFound
+from .protocol import MAX_N, CompletionRequest
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The validated request: prompts as token ids, sampling, and what to report."""
+
+    prompts: list[tuple[str, list[int]]]  # (text, token ids) of each prompt
+    n: int  # choices per prompt
+    sampling: list[SamplingParams]  # of each choice
+    stops: list[str]
+    max_tokens: int
+    top: int  # log-probs of the likeliest alternatives to report per token
+    tokenizer: Tokenizer
+
+    @classmethod
+    def build(cls, body: CompletionRequest, model_id: str, tokenizer: Tokenizer, settings: Settings) -> Plan:
+        if body.model is not None and body.model != model_id:
+            raise ModelNotFound(body.model, model_id)
+        if body.suffix:
+            raise InvalidRequest("suffix is not supported", param="suffix")
+        if body.best_of not in (None, body.n or 1):
+            raise InvalidRequest("best_of other than n is not supported", param="best_of")
+        for penalty in ("frequency_penalty", "presence_penalty"):
+            if getattr(body, penalty):
+                raise InvalidRequest(f"{penalty} is not supported (only 0)", param=penalty)
+        prompts = cls._prompts(body.prompt, tokenizer, settings)
+        if body.session_id is not None and body.memory is not None:
+            raise InvalidRequest("give session_id or memory, not both", param="memory")
+        if body.session_id is not None and len(prompts) != 1:
+            raise InvalidRequest("with session_id, give a single prompt", param="prompt")
+        max_tokens = 16 if body.max_tokens is None else body.max_tokens
+        check_max_tokens(settings, max_tokens)
+        n = body.n or 1
+        if body.session_id is not None and n != 1:
+            raise InvalidRequest("with session_id, n must be 1", param="n")
+        if len(prompts) * n > MAX_N:
+            raise InvalidRequest(f"prompts x n must be at most {MAX_N}", param="n")
+        return cls(
+            prompts,
+            n,
+            body.to_sampling_params(),
+            check_stop(settings, body.stop),
+            max_tokens,
+            body.logprobs or 0,
+            tokenizer,
+        )
+
+    @staticmethod
+    def _prompts(prompt: Any, tokenizer: Tokenizer, settings: Settings) -> list[tuple[str, list[int]]]:
+        if isinstance(prompt, str):
+            items: list[Any] = [prompt]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            items = [prompt]
+        else:
+            items = list(prompt) or [""]
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                check_text(settings, item, "prompt")
+                out.append((item, tokenizer.encode(item)))
+            else:
+                if any(not 0 <= t < tokenizer.vocab_size for t in item):
+                    raise InvalidRequest(f"token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
+                if len(item) > settings.max_text_chars:
+                    raise InvalidRequest("prompt has too many tokens", param="prompt")
+                out.append((tokenizer.decode(item), list(item)))
+        return out

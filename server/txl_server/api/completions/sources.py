@@ -1,0 +1,58 @@
+"""What a completion request runs on: its tenant's sessions (with `session_id`) or no session, a preloaded memory
+to start from (with `memory`), and the metrics it feeds."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends
+
+from ...engine.state import ModelState
+from ...metrics import Metrics
+from ...sessions.service import SessionService
+from ...sessions.stateless import PromptScores, StatelessService
+from ...settings import Settings
+from ..shared.dependencies import AppSettings, MetricsDep, ModelId, Service, Stateless, Tenant
+
+# (prompt token ids, whether to score the prompt, top log-probs per position) -> its state and scores
+Prefill = Callable[[list[int], bool, int], Awaitable[tuple[ModelState, PromptScores]]]
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What a completion request runs on: sessions (with `session_id`) or no session, for its tenant, and the
+    metrics it feeds."""
+
+    tenant: str
+    settings: Settings
+    service: SessionService
+    stateless: StatelessService
+    metrics: Metrics
+    model_id: str
+
+    def prefill(self, memory: str | None) -> Prefill:
+        """What a stateless prompt starts from: nothing, or a preloaded memory of the caller's."""
+        if memory is None:
+            return lambda tokens, logprobs, top: self.stateless.prefill(
+                tokens, owner=self.tenant, logprobs=logprobs, top_logprobs=top
+            )
+        memories = self.service.memories
+        return lambda tokens, logprobs, top: memories.prefill(
+            self.tenant, memory, tokens, logprobs=logprobs, top_logprobs=top
+        )
+
+
+def completion_sources(
+    tenant: Tenant,
+    settings: AppSettings,
+    service: Service,
+    stateless: Stateless,
+    metrics: MetricsDep,
+    model_id: ModelId,
+) -> Sources:
+    return Sources(tenant, settings, service, stateless, metrics, model_id)
+
+
+CompletionSources = Annotated[Sources, Depends(completion_sources)]

@@ -1,0 +1,1 @@
+"""Preloaded memories (`/v1/memories`): protocol, serving and router."""

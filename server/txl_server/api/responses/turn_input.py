@@ -1,0 +1,52 @@
+"""A turn's input: the text it feeds (a string input continued verbatim, or messages written out with the chat
+template, as chat completions are) and the input items it lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import InvalidRequest
+from ...sessions.responses import ResponseRecord
+from ..shared.chat_template import ChatMessage, ChatTemplate
+from .protocol import InputMessageItem, ResponseCreateRequest
+
+
+def turn_text(
+    body: ResponseCreateRequest, template: ChatTemplate | None, previous: ResponseRecord | None
+) -> tuple[str, list[ChatMessage] | None]:
+    """What the turn feeds, and its messages (None for a string input).
+
+    A string is fed verbatim after the instructions, as a continuation. Messages are written out with the chat
+    template after the instructions (as a system message), up to the assistant's prefix. After a turn of
+    messages, the memory ends inside the conversation: where the model began the user's next turn (its prefix is
+    then not written again), or inside its own reply, cut at max_output_tokens (which is then closed)."""
+    if isinstance(body.input, str):
+        return (body.instructions or "") + body.input, None
+    if template is None:
+        raise InvalidRequest(
+            "message input needs a chat template, and this server has none: the operator sets "
+            "TXL_CHAT_TEMPLATE (e.g. transcript); or send input as a string, which the model continues",
+            param="input",
+        )
+    messages = body.messages()
+    if body.instructions is not None:
+        messages.insert(0, ChatMessage(role="system", content=body.instructions))
+    text = template.prompt(messages)
+    if previous is None or not previous.messages:
+        return text, messages
+    if not previous.turn_end:
+        return template.suffix.format(role="assistant", Role="Assistant") + text, messages
+    user = template.template.format(role="user", Role="User", content="")  # an empty user message
+    written = template.prefix.format(role="user", Role="User").rstrip()  # what the model wrote of it
+    if messages[0].role != "user":  # the user's turn the model began is closed, empty
+        text = user + text
+    return text[len(written) :], messages
+
+
+def input_items(body: ResponseCreateRequest, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
+    """The turn's input as OpenAI lists it: a string is one user message (instructions are not items)."""
+    if messages is None:
+        assert isinstance(body.input, str)
+        return [InputMessageItem.of("user", body.input).model_dump(exclude_none=True)]
+    given = messages[1:] if body.instructions is not None else messages
+    return [InputMessageItem.of(m.role, m.text(i)).model_dump(exclude_none=True) for i, m in enumerate(given)]

@@ -1,0 +1,1 @@
+"""`POST /v1/score`: protocol, serving and router."""

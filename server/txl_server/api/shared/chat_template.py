@@ -1,0 +1,52 @@
+"""The chat template (TXL_CHAT_TEMPLATE): messages written out as one text for a base language model to continue,
+and the stop string where the user's next turn would begin. Chat completions and the Responses API both use it.
+
+TXL Serve serves base language models: to them a chat is text to continue. With a template (e.g. `transcript`)
+the messages are written out one after another (`User: Hi\\n`), the model continues the transcript after the
+assistant's prefix (`Assistant:`), and the reply ends where the model begins the user's next turn (`\\nUser:`).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...errors import InvalidRequest
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str = Field(..., min_length=1, max_length=64)
+    content: str | list[ContentPart] | None = None
+
+    def text(self, index: int) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        if any(part.type != "text" for part in self.content):
+            raise InvalidRequest("only text content is supported", param=f"messages.{index}.content")
+        return "".join(part.text or "" for part in self.content)
+
+
+class ChatTemplate:
+    """Messages -> one prompt, and the stop string that ends the assistant's turn."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self.prefix, self.suffix = template.split("{content}")
+
+    def prompt(self, messages: list[ChatMessage]) -> str:
+        turns = [
+            self.template.format(role=m.role, Role=m.role.capitalize(), content=m.text(i))
+            for i, m in enumerate(messages)
+        ]
+        return "".join(turns) + self.prefix.format(role="assistant", Role="Assistant").rstrip()
+
+    def stop(self) -> str | None:
+        """Where the user's next turn would begin: the end of a message and the start of the user's."""
+        stop = self.suffix + self.prefix.format(role="user", Role="User").rstrip()
+        return stop if stop.strip() else None

@@ -1,0 +1,52 @@
+"""What a route takes from the application: its services, settings and metrics, and the caller's tenant."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from ...metrics import Metrics
+from ...sessions.service import SessionService
+from ...sessions.stateless import StatelessService
+from ...settings import Settings
+
+
+def get_service(request: Request) -> SessionService:
+    service = request.app.state.runtime.service
+    assert service is not None
+    return service
+
+
+def get_stateless(request: Request) -> StatelessService:
+    stateless = request.app.state.runtime.stateless
+    assert stateless is not None
+    return stateless
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def get_model_id(request: Request) -> str:
+    model_id: str = request.app.state.runtime.model_id
+    return model_id
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    tenant: str = request.app.state.api_keys.tenant(authorization)
+    return tenant
+
+
+Service = Annotated[SessionService, Depends(get_service)]
+Stateless = Annotated[StatelessService, Depends(get_stateless)]
+ModelId = Annotated[str, Depends(get_model_id)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+Tenant = Annotated[str, Depends(get_tenant)]
+AppSettings = Annotated[Settings, Depends(get_settings)]

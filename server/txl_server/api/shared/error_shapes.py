@@ -1,0 +1,70 @@
+"""The server's own error shape, `{"error": {"type", "message", "param"}}` with its HTTP status: the schema the
+OpenAPI document shows on every route, and the response of a `ServiceError` (with Retry-After where a retry
+helps)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from ...errors import Conflict, Overloaded, ServiceError
+
+# A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer: steps take
+# tens of milliseconds to seconds, so a retry a second later usually finds the session free.
+CONFLICT_RETRY_AFTER_SECONDS = 1
+# What a client learns of an unexpected error: internals are logged, never returned.
+INTERNAL_ERROR = {"type": "internal", "message": "internal error", "param": None}
+
+
+def error_response(error: ServiceError) -> JSONResponse:
+    headers = {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    elif isinstance(error, Conflict):
+        headers["Retry-After"] = str(CONFLICT_RETRY_AFTER_SECONDS)
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+class ErrorDetail(BaseModel):
+    type: Literal[
+        "invalid_request",
+        "idempotency_key_reused",
+        "unauthorized",
+        "not_found",
+        "conflict",
+        "gone",
+        "payload_too_large",
+        "overloaded",
+        "unavailable",
+        "internal",
+    ]
+    message: str
+    param: str | None
+    code: str | None = Field(None, description="A finer reason, where one helps (e.g. version_not_found)")
+
+
+class ErrorBody(BaseModel):
+    """Every error, with its HTTP status."""
+
+    error: ErrorDetail
+
+
+_ERRORS = {
+    400: "invalid_request: a value the server refuses",
+    401: "unauthorized: missing or wrong API key",
+    404: "not_found: no such session (or another tenant's)",
+    409: "conflict: another step on the session is in progress",
+    410: "gone: the session's memory was dropped",
+    413: "payload_too_large",
+    422: "invalid_request: the body does not match the schema; idempotency_key_reused: a key sent again with "
+    "another body",
+    429: "overloaded: retry after Retry-After seconds",
+    500: "internal",
+    503: "unavailable: Redis is unreachable; nothing was changed",
+}
+# For `APIRouter(responses=...)`: the error shape on every route, in the OpenAPI document.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in _ERRORS.items()
+}

@@ -1,0 +1,194 @@
+"""`Idempotency-Key`: a retried request returns the first one's result instead of doing the work again.
+
+Create, delete, fork, import, append and generate take the header. A key belongs to the tenant, the method and the path
+(`POST /v1/sessions/{id}/append`), and remembers a fingerprint of the request's body. While the first request
+runs, a retry gets 409; once it has finished, a retry gets its response; if it failed, the key is released and a
+retry runs anew. The claim of a running request lasts a lease (`TXL_LEASE_TTL_SECONDS`) and is renewed while it
+runs: if its process dies (`kill -9`, a lost node), the claim lapses and a retry, on any replica, runs anew. A key
+reused with a different body is refused with 422 `idempotency_key_reused` (as the IETF Idempotency-Key draft and
+Stripe do): replaying the first result would answer a question nobody asked.
+
+Routes take the `Idempotent` dependency and run their work through it:
+
+    return await idempotent.run(lambda: service.append(...))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import re
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
+
+from fastapi import Depends, Header, Request
+
+from ...errors import Conflict, IdempotencyKeyReused, InvalidRequest, Unavailable
+from ...sessions.service import to_the_end
+from ...sessions.store import SessionStore
+from .dependencies import AppSettings, Service, Tenant
+
+_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# Fields that change how a result is delivered, not what is done: a streamed retry of a JSON request replays it.
+_DELIVERY_FIELDS = ("stream",)
+
+
+class IdempotentCall:
+    def __init__(
+        self,
+        store: SessionStore,
+        owner: str,
+        scope: str,
+        key: str | None,
+        fingerprint: str,
+        ttl: int,
+        claim_ttl: int = 10,
+    ) -> None:
+        if key is not None and not _KEY.match(key):
+            raise InvalidRequest(
+                "Idempotency-Key must be 1-128 characters of [A-Za-z0-9._:-]", param="Idempotency-Key"
+            )
+        self.store, self.owner, self.fingerprint, self.ttl = store, owner, fingerprint, ttl
+        self.claim_ttl = claim_ttl  # seconds a claim outlives its process
+        self.key = f"{scope}:{key}" if key else None
+        self._keeper: asyncio.Task[None] | None = None
+
+    async def run(self, work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """The stored response of an earlier call with this key, else `work()`'s (stored under the key)."""
+        if (stored := await self.replay()) is not None:
+            return stored
+        return await self.execute(work)
+
+    async def run_unanswered(self, work: Callable[[], Awaitable[object]]) -> None:
+        """`run` for a request whose answer is empty (a deletion): `work()` once per key."""
+
+        async def answered() -> dict[str, Any]:
+            await work()
+            return {}
+
+        await self.run(answered)
+
+    async def execute(self, work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """`work()`'s response, stored under the key that `replay()` claimed (or the key released if it fails)."""
+        try:
+            response = await work()
+        except BaseException:
+            await self.failed()
+            raise
+        await self.succeeded(response)
+        return response
+
+    async def replay(self) -> dict[str, Any] | None:
+        """The stored result of an earlier call with this key, if any; claims the key otherwise."""
+        if self.key is None:
+            return None
+        if await self._claim(self.key):
+            return None
+        stored = await self.store.get_idempotent(self.owner, self.key)
+        if stored is None:  # expired between the two calls: run
+            return None if await self._claim(self.key) else await self.replay()
+        if stored.get("fingerprint", self.fingerprint) != self.fingerprint:
+            raise IdempotencyKeyReused(
+                "this Idempotency-Key was used with a different request body; use a new key for a new request",
+                param="Idempotency-Key",
+            )
+        if stored.get("state") == "pending":
+            raise Conflict(
+                "a request with this Idempotency-Key is still in progress", param="Idempotency-Key"
+            )
+        return dict(stored["response"])
+
+    async def succeeded(self, response: dict[str, Any]) -> None:
+        self._stop_keeping()
+        if self.key is not None:
+            record = {"state": "done", "fingerprint": self.fingerprint, "response": response}
+            # Even if the client leaves meanwhile: the work is done, and a retry must get it, not redo it.
+            await to_the_end(self.store.put_idempotent(self.owner, self.key, record, self.ttl))
+
+    async def failed(self) -> None:
+        self._stop_keeping()
+        if self.key is not None:
+            await to_the_end(self.store.drop_idempotent(self.owner, self.key))
+
+    async def _claim(self, key: str) -> bool:
+        """Claims `key` for `claim_ttl` seconds, renewed while this request runs (a claim that lasted the
+        record's whole TTL would answer every retry 409 for a day after its process died)."""
+        if not await self.store.claim_idempotent(self.owner, key, self.claim_ttl, self.fingerprint):
+            return False
+        self._keeper = asyncio.create_task(
+            _keep_claim(weakref.ref(self), self.store, self.owner, key, self.fingerprint, self.claim_ttl)
+        )
+        return True
+
+    def _stop_keeping(self) -> None:
+        # Not awaited: the outcome's write must not wait (a cancellation there would lose it), and a renewal still
+        # in flight cannot touch it (renew_idempotent extends only this claim's own pending record).
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()
+
+
+async def _keep_claim(
+    call: weakref.ref[IdempotentCall], store: SessionStore, owner: str, key: str, fingerprint: str, ttl: int
+) -> None:
+    """Renews a claim at a third of its TTL until its request has an outcome, or is gone without one (then the
+    claim lapses). Holds the request only weakly, so that a request dropped unfinished cannot keep it forever."""
+    while True:
+        await asyncio.sleep(ttl / 3)
+        if call() is None:
+            return
+        renewed = True
+        with contextlib.suppress(Unavailable):  # Redis away for a moment: the claim may still hold; next tick
+            renewed = await store.renew_idempotent(owner, key, ttl, fingerprint)
+        if not renewed:
+            return  # the request's outcome replaced the claim
+
+
+def fingerprint(body: bytes, query: str) -> str:
+    """SHA-256 of the request as the server reads it: JSON with sorted keys (so spacing and key order do not
+    matter), without the delivery fields (in the body or the query); any other body (a snapshot) as the
+    SHA-256 of its bytes."""
+    try:
+        value = json.loads(body) if body else None
+    except (ValueError, RecursionError):
+        value = ["sha256", hashlib.sha256(body).hexdigest()]
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in _DELIVERY_FIELDS}
+    parameters = sorted(p for p in parse_qsl(query, keep_blank_values=True) if p[0] not in _DELIVERY_FIELDS)
+    canonical = json.dumps(
+        [parameters, value], sort_keys=True, separators=(",", ":")
+    )  # ASCII: lone surrogates too
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+async def idempotent_call(
+    request: Request,
+    service: Service,
+    tenant: Tenant,
+    settings: AppSettings,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Retries with this key return the first request's result (1-128 of [A-Za-z0-9._:-])",
+        ),
+    ] = None,
+) -> IdempotentCall:
+    scope = f"{request.method} {request.url.path}"
+    return IdempotentCall(
+        service.store,
+        tenant,
+        scope,
+        idempotency_key,
+        fingerprint(await request.body(), request.url.query) if idempotency_key else "",
+        settings.idempotency_ttl_seconds,
+        claim_ttl=max(1, math.ceil(settings.lease_ttl_seconds)),
+    )
+
+
+Idempotent = Annotated[IdempotentCall, Depends(idempotent_call)]

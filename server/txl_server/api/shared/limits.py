@@ -1,0 +1,78 @@
+"""The limits on what a request may carry, each checked here once: text, stop strings, metadata, the number of
+tokens to generate and the seed. Limits the operator sets (`Settings`) are checked by these functions; fixed
+bounds are in the types the schemas' fields use (`MaxTokens`, `Seed`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from ...errors import InvalidRequest, PayloadTooLarge
+from ...settings import Settings
+
+# Every count of tokens to generate (`max_tokens`, `max_output_tokens`, ...): the most is the operator's
+# (`check_max_tokens`).
+MaxTokens = Annotated[int, Field(ge=0)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # the largest signed 64-bit integer
+
+
+def check_unicode(text: str, param: str) -> None:
+    """JSON can carry lone surrogates (`"\\ud800"`), which are not text: refuse them before they go anywhere."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"{param} is not valid Unicode (a lone surrogate)", param=param) from None
+
+
+def check_text(settings: Settings, text: str, param: str, *, allow_empty: bool = True) -> None:
+    if not allow_empty and not text:
+        raise InvalidRequest(f"{param} must not be empty", param=param)
+    if len(text) > settings.max_text_chars:
+        raise PayloadTooLarge(f"{param} is longer than {settings.max_text_chars} characters", param=param)
+    check_unicode(text, param)
+
+
+def check_stop(settings: Settings, stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > settings.max_stop_strings:
+        raise InvalidRequest(f"at most {settings.max_stop_strings} stop strings", param="stop")
+    for s in stops:
+        if not s or len(s) > settings.max_stop_chars:
+            raise InvalidRequest(
+                f"stop strings must have 1 to {settings.max_stop_chars} characters", param="stop"
+            )
+    return stops
+
+
+def check_metadata(settings: Settings, metadata: dict[str, Any] | None, *, max_depth: int = 4) -> None:
+    if metadata is None:
+        return
+
+    def depth(value: Any) -> int:
+        if isinstance(value, str):
+            check_unicode(value, "metadata")
+        if isinstance(value, dict):
+            for key in value:
+                check_unicode(key, "metadata")
+            return 1 + max((depth(v) for v in value.values()), default=0)
+        if isinstance(value, list):
+            return 1 + max((depth(v) for v in value), default=0)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest("metadata numbers must be finite", param="metadata")
+        return 0
+
+    if depth(metadata) > max_depth:
+        raise InvalidRequest(f"metadata may nest at most {max_depth} levels", param="metadata")
+    if len(json.dumps(metadata).encode()) > settings.max_metadata_bytes:
+        raise InvalidRequest(
+            f"metadata is larger than {settings.max_metadata_bytes} bytes as JSON", param="metadata"
+        )
+
+
+def check_max_tokens(settings: Settings, max_tokens: int, param: str = "max_tokens") -> None:
+    """The operator's most tokens one request may generate (TXL_MAX_TOKENS), whatever the field is called."""
+    if max_tokens > settings.max_tokens:
+        raise InvalidRequest(f"{param} must be at most {settings.max_tokens}", param=param)

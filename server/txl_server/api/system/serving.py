@@ -1,0 +1,49 @@
+"""What the system routes answer: readiness with what serves, the device report, and the metrics' gauges as they
+stand."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from ... import __version__
+from ...errors import Unavailable
+from ...metrics import Metrics
+from ...runtime import Runtime
+from .protocol import ReadyInfo, ServingInfo, SystemInfo
+
+
+async def ready(runtime: Runtime) -> JSONResponse:
+    if await runtime.ready():
+        report = runtime.device_report()
+        assert report is not None
+        serving = ReadyInfo(
+            device=report.device,
+            dtype=report.dtype,
+            attention=report.attention,
+            cuda_graphs=report.cuda_graphs,
+        )
+        return JSONResponse({"status": "ready", "model": runtime.model_id, **serving.model_dump()})
+    failed = runtime.worker is not None and runtime.worker.device_error is not None
+    message = (
+        "not ready: the device failed; restart the server"
+        if failed
+        else "not ready: model or Redis unavailable"
+    )
+    return JSONResponse(Unavailable(message).body(), status_code=503)
+
+
+def system_info(runtime: Runtime, model_id: str) -> SystemInfo:
+    report = runtime.device_report()
+    if report is None:
+        raise Unavailable("the server is starting")
+    return SystemInfo(model=model_id, version=__version__, serving=ServingInfo.of(report))
+
+
+def update_gauges(metrics: Metrics, runtime: Runtime) -> None:
+    """The sessions and memory each tier holds, and its budget, as they are now."""
+    service = runtime.service
+    if service is not None:
+        for tier in ("device", "host"):
+            metrics.sessions.labels(tier).set(service.cache.count(tier))
+            metrics.memory_bytes.labels(tier).set(service.cache.used(tier))
+            metrics.memory_budget.labels(tier).set(service.cache.budget(tier))
