@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...errors import InvalidRequest
 from ..completions.protocol import MAX_LOGPROBS, MAX_N, CompletionRequest, CompletionUsage, StreamOptions
 from ..shared.chat_template import ChatMessage, ChatTemplate
-from ..shared.limits import MaxTokens, Seed
+from ..shared.limits import MAX_USER_CHARS, MaxTokens, Seed
 
 DEFAULT_MAX_TOKENS = 256  # a reply, not a document: it usually ends earlier, at the user's next turn
 # What a chat request passes on to its completion as it is.
@@ -42,7 +42,7 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     seed: Seed | None = None
     n: int | None = Field(1, ge=1, le=MAX_N)
-    user: str | None = Field(None, max_length=256)
+    user: str | None = Field(None, max_length=MAX_USER_CHARS)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     logprobs: bool | None = None

@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
-from ..shared.limits import MaxTokens, Seed
-from ..system.protocol import ServingInfo
+from ..shared.limits import MAX_MEMORY_ID_CHARS, MAX_USER_CHARS, MaxTokens, Seed
+from ..shared.serving_info import ServingInfo
 
 MAX_N = 8
 MAX_LOGPROBS = 5
@@ -39,7 +39,7 @@ class CompletionRequest(BaseModel):
     echo: bool | None = False
     seed: Seed | None = None
     n: int | None = Field(1, ge=1, le=MAX_N)
-    user: str | None = Field(None, max_length=256)
+    user: str | None = Field(None, max_length=MAX_USER_CHARS)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     suffix: str | None = None
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
@@ -47,7 +47,7 @@ class CompletionRequest(BaseModel):
     session_id: str | None = Field(None, description="Extension: continue (and advance) this session")
     memory: str | None = Field(
         None,
-        max_length=64,
+        max_length=MAX_MEMORY_ID_CHARS,
         description="Extension: complete the prompt as if this preloaded memory's document came first",
     )
 

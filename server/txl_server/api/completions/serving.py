@@ -12,8 +12,8 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from ...engine.device_report import DeviceReport
+from ..shared.serving_info import ServingInfo
 from ..shared.text_log import log_text
-from ..system.protocol import ServingInfo
 from .generation import Finished, Piece, completion_source
 from .plan import Plan
 from .protocol import (

@@ -12,7 +12,7 @@ from txl.sampling import SamplingParams
 from ...errors import InvalidRequest
 from ..shared.chat_template import ChatMessage
 from ..shared.error_shapes import ERROR_RESPONSES
-from ..shared.limits import MaxTokens
+from ..shared.limits import MAX_USER_CHARS, MaxTokens
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256  # as chat completions: a reply, not a document
 MAX_INPUT_ITEMS = 256
@@ -72,7 +72,7 @@ class ResponseCreateRequest(BaseModel):
     truncation: Literal["auto", "disabled"] | None = Field(
         None, description="Accepted and never needed: the memory is bounded by mem_len"
     )
-    user: str | None = Field(None, max_length=256)
+    user: str | None = Field(None, max_length=MAX_USER_CHARS)
     # Refused unless empty or off (see `refuse_unsupported`):
     tools: list[Any] | None = None
     background: bool | None = None

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..shared.limits import MAX_MEMORY_ID_CHARS
+
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -13,7 +15,9 @@ class ScoreRequest(BaseModel):
     token_logprobs: bool = Field(False, description="Also return each token's log-probability and text")
     stream: bool = Field(False, description="Stream progress events, then the result")
     memory: str | None = Field(
-        None, max_length=64, description="Score the text as if this preloaded memory's document came first"
+        None,
+        max_length=MAX_MEMORY_ID_CHARS,
+        description="Score the text as if this preloaded memory's document came first",
     )
 
 

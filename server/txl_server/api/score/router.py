@@ -10,6 +10,7 @@ from ..shared.dependencies import AppSettings, Service, Stateless, Tenant
 from ..shared.disconnect import WatchedRoute
 from ..shared.error_shapes import ERROR_RESPONSES
 from ..shared.event_stream import json_or_stream_post
+from ..shared.limits import MAX_MEMORY_ID_CHARS
 from . import serving
 from .protocol import SCORE_BODY_DOC, ScoreResponse
 
@@ -25,7 +26,9 @@ async def score(
     service: Service,
     token_logprobs: bool = Query(False, description="text/plain bodies: same as the JSON field"),
     stream: bool = Query(False, description="text/plain bodies: same as the JSON field"),
-    memory: str | None = Query(None, max_length=64, description="text/plain bodies: same as the JSON field"),
+    memory: str | None = Query(
+        None, max_length=MAX_MEMORY_ID_CHARS, description="text/plain bodies: same as the JSON field"
+    ),
 ) -> Any:
     body = await serving.read(
         request, settings.max_body_bytes, token_logprobs=token_logprobs, stream=stream, memory=memory

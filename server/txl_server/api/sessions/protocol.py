@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
-from ..shared.limits import MaxTokens, Seed
+from ..shared.limits import MAX_MEMORY_ID_CHARS, MaxTokens, Seed
 from ..shared.timestamps import Seconds, SecondsUp
 
 STREAM_DESCRIPTION = (
@@ -48,7 +48,7 @@ class SessionCreate(BaseModel):
     stream: bool = Field(False, description=STREAM_DESCRIPTION)
     memory: str | None = Field(
         None,
-        max_length=64,
+        max_length=MAX_MEMORY_ID_CHARS,
         description="Start from this preloaded memory (POST /v1/memories): as if its document came before `text`",
     )
 

@@ -33,7 +33,8 @@ from .protocol import (
 router = APIRouter(
     prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute
 )
-# The history's routes, which have always let FastAPI answer a body that is not UTF-8 itself.
+# The history's routes: a body that is not UTF-8 gets FastAPI's own answer there (no JsonBodyRoute), as it always
+# has.
 history_router = APIRouter(
     prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=WatchedRoute
 )

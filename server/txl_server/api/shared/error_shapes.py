@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field
 
 from ...errors import Conflict, Overloaded, ServiceError
 
-# A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer: steps take
-# tens of milliseconds to seconds, so a retry a second later usually finds the session free.
+# A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer, which holds it
+# for one step: a retry a second later usually finds the session free.
 CONFLICT_RETRY_AFTER_SECONDS = 1
 # What a client learns of an unexpected error: internals are logged, never returned.
 INTERNAL_ERROR = {"type": "internal", "message": "internal error", "param": None}

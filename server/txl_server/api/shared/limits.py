@@ -1,5 +1,5 @@
-"""The limits on what a request may carry, each checked here once: text, stop strings, metadata, the number of
-tokens to generate and the seed. Limits the operator sets (`Settings`) are checked by these functions; fixed
+"""The limits on what a request may carry, each set here once: text, stop strings, metadata, the number of
+tokens to generate, the seed, and the lengths of names. Limits the operator sets (`Settings`) are checked by these functions; fixed
 bounds are in the types the schemas' fields use (`MaxTokens`, `Seed`)."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from ...settings import Settings
 # (`check_max_tokens`).
 MaxTokens = Annotated[int, Field(ge=0)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # the largest signed 64-bit integer
+MAX_MEMORY_ID_CHARS = 64  # the longest preloaded memory's id a request may name
+MAX_USER_CHARS = 256  # OpenAI's `user`: the caller's label for its own user
 
 
 def check_unicode(text: str, param: str) -> None:

@@ -9,7 +9,8 @@ from ... import __version__
 from ...errors import Unavailable
 from ...metrics import Metrics
 from ...runtime import Runtime
-from .protocol import ReadyInfo, ServingInfo, SystemInfo
+from ..shared.serving_info import ServingInfo
+from .protocol import ReadyInfo, SystemInfo
 
 
 async def ready(runtime: Runtime) -> JSONResponse:
