@@ -13,7 +13,8 @@ import txl
 from txl.kernels import prefer
 from txl.sampling import SamplingParams
 from txl_server.engine.graphs import DecodeGraphs
-from txl_server.engine.runner import DecodeRow, ModelRunner
+from txl_server.engine.rows import DecodeRow
+from txl_server.engine.runner import ModelRunner
 
 from ..model.helpers import tiny_model
 
@@ -50,7 +51,12 @@ def compare(device: str = "cpu", *, capture: bool = False, same_length: bool = T
     model = tiny_model(seed=41, mem_len=MEM_LEN, same_length=same_length).to(device)
     pool = txl.BlockPool(model.memory_layout(), block_size=4)
     graphs = DecodeGraphs(
-        model, pool, max_batch_size=8, max_positions=max_positions(model, grid), capture=capture
+        model,
+        pool,
+        eager=ModelRunner(model, pool).decode,
+        max_batch_size=8,
+        max_positions=max_positions(model, grid),
+        capture=capture,
     )
     if capture:  # captured graphs are made up front, never while running
         graphs.capture_all()

@@ -39,7 +39,8 @@ from txl.sampling import SamplingParams
 from txl.window import WindowRule
 
 from .graphs import DecodeGraphs, GraphKey
-from .runner import ChunkRow, DecodeOut, DecodeRow, ModelRunner
+from .rows import ChunkRow, DecodeOut, DecodeRow
+from .runner import ModelRunner
 from .worker import Worker, is_device_error
 
 log = logging.getLogger(__name__)
@@ -305,7 +306,7 @@ def check_graph(graphs: DecodeGraphs, worker: Worker, key: GraphKey, rows: list[
         check = compare_paths(
             what,
             functools.partial(_replayed, graphs, key, batch),
-            functools.partial(_eager_run, eager, batch),
+            functools.partial(eager.decode, batch),
             worker.model.dtype,
         )
         if check.ok or check.error is not None or not _close(check):
@@ -316,10 +317,6 @@ def check_graph(graphs: DecodeGraphs, worker: Worker, key: GraphKey, rows: list[
 def _replayed(graphs: DecodeGraphs, key: GraphKey, batch: list[DecodeRow]) -> list[DecodeOut]:
     graphs.poison(key)
     return graphs.run(batch)
-
-
-def _eager_run(runner: ModelRunner, batch: list[DecodeRow]) -> list[DecodeOut]:
-    return runner.run(batch, [])[0]
 
 
 def _with_params(row: DecodeRow, i: int, key: GraphKey, draw: int) -> DecodeRow:
