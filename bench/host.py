@@ -19,9 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from txl_server.check.benchmark_docs import Section
+
 from tests.server.dispatch_counts import one_iteration
 
-from .common import ROOT, Section, export_revision
+from .common import ROOT, export_revision
 
 BEFORE = (
     "1ffa65d"  # the code the review counted: six blocking copies a step, padding rebuilt, a clone per row
