@@ -93,9 +93,9 @@ def _mix32_int(x: int) -> int:
 
 
 def counter_uniform_host(seeds: Sequence[int], counters: Sequence[int]) -> list[float]:
-    """`counter_uniform` computed by the host in Python integers, bit for bit the same numbers: for a few rows
-    on a CPU, 45 tensor operations of 1-2 µs each (a tenth of a bundled model's token on the server) become a
-    few microseconds. seeds: int64 values (`signed64`), counters: >= 0."""
+    """`counter_uniform` computed by the host in Python integers, bit for bit the same numbers: for a few rows on a
+    CPU, this takes a fraction of the time the hash's few dozen small tensor operations do
+    (docs/benchmarks/engine-figures.md). seeds: int64 values (`signed64`), counters: >= 0."""
     out = []
     for seed, counter in zip(seeds, counters, strict=True):
         lo, hi = (

@@ -26,7 +26,8 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    # The same model name comes with and without AVX-512 on these machines, and it changes matmul rates 4x.
+    # The same model name comes with and without AVX-512 on these machines, and it changes matmul rates several
+    # times over (docs/benchmarks/engine-figures.md).
     if "avx512_bf16" in flags:
         cpu += " (AVX-512, bf16)"
     elif "avx512f" in flags:

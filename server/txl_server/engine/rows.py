@@ -33,7 +33,8 @@ class ChunkRow:
     top_logprobs: int = 0  # with score: also the k most likely tokens at each position
 
 
-@dataclass(slots=True)  # not frozen: one is made per row and step, and a frozen one is several times slower
+# Not frozen: one is made per row and step, and a frozen one is slower to make (docs/benchmarks/engine-figures.md).
+@dataclass(slots=True)
 class DecodeOut:
     token: int
     logprob: float

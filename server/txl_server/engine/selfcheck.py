@@ -52,10 +52,9 @@ REPORTED = {"triton": "triton", "cpu": "c", "torch": "torch"}
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How far a path may be from the eager one and still be right: float32 kernels that sum in another order
-    differ by ~1e-6; half precision by a few units in its last place (~1e-2 on hidden states of magnitude 4).
-    What a wrong path gives is far beyond either (a graph reading stale tables: 5.0; a replay that writes
-    nothing: NaN)."""
+    """How far a path may be from the eager one and still be right: kernels that sum in another order differ by
+    rounding, far below these limits, in float32 and in half precision alike (a few units in the last place);
+    what a wrong path gives is far beyond either, or NaN (figures: docs/benchmarks/engine-figures.md)."""
 
     logprob: float  # |delta log p| of the chosen tokens, in nats
     hidden: float  # |delta hidden| over the largest |hidden| (at least 1)
