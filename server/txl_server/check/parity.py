@@ -87,19 +87,19 @@ async def check_parity(worker: Worker, settings: Settings, *, tokens: int) -> Pa
     margins = best[generated] - reference[generated]
     far = int((margins > 2 * limit).sum())
     return Parity(
-        dtype=str(model.dtype).removeprefix("torch."),
-        grid=worker.grid,
-        mem_len=mem_len,
-        prompt=len(prompt),
-        generated=len(result.token_ids),
-        same=same,
-        same_ok=same <= limit,
-        fp32=fp32,
-        fp32_mean=fp32_mean,
-        reference_fp32=reference_fp32,
-        reference_fp32_mean=reference_fp32_mean,
-        fp32_ok=fp32_ok,
-        far_tokens=far,
+        str(model.dtype).removeprefix("torch."),
+        worker.grid,
+        mem_len,
+        len(prompt),
+        len(result.token_ids),
+        same,
+        same <= limit,
+        fp32,
+        fp32_mean,
+        reference_fp32,
+        reference_fp32_mean,
+        fp32_ok,
+        far,
     )
 
 
