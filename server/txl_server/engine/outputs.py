@@ -20,9 +20,8 @@ from .jobs import (
     GenerateResult,
     ProgressEvent,
     TokenEvent,
-    TopLogprobs,
 )
-from .rows import ChunkOut, DecodeOut
+from .rows import ChunkOut, DecodeOut, TopLogprobs
 from .scheduler import Scheduler
 from .state import ModelState
 from .tasks import DecodeTask, IngestTask

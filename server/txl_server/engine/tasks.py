@@ -17,8 +17,8 @@ from txl.paged import new_blocks
 from txl.tokenizers import Tokenizer
 
 from .graphs import Launched
-from .jobs import AdvanceJob, GenerateJob, TokenEvent, TopLogprobs
-from .rows import ChunkRow, DecodeRow
+from .jobs import AdvanceJob, GenerateJob, TokenEvent
+from .rows import ChunkRow, DecodeRow, TopLogprobs
 from .state import ModelState
 from .text import GenerationText
 

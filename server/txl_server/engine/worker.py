@@ -1,11 +1,13 @@
 """The device worker: one thread that owns the model and the memory pool and runs every forward pass.
 
-Each iteration it (1) admits new jobs and drops cancelled ones, (2) lets the scheduler pick the work: every
-decoding row and segments of ingesting jobs (prompts, appends, scoring) under a token budget, and (3) runs it as
-one forward (`ModelRunner`): decoding rows sample their token on the device and feed it beside the segments.
-Then it hands out what happened: tokens and text to generating jobs, progress and results to ingesting ones.
-Handlers never touch the model: they submit jobs and await their events. Work that writes the device's memory
-pool from outside a step (restoring a session to the device) runs here too, between iterations (`call`).
+Each iteration it (1) turns new jobs into tasks (`engine.tasks`) and drops cancelled ones, (2) takes the work the
+scheduler decides (`engine.scheduler`: every decoding row and segments of ingesting jobs under a token budget, as
+far as the pool has blocks for them; the job to preempt when nothing fits), and (3) runs it as one forward
+(`ModelRunner`): decoding rows sample their token on the device and feed it beside the segments; with graphs it
+may send the next decoding iteration before reading this one's tokens (overlapped decoding). What happened goes
+to the jobs through `engine.outputs`. Handlers never touch the model: they submit jobs and await their events.
+Work that writes the device's memory pool from outside a step (restoring a session to the device) runs here too,
+between iterations (`call`).
 """
 
 from __future__ import annotations
