@@ -254,7 +254,7 @@ def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut
     tokens = [(7 * i + 3) % vocab for i in range(2 * worker.pool.block_size + 5)]
     segment = ChunkRow(rows[0].memory, tokens, rows[0].last_hidden, score=True)
     with prefer(kernel):
-        decoded = runner.run(rows, [])[0]
+        decoded = runner.decode(rows)
         (scored,) = runner.run([], [segment])[1]
     assert scored.logprobs is not None
     total = float(scored.logprobs.double().sum())

@@ -184,12 +184,8 @@ class Worker:
                 self._iterate()
             self._finish_pending()
         shutdown = Unavailable("the server is shutting down")
-        scheduler = self.scheduler
-        for job in [
-            *(t.job for t in scheduler.ingesting),
-            *(t.job for t in scheduler.decoding),
-            *self._inbox,
-        ]:
+        running = [*self.scheduler.ingesting, *self.scheduler.decoding]
+        for job in [*(t.job for t in running), *self._inbox]:
             job.emit(ErrorEvent(shutdown))
 
     def _wait_for_work(self) -> bool:
