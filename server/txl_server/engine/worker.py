@@ -184,7 +184,7 @@ class Worker:
                 self._iterate()
             self._finish_pending()
         shutdown = Unavailable("the server is shutting down")
-        running = [*self.scheduler.ingesting, *self.scheduler.decoding]
+        running: list[IngestTask | DecodeTask] = [*self.scheduler.ingesting, *self.scheduler.decoding]
         for job in [*(t.job for t in running), *self._inbox]:
             job.emit(ErrorEvent(shutdown))
 
