@@ -7,8 +7,9 @@ import importlib
 import time
 
 import torch
+from txl_server.check.benchmark_docs import ORDER, assemble
 
-from .common import ORDER, assemble
+from .common import DOCS
 
 SUITES = {
     "model": "bench.model_vs_hf",
@@ -53,9 +54,9 @@ def main() -> None:
         module = importlib.import_module(SUITES[name])
         section = module.run(quick=args.quick)
         if section is not None:  # None: nothing measured here (the GPU suite without a GPU)
-            section.save()
+            section.save(DOCS)
         print(f"({name}: {time.perf_counter() - suite_started:.0f} s)", flush=True)
-    path = assemble()
+    path = assemble(DOCS)
     print(f"\nwrote {path} in {time.perf_counter() - started:.0f} s")
 
 

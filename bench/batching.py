@@ -19,13 +19,13 @@ import torch
 import txl
 from txl import paged_step
 from txl.sampling import SamplingParams
+from txl_server.check.benchmark_docs import Section
 from txl_server.engine.jobs import AdvanceJob, GenerateJob, job_result
 from txl_server.engine.state import ModelState
 from txl_server.engine.worker import Worker
 from txl_server.runtime import default_batch_tokens, device_pool, worker_threads
 from txl_server.settings import Settings
 
-from .common import Section
 from .engine import bundled_model
 
 SESSIONS = 64

@@ -1,49 +1,18 @@
-"""Shared benchmark machinery: timing, machine description, Markdown sections, peak RSS."""
+"""Shared benchmark machinery: timing, peak RSS, percentiles, where the docs are, a past revision's tree.
+(The Markdown sections every suite writes, and the machine line they carry: txl_server.check.benchmark_docs.)"""
 
 from __future__ import annotations
 
-import os
-import platform
 import resource
 import statistics
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SECTIONS = DOCS / "benchmarks"
-
-
-def machine() -> str:
-    """One line naming where absolute times came from."""
-    cpu = platform.processor() or platform.machine()
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-            if cpu and flags:
-                break
-    except OSError:
-        pass
-    # The same model name comes with and without AVX-512 on these machines, and it changes matmul rates 4x.
-    if "avx512_bf16" in flags:
-        cpu += " (AVX-512, bf16)"
-    elif "avx512f" in flags:
-        cpu += " (AVX-512)"
-    elif "avx2" in flags:
-        cpu += " (AVX2)"
-    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads){gpu}"
-    )
 
 
 def timeit(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, min_seconds: float = 0.0) -> float:
@@ -69,104 +38,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
-
-
-@dataclass
-class Section:
-    """One suite's results: a title, prose, tables; rendered to Markdown and printed."""
-
-    name: str
-    title: str
-    command: str
-    notes: list[str] = field(default_factory=list)
-    tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
-    images: list[str] = field(default_factory=list)
-    # Named when the section starts: a suite that sets its own thread count restores it before rendering.
-    machine: str = field(default_factory=machine)
-
-    def table(self, caption: str, header: list[str], rows: list[list[object]]) -> None:
-        self.tables.append((caption, header, [[_fmt(c) for c in row] for row in rows]))
-        print(f"\n{caption}")
-        widths = [max(len(h), *(len(r[i]) for r in self.tables[-1][2])) for i, h in enumerate(header)]
-        print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-        for row in self.tables[-1][2]:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-        print(text)
-
-    def markdown(self) -> str:
-        out = [f"## {self.title}", "", f"Command: `{self.command}`. Machine: {self.machine}.", ""]
-        for text in self.notes:
-            out += [text, ""]
-        for caption, header, rows in self.tables:
-            out += [f"**{caption}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            out += ["| " + " | ".join(row) + " |" for row in rows]
-            out.append("")
-        for image in self.images:
-            out += [f"![{self.title}](benchmarks/{image})", ""]
-        return "\n".join(out)
-
-    def save(self) -> None:
-        SECTIONS.mkdir(parents=True, exist_ok=True)
-        (SECTIONS / f"{self.name}.md").write_text(self.markdown() + "\n", encoding="utf-8")
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        if value != value:
-            return "–"
-        if abs(value) >= 100:
-            return f"{value:,.0f}"
-        if abs(value) >= 10:
-            return f"{value:.1f}"
-        return f"{value:.3g}"
-    return str(value)
-
-
-ORDER = [
-    "model",
-    "paper",
-    "floor",
-    "cpu",
-    "cpu-avx512",
-    "cpu-avx2",
-    "engine",
-    "batching",
-    "http",
-    "memory",
-    "persistence",
-    "prefix",
-    "memories",
-    "responses",
-    "handoff",
-    "quality",
-    "speedwork",
-    "host",
-    "gpu",
-    "gpu_kernels",
-]
-
-
-def assemble() -> Path:
-    """docs/benchmarks.md from every saved section, in a fixed order."""
-    parts = [
-        "# Benchmarks",
-        "",
-        "Every figure here is reproduced by `python -m bench` (all suites, under 15 minutes on a 2-core CPU) or",
-        "`python -m bench SUITE`. Ratios are measured side by side in one run; absolute times are labelled with",
-        "the machine they came from. Sections are regenerated independently.",
-        "",
-    ]
-    names = sorted(
-        (p.stem for p in SECTIONS.glob("*.md")), key=lambda n: (ORDER.index(n) if n in ORDER else 99, n)
-    )
-    for name in names:
-        parts.append((SECTIONS / f"{name}.md").read_text(encoding="utf-8"))
-    path = DOCS / "benchmarks.md"
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
 
 
 def export_revision(revision: str, into: Path) -> Path:

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from txl_server.check.benchmark_docs import Section, machine
 
-from .common import ROOT, SECTIONS, Section, export_revision, machine
+from .common import DOCS, ROOT, SECTIONS, export_revision
 
 ROW_BUCKETS = (1, 4, 16, 64, 256)  # txl.kernel_choice's, which a tree before it has not
 
@@ -584,5 +585,5 @@ def run(quick: bool = False) -> Section:
         if measured.simulated and _native_exists(section.name):
             print(f"kept docs/benchmarks/{section.name}.md: it was measured natively")
         else:
-            section.save()
+            section.save(DOCS)
     return summary_section(runs)

@@ -18,20 +18,21 @@ import torch
 import txl
 from txl.sampling import SamplingParams
 from txl.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from txl_server.check.benchmark_docs import Section
 from txl_server.engine.jobs import AdvanceJob, DoneEvent, ErrorEvent, GenerateJob, TokenEvent
 from txl_server.engine.state import ModelState
 from txl_server.engine.worker import Worker
 from txl_server.runtime import worker_threads
 from txl_server.settings import BUNDLED_MODEL_DIR, Settings
 
-from .common import Section, percentile
+from .common import percentile
 from .paper_table9 import wt103_model
 
 PROMPT_TOKENS = 64
 NEW_TOKENS = 64
 
 
-class _WordIds:
+class WordIds:
     """Stand-in tokenizer for the random wt103-shape model: ids in, `<id>` text out."""
 
     vocab_size = 267735
@@ -177,7 +178,7 @@ def run(quick: bool = False) -> Section:
     big = wt103_model()
     for name, model, tok, new_tokens in (
         (label, small, tokenizer, NEW_TOKENS),
-        ("wt103 shape (random weights)", big, _WordIds(), 8 if quick else 16),
+        ("wt103 shape (random weights)", big, WordIds(), 8 if quick else 16),
     ):
         stats = run_model(model, tok, counts, new_tokens)
         base = stats[0].tokens_per_s

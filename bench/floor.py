@@ -8,21 +8,18 @@ is tiny next to that, so time >= bytes / bandwidth. Bandwidth and matrix rate ar
 from __future__ import annotations
 
 import torch
-import txl
+from txl_server.check.benchmark_docs import Section
+from txl_server.check.floor import bytes_per_token, copy_bandwidth
 
-from .common import Section, timeit
+from .common import timeit
 from .model_vs_hf import decode_ours
 from .paper_table9 import wt103_model
 
 
-def copy_bandwidth(mib: int = 512) -> tuple[float, float]:
-    """(copy, read) bandwidth in bytes/s: STREAM-style copy counts bytes read + written."""
+def read_bandwidth(mib: int = 512) -> float:
+    """Bytes/s of reading `mib` MiB (a sum), median of 5."""
     src = torch.ones(mib * 2**20 // 4)
-    dst = torch.empty_like(src)
-    copy = timeit(lambda: dst.copy_(src), repeat=5)
-    read = timeit(lambda: src.sum(), repeat=5)
-    nbytes = src.numel() * 4
-    return 2 * nbytes / copy, nbytes / read
+    return src.numel() * 4 / timeit(lambda: src.sum(), repeat=5)
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048) -> float:
@@ -31,27 +28,11 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048) -> float:
     return 2 * n**3 / seconds
 
 
-def bytes_per_token(model: txl.TransfoXLLMHeadModel, mem: int) -> int:
-    """Weights a decode step reads (all but the positional projection, served from a table) + memory + table."""
-    element = torch.empty((), dtype=model.dtype).element_size()
-    seen: set[int] = set()
-    weights = 0
-    for name, param in model.named_parameters():
-        if id(param) in seen or "r_net" in name:
-            continue
-        seen.add(id(param))
-        # An embedding is read one row per token; as the output layer (tied) it is read whole.
-        weights += param.numel() * element
-    layout = model.memory_layout()
-    kv = mem * layout.bytes_per_position()
-    positional = (mem + 1) * layout.n_layer * layout.n_head * layout.d_head * element
-    return weights + kv + positional
-
-
 def run(quick: bool = False) -> Section:
     section = Section("floor", "Decode against the memory-bandwidth floor", "python -m bench floor")
     section.note(__doc__.split("\n\n", 1)[1].strip())
-    copy_bw, read_bw = copy_bandwidth(256 if quick else 512)
+    mib = 256 if quick else 512
+    copy_bw, read_bw = copy_bandwidth(torch.device("cpu"), mib), read_bandwidth(mib)
     rates = {dtype: matmul_rate(dtype) for dtype in (torch.float32, torch.bfloat16)}
     section.table(
         "This machine",

@@ -3,8 +3,8 @@
 Run it on a CUDA host (`python -m bench gpu`); on a machine without CUDA it measures nothing and leaves the
 section it has. The device and its bandwidth (a device-to-device copy of 2 GiB, bytes read + written) are
 measured in the same run; a decode step's floor is the bytes it must read (weights, the rows' memory, the
-positional table: `bench.floor.bytes_per_token`, with the weights read once per step whatever the batch)
-divided by that bandwidth.
+positional table: `txl_server.check.floor.bytes_per_token`, with the weights read once per step whatever the
+batch) divided by that bandwidth.
 
 - wt103 shape (random weights), decode at batch 1 and mem 1,600: the engine's decoding iteration
   (`ModelRunner`: sampling on the device, CUDA graph, Triton attention) and the same without the graph.
@@ -23,14 +23,15 @@ import torch
 import txl
 from txl.kernels import kernel_name
 from txl.sampling import SamplingParams
+from txl_server.check.benchmark_docs import Section
+from txl_server.check.floor import bytes_per_token, copy_bandwidth
 from txl_server.engine.graphs import DecodeGraphs
 from txl_server.engine.jobs import AdvanceJob, job_result
-from txl_server.engine.runner import DecodeRow, ModelRunner
+from txl_server.engine.rows import DecodeRow
+from txl_server.engine.runner import ModelRunner
 from txl_server.engine.worker import Worker
 
-from .common import Section
-from .engine import _WordIds
-from .floor import bytes_per_token
+from .engine import WordIds
 from .http import Server, concurrent
 from .paper_table9 import wt103_model
 
@@ -42,25 +43,6 @@ class Sizes:
     steps: int = 64
     document: int = 4096
     streams: int = 64
-
-
-def device_bandwidth(device: torch.device, mib: int = 2048) -> float:
-    """Copy bandwidth in bytes/s (bytes read + written), best of 5."""
-    src = torch.ones(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(6):
-        _synchronize(device)
-        started = time.perf_counter()
-        dst.copy_(src)
-        _synchronize(device)
-        best = min(best, time.perf_counter() - started)
-    return 2 * src.numel() * 4 / best
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _rows(model: txl.TransfoXLLMHeadModel, pool: txl.BlockPool, n: int, mem: int) -> list[DecodeRow]:
@@ -85,7 +67,12 @@ def decode_rate(model: txl.TransfoXLLMHeadModel, rows: int, sizes: Sizes, graphs
     decode_graphs = None
     if graphs:
         decode_graphs = DecodeGraphs(
-            model, pool, max_batch_size=rows, max_positions=sizes.mem, capture=layout.device.type == "cuda"
+            model,
+            pool,
+            eager=ModelRunner(model, pool).decode,
+            max_batch_size=rows,
+            max_positions=sizes.mem,
+            capture=layout.device.type == "cuda",
         )
         decode_graphs.capture_all()  # as at a server's start-up: nothing is captured while serving
     runner = ModelRunner(model, pool, decode_graphs)
@@ -112,7 +99,7 @@ def scoring_rate(model: txl.TransfoXLLMHeadModel, sizes: Sizes) -> float:
     document = torch.randint(0, 20000, (sizes.document,), generator=torch.Generator().manual_seed(0)).tolist()
 
     async def main() -> float:
-        worker = Worker(model, _WordIds(), segment_len=128, max_batch_size=64, max_queued=64)
+        worker = Worker(model, WordIds(), segment_len=128, max_batch_size=64, max_queued=64)
         worker.start()
         try:
             empty = worker.empty_state(sizes.mem)
@@ -130,7 +117,7 @@ def measure(device: torch.device, sizes: Sizes, *, http: bool = True) -> Section
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     section = Section("gpu", f"GPU: the engine against the bandwidth floor ({name})", "python -m bench gpu")
     section.note(__doc__.split("\n\n", 1)[1].strip())
-    bandwidth = device_bandwidth(device)
+    bandwidth = copy_bandwidth(device, 2048)  # 2 GiB
     section.note(
         f"Device: {name}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s; attention kernel: {kernel_name(device)}."
     )

@@ -17,8 +17,9 @@ from types import ModuleType
 import torch
 from txl import sampling
 from txl.kernels import triton_decode, triton_report
+from txl_server.check.benchmark_docs import Section
 
-from .common import ROOT, Section
+from .common import ROOT
 
 BEFORE = (
     "1ffa65d"  # the serial (row, head) kernel and top-p by a sort (CPU: widening candidates, then a sort)

@@ -25,14 +25,14 @@ import torch
 from txl import linear, peak_positions
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
+from txl_server.check.benchmark_docs import Section
 from txl_server.engine.jobs import TokenEvent
 from txl_server.runtime import LoadedModel, Runtime
 from txl_server.sessions.redis_server import EmbeddedRedis
 from txl_server.sessions.service import SessionService
 from txl_server.settings import Persistence, Settings
 
-from .common import Section
-from .engine import _WordIds, bundled_model
+from .engine import WordIds, bundled_model
 from .paper_table9 import wt103_model
 
 OWNER = "bench"
@@ -146,7 +146,7 @@ def run(quick: bool = False) -> Section:
     cases: list[tuple[str, str, LoadedModel]] = [(label, "float32", (small, tokenizer, "bundled"))]
     native_bf16 = linear.cpu_runs_bfloat16()
     big = wt103_model().eval()
-    words = _WordIds()
+    words = WordIds()
     cases.append(("wt103 shape (random weights)", "float32", (big, words, "wt103")))  # type: ignore[arg-type]
     for name, dtype, loaded in cases:
         text = _text_for(loaded[1], loaded[0].config.mem_len + loaded[0].config.segment_len)

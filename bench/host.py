@@ -19,9 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from txl_server.check.benchmark_docs import Section
+
 from tests.server.dispatch_counts import one_iteration
 
-from .common import ROOT, Section, export_revision
+from .common import ROOT, export_revision
 
 BEFORE = (
     "1ffa65d"  # the code the review counted: six blocking copies a step, padding rebuilt, a clone per row
@@ -30,14 +32,19 @@ BATCHES = (1, 8, 64)
 ROUNDS = 3
 STEPS = 80  # the first 10 dropped, the median of the rest
 
-# Runs in a process of its own, on either tree: their DecodeGraphs differ only in how the positional table is
-# sized (max_mem_len before, max_positions now).
+# Runs in a process of its own, on either tree: their DecodeGraphs differ in how the positional table is sized
+# (max_mem_len before, max_positions since) and whether they are given their eager path (`eager`, now, where the
+# rows are a module of their own).
 _PROBE = """
 import json, statistics, sys, time
 import torch, txl
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as G
-from txl_server.engine.runner import DecodeRow
+from txl_server.engine.runner import ModelRunner
+try:
+    from txl_server.engine.rows import DecodeRow
+except ImportError:  # a tree before
+    from txl_server.engine.runner import DecodeRow
 from tests.model.helpers import tiny_model
 
 torch.set_num_threads(1)
@@ -47,10 +54,13 @@ MEM, STEPS = 64, {steps}
 def host_ms(batch):
     model = tiny_model(seed=1, mem_len=MEM)
     pool = txl.BlockPool(model.memory_layout(), block_size=16, blocks=batch * 12 + 64, growable=False)
+    given = dict(max_batch_size=64, capture=False)
+    if hasattr(ModelRunner, "decode"):  # this tree: the graphs are given their eager path
+        given["eager"] = ModelRunner(model, pool).decode
     try:
-        graphs = G.DecodeGraphs(model, pool, max_batch_size=64, max_positions=MEM + 7, capture=False)
+        graphs = G.DecodeGraphs(model, pool, max_positions=MEM + 7, **given)
     except TypeError:  # the tree before: the table sized by the memory alone
-        graphs = G.DecodeGraphs(model, pool, max_batch_size=64, max_mem_len=MEM, capture=False)
+        graphs = G.DecodeGraphs(model, pool, max_mem_len=MEM, **given)
     rows = []
     with torch.inference_mode():
         for i in range(batch):

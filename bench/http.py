@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import httpx
+from txl_server.check.benchmark_docs import Section
 from txl_server.sessions.redis_server import free_port
 from txl_server.settings import BUNDLED_MODEL_DIR
 
-from .common import Section, percentile
+from .common import percentile
 from .engine import bundled_model, run_model
 
 PROMPT = "It was the best of times, it was the worst of times, it was the age "  # 64+ bytes

@@ -18,12 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from txl_server.check.benchmark_docs import Section
 from txl_server.runtime import Runtime
 from txl_server.sessions.cache import DEVICE
 from txl_server.sessions.redis_server import EmbeddedRedis
 from txl_server.settings import Settings
 
-from .common import ROOT, Section
+from .common import ROOT
 
 OWNER = "bench"
 QUESTION = "\n\nQ: Who is the first person named here?\nA:"

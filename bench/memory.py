@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 import txl
+from txl_server.check.benchmark_docs import Section
 from txl_server.engine.state import ModelState
 
-from .common import Section, peak_rss_mib, timeit
+from .common import peak_rss_mib, timeit
 from .engine import bundled_model
 from .model_vs_hf import random_memory
 

@@ -14,8 +14,9 @@ import torch
 import txl
 from txl.checkpoint import build_model, load_state_dict_strict
 from txl.scoring import score_tokens
+from txl_server.check.benchmark_docs import Section
 
-from .common import Section, peak_rss_mib, timeit
+from .common import peak_rss_mib, timeit
 
 MEM_LENGTHS = (0, 16, 400, 1600, 3800)
 SEGMENT = 128

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import txl
 from txl.checkpoint import build_model
+from txl_server.check.benchmark_docs import Section
 
-from .common import DOCS, Section, timeit
+from .common import DOCS, timeit
 from .model_vs_hf import SEGMENT, random_memory
 
 PAPER = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}

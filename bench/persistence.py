@@ -14,11 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from txl_server.check.benchmark_docs import Section
 from txl_server.engine.blocks import BlockIndex, snapshot
 from txl_server.runtime import Runtime
 from txl_server.settings import Persistence, Settings
-
-from .common import Section
 
 OWNER = "bench"
 

@@ -15,8 +15,8 @@ import statistics
 import time
 
 import httpx
+from txl_server.check.benchmark_docs import Section
 
-from .common import Section
 from .http import Server
 
 EXAMPLES = "".join(

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 
-from .common import DOCS, Section
+from txl_server.check.benchmark_docs import Section
+
+from .common import DOCS
 
 
 def run(quick: bool = False) -> Section:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 from txl.sampling import SamplingParams
+from txl_server.check.benchmark_docs import Section
 from txl_server.runtime import Runtime
 from txl_server.settings import Persistence, Settings
 
-from .common import Section
 from .http import Server
 
 TURNS, OUTPUT_TOKENS = 20, 32

@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 from txl.linear import cpu_runs_bfloat16
+from txl_server.check.benchmark_docs import Section
 
-from .common import ROOT, Section
+from .common import ROOT
 
 # (title, revision before the change, probe, what the probe prints)
 CHANGES = [

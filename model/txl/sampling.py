@@ -93,9 +93,9 @@ def _mix32_int(x: int) -> int:
 
 
 def counter_uniform_host(seeds: Sequence[int], counters: Sequence[int]) -> list[float]:
-    """`counter_uniform` computed by the host in Python integers, bit for bit the same numbers: for a few rows
-    on a CPU, 45 tensor operations of 1-2 µs each (a tenth of a bundled model's token on the server) become a
-    few microseconds. seeds: int64 values (`signed64`), counters: >= 0."""
+    """`counter_uniform` computed by the host in Python integers, bit for bit the same numbers: for a few rows on a
+    CPU, this takes a fraction of the time the hash's few dozen small tensor operations do
+    (docs/benchmarks/engine-figures.md). seeds: int64 values (`signed64`), counters: >= 0."""
     out = []
     for seed, counter in zip(seeds, counters, strict=True):
         lo, hi = (
@@ -121,7 +121,39 @@ def make_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-# ---------------------------------------------------------------------- per-row parameters as tensors
+# ---------------------------------------------------------------------- per-row parameters as numbers
+
+
+@dataclass(frozen=True)
+class RowValues:
+    """The sampling parameters of N rows as the numbers the sampler reads, on the host: the one place parameters
+    become per-row values. `RowParams.build` makes tensors of them; a decoding graph writes them into the static
+    buffers it reads (engine.graphs), in place."""
+
+    temperature: list[float]  # 1 for greedy rows (their temperature is unused)
+    greedy: list[bool]
+    top_k: list[int]  # the vocabulary size where unlimited
+    top_p: list[float]
+    seeds: list[int]  # int64 values (`signed64`)
+    max_top_k: int  # the largest limited top_k (0: no row limits k)
+    any_top_p: bool
+
+    @classmethod
+    def encode(cls, params: Sequence[SamplingParams], seeds: Sequence[int], vocab: int) -> RowValues:
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        return cls(
+            [1.0 if p.greedy else p.temperature for p in params],
+            [p.greedy for p in params],
+            top_k,
+            [p.top_p for p in params],
+            [signed64(s) for s in seeds],
+            max((k for k in top_k if k < vocab), default=0),
+            any(p.top_p < 1 for p in params),
+        )
+
+
+# A row that fills a batch out to its graph's size: greedy, unlimited, seed 0.
+PADDING = SamplingParams(temperature=0.0)
 
 
 @dataclass(frozen=True)
@@ -149,20 +181,19 @@ class RowParams:
         vocab: int,
         device: torch.device | str,
     ) -> RowParams:
-        limited = [p.top_k for p in params if 0 < p.top_k < vocab]
-        signed = [signed64(s) for s in seeds]
+        values = RowValues.encode(params, seeds, vocab)
         uniform = None
         if torch.device(device).type == "cpu":
-            uniform = torch.tensor(counter_uniform_host(signed, counters), dtype=torch.float64)
+            uniform = torch.tensor(counter_uniform_host(values.seeds, counters), dtype=torch.float64)
         return cls(
-            torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device),
-            torch.tensor([p.greedy for p in params], device=device),
-            torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            torch.tensor(signed, dtype=torch.int64, device=device),
+            torch.tensor(values.temperature, device=device),
+            torch.tensor(values.greedy, device=device),
+            torch.tensor(values.top_k, device=device),
+            torch.tensor(values.top_p, dtype=torch.float32, device=device),
+            torch.tensor(values.seeds, dtype=torch.int64, device=device),
             torch.tensor(list(counters), dtype=torch.int64, device=device),
-            max(limited, default=0),
-            any(p.top_p < 1 for p in params),
+            values.max_top_k,
+            values.any_top_p,
             uniform,
         )
 

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m txl_server"
 def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["check"]:
-        from .check import main as check
+        from .check.command import main as check
 
         return check(argv[1:])
     args = parse_args(argv, prog)

@@ -47,8 +47,8 @@ class UnsupportedDtype(ValueError):
 
 
 def check_dtype(settings: Settings) -> None:
-    """Refuses bfloat16 on a CPU that does not compute it natively. Such a CPU runs it, but as a scalar loop
-    (a 2048x2048 matmul: 0.34 GFLOP/s against 136 in float32 on an AVX2 EPYC): a server that said ready and then
+    """Refuses bfloat16 on a CPU that does not compute it natively. Such a CPU runs it, but as a scalar loop,
+    hundreds of times slower than float32 (docs/benchmarks/engine-figures.md): a server that said ready and then
     timed out every request would be worse than one that does not start."""
     if (
         settings.dtype == "bfloat16"
@@ -64,7 +64,7 @@ def check_dtype(settings: Settings) -> None:
 def load_model(settings: Settings) -> LoadedModel:
     check_dtype(settings)
     if torch.device(settings.device).type == "cpu":
-        keep_freed_memory()  # prompt segments then reuse their pages instead of faulting in new ones (2x)
+        keep_freed_memory()  # prompt segments then reuse their pages instead of faulting in new ones
     model_dir = Path(settings.model_dir)
     model = load_pretrained(model_dir, dtype=settings.dtype, device=settings.device)
     tokenizer = load_tokenizer(model_dir)
@@ -77,8 +77,8 @@ def load_model(settings: Settings) -> LoadedModel:
 
 def worker_threads(settings: Settings) -> int:
     """Torch threads for the worker. On a CPU, one core is left to the event loop: when the loop thread takes a
-    core from one of torch's threads, every kernel waits at its barrier for the descheduled one (measured on 2
-    cores: a 16-session decode step takes 40 ms with 2 threads beside the loop, 15 ms with 1)."""
+    core from one of torch's threads, every kernel waits at its barrier for the descheduled one (on 2 cores a
+    decode step takes more than twice as long: docs/benchmarks/engine-figures.md)."""
     if settings.threads:
         return settings.threads
     cores = os.cpu_count() or 1

@@ -17,7 +17,8 @@ from torch.utils._pytree import tree_leaves
 from txl.kernels import prefer
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
-from txl_server.engine.runner import DecodeRow
+from txl_server.engine.rows import DecodeRow
+from txl_server.engine.runner import ModelRunner
 
 from ..model.helpers import tiny_model
 
@@ -92,7 +93,10 @@ def one_iteration(batch: int) -> dict[str, collections.Counter[str]]:
     model = tiny_model(seed=1, mem_len=32).to("meta")
     model.transformer.pos_emb.inv_freq = torch.empty_like(model.transformer.pos_emb.inv_freq)
     pool = txl.BlockPool(model.memory_layout(), block_size=16, blocks=4096, growable=False)
-    graphs = graphs_module.DecodeGraphs(model, pool, max_batch_size=batch, max_positions=40, capture=False)
+    eager = ModelRunner(model, pool).decode
+    graphs = graphs_module.DecodeGraphs(
+        model, pool, eager=eager, max_batch_size=batch, max_positions=40, capture=False
+    )
     rows = []
     with torch.inference_mode():
         for i in range(batch):

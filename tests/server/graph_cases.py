@@ -13,7 +13,8 @@ import txl
 from txl.kernels import prefer
 from txl.sampling import SamplingParams
 from txl_server.engine.graphs import DecodeGraphs
-from txl_server.engine.runner import DecodeRow, ModelRunner
+from txl_server.engine.rows import DecodeRow
+from txl_server.engine.runner import ModelRunner
 
 from ..model.helpers import tiny_model
 
@@ -44,12 +45,20 @@ def max_positions(model, grid):
     return txl.WindowRule(MEM_LEN, model.config.same_length, grid).max_positions
 
 
+def graphs_over(model, pool, *, max_batch_size, max_positions, capture=False):
+    """Decoding graphs over `pool`, with an eager runner of the same pool as their fallback (as a worker makes)."""
+    eager = ModelRunner(model, pool).decode
+    return DecodeGraphs(
+        model, pool, eager=eager, max_batch_size=max_batch_size, max_positions=max_positions, capture=capture
+    )
+
+
 def compare(device: str = "cpu", *, capture: bool = False, same_length: bool = True, grid=None) -> float:
     """Runs batches of rows (several buckets, padding rows in some) and two more steps from each, through the
     graphs and eagerly; asserts equal tokens and memory lengths, returns the largest hidden-state difference."""
     model = tiny_model(seed=41, mem_len=MEM_LEN, same_length=same_length).to(device)
     pool = txl.BlockPool(model.memory_layout(), block_size=4)
-    graphs = DecodeGraphs(
+    graphs = graphs_over(
         model, pool, max_batch_size=8, max_positions=max_positions(model, grid), capture=capture
     )
     if capture:  # captured graphs are made up front, never while running

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 import txl.paged_step
-from txl_server import check, check_section
-from txl_server.check_measures import Parity, Speed
+from txl_server.check import command, gpu_section
+from txl_server.check.parity import Parity
+from txl_server.check.report import CheckReport
+from txl_server.check.speed import Speed
 from txl_server.engine.device_report import DeviceReport, PoolReport, WindowReport
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,22 +65,18 @@ def test_a_broken_engine_makes_the_check_fail(tiny_model_dir, monkeypatch, capsy
         write(pool, blocks, slots, layer, keys * 1.05, values, layer_input)
 
     monkeypatch.setattr(txl.paged_step, "_write", skewed)
-    assert check.main(["--model", str(tiny_model_dir), "--tokens", "60"]) == 1
+    assert command.main(["--model", str(tiny_model_dir), "--tokens", "60"]) == 1
     out = capsys.readouterr().out
     assert "FAIL parity" in out and "check(s) failed" in out
 
 
 def test_the_gpu_section_is_written_only_from_a_gpu(tiny_model_dir, capsys):
-    assert check.main(["--model", str(tiny_model_dir), "--write-benchmarks"]) == 2
+    assert command.main(["--model", str(tiny_model_dir), "--write-benchmarks"]) == 2
     assert "--device cuda" in capsys.readouterr().err
 
 
-def test_the_gpu_section_holds_the_checks_and_the_speed_against_the_floor(tmp_path, monkeypatch):
+def test_the_gpu_section_holds_the_checks_and_the_speed_against_the_floor(tmp_path):
     """A report as an H100 would give it, through the benchmarks' section mechanism into a scratch docs dir."""
-    import bench.common
-
-    monkeypatch.setattr(bench.common, "SECTIONS", tmp_path / "benchmarks")
-    monkeypatch.setattr(bench.common, "DOCS", tmp_path)
     device = DeviceReport(
         device="cuda:0",
         device_name="NVIDIA H100 80GB HBM3",
@@ -92,12 +90,12 @@ def test_the_gpu_section_holds_the_checks_and_the_speed_against_the_floor(tmp_pa
         window=WindowReport(128, 512, 512, 639, False),
         device_ok=True,
     )
-    report = check.CheckReport(device)
+    report = CheckReport(device)
     report.add("parity", "299 positions: max |delta log p| 0.04 against the reference in bfloat16", True)
     report.add("graphs vs eager", "42 graphs replayed against eager", True)
     report.parity = Parity("bfloat16", 128, 512, 100, 200, 0.04, True, 0.1, 0.01, 0.1, 0.01, True, 0)
     report.speed = Speed(3e12, 27 * 2**20, 9.4e-6, 1e-4, 64, 2e-4, 8192, 1e6, 1e8)
-    path = check_section.write_section(report)
+    path = gpu_section.write_section(report, tmp_path)
     text = path.read_text()
     assert path == tmp_path / "benchmarks.md" and (tmp_path / "benchmarks" / "gpu.md").exists()
     assert "## GPU: `python -m txl_server check` on NVIDIA H100 80GB HBM3" in text

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 from txl.sampling import SamplingParams
-from txl_server.engine import worker as worker_module
+from txl_server.engine import scheduler as scheduler_module
 from txl_server.errors import Overloaded
 from txl_server.runtime import Runtime
 from txl_server.settings import Persistence
@@ -34,7 +34,7 @@ async def _generations(service, metas):
 
 
 async def test_a_full_fixed_pool_preempts_instead_of_growing(make_settings, monkeypatch):
-    monkeypatch.setattr(worker_module, "PREEMPT_AFTER_SECONDS", 0.3)
+    monkeypatch.setattr(scheduler_module, "PREEMPT_AFTER_SECONDS", 0.3)
     async with running(make_settings()) as roomy:
         metas = [await roomy.service.create(OWNER, text=p) for p in PROMPTS]
         expected = await _generations(roomy.service, metas)

@@ -29,7 +29,7 @@ from txl_server.engine.runner import ModelRunner
 from txl_server.runtime import Runtime
 
 from ..model.helpers import tiny_model
-from .graph_cases import GRID, MEM_LEN, compare, decode_rows, max_positions
+from .graph_cases import GRID, MEM_LEN, compare, decode_rows, graphs_over, max_positions
 
 KERNELS = [
     "torch",
@@ -114,7 +114,7 @@ def test_a_graph_keeps_reading_what_it_captured_after_an_eager_step_grows_the_po
     graph that read the model's table at each replay would then read freed memory on a GPU."""
     model = tiny_model(seed=41, mem_len=MEM_LEN, same_length=False)
     pool = txl.BlockPool(model.memory_layout(), block_size=4, blocks=256, growable=False)
-    graphs = DecodeGraphs(
+    graphs = graphs_over(
         model, pool, max_batch_size=2, max_positions=max_positions(model, GRID), capture=False
     )
     rows = decode_rows(model, pool, [5, 30], grid=GRID)
@@ -150,7 +150,7 @@ def test_a_pool_that_grows_while_rows_are_planned_is_never_replayed_stale(monkey
     monkeypatch.setattr(graphs_module.DecodeGraphs, "_build", recording_build)
     model = tiny_model(seed=41, mem_len=MEM_LEN)
     pool = txl.BlockPool(model.memory_layout(), block_size=4, blocks=12)  # 11 usable blocks
-    graphs = DecodeGraphs(model, pool, max_batch_size=4, max_positions=MEM_LEN, capture=False)
+    graphs = graphs_over(model, pool, max_batch_size=4, max_positions=MEM_LEN, capture=False)
     rows = decode_rows(model, pool, [8, 8, 8, 8])  # 2 full blocks each: every row needs a new block
     expected, _ = ModelRunner(model, pool).run(rows, [])
     got = graphs.run(rows)
@@ -167,7 +167,7 @@ def test_what_an_iteration_leaves_in_the_buffers_never_reaches_the_next(few_rows
     monkeypatch.setattr(decode_plan, "FEW_ROWS", few_rows)
     model = tiny_model(seed=41, mem_len=MEM_LEN)
     pools = [txl.BlockPool(model.memory_layout(), block_size=4) for _ in range(2)]
-    graphs = DecodeGraphs(
+    graphs = graphs_over(
         model, pools[0], max_batch_size=8, max_positions=max_positions(model, None), capture=False
     )
     eager = ModelRunner(model, pools[1])
@@ -211,7 +211,7 @@ def test_rows_longer_than_the_buffers_run_eagerly():
     lowered) is not loaded into the buffers, whose positional scores it would read beyond; it runs eagerly."""
     model = tiny_model(seed=3, mem_len=20)
     pool = txl.BlockPool(model.memory_layout(), block_size=4, blocks=128)
-    graphs = DecodeGraphs(model, pool, max_batch_size=2, max_positions=16, capture=False)
+    graphs = graphs_over(model, pool, max_batch_size=2, max_positions=16, capture=False)
     runner = ModelRunner(model, pool, graphs)
     (row,) = decode_rows(model, pool, [20], mem_len=20)
     assert row.memory.length == 20 and not graphs.supports([row])
@@ -258,7 +258,7 @@ def test_a_batch_going_on_is_not_read_back_row_by_row_and_keeps_no_finished_row_
     monkeypatch.setattr(graphs_module, "plan_decode", spy)
     model = tiny_model(seed=41, mem_len=MEM_LEN)
     pool = txl.BlockPool(model.memory_layout(), block_size=4)
-    graphs = DecodeGraphs(
+    graphs = graphs_over(
         model, pool, max_batch_size=8, max_positions=max_positions(model, None), capture=False
     )
     eager = ModelRunner(model, pool)

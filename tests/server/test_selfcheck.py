@@ -24,10 +24,11 @@ from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.engine import selfcheck
 from txl_server.engine.graphs import DecodeGraphs, top_k_bucket, top_k_buckets
-from txl_server.engine.runner import DecodeRow, ModelRunner
+from txl_server.engine.rows import DecodeRow
+from txl_server.engine.runner import ModelRunner
 
 from ..model.helpers import tiny_model
-from .graph_cases import decode_rows
+from .graph_cases import decode_rows, graphs_over
 from .runtimes import running
 from .test_engine import OWNER, generate
 
@@ -251,7 +252,7 @@ def test_top_k_buckets_are_few_and_a_larger_top_k_runs_eagerly():
     assert top_k_bucket(rows(600), 600) == 0  # the whole vocabulary is no limit
     model = tiny_model(seed=2, vocab_size=1000, cutoffs=[100, 500])
     pool = txl.BlockPool(model.memory_layout(), block_size=4, blocks=64)
-    graphs = DecodeGraphs(model, pool, max_batch_size=2, max_positions=16, capture=False)
+    graphs = graphs_over(model, pool, max_batch_size=2, max_positions=16, capture=False)
     (row,) = decode_rows(model, pool, [5], mem_len=16)
     assert graphs.supports([row])
     assert not graphs.supports([DecodeRow(row.memory, row.last_hidden, SamplingParams(top_k=600), 1, 0)])
@@ -260,7 +261,7 @@ def test_top_k_buckets_are_few_and_a_larger_top_k_runs_eagerly():
 def test_buffers_that_cannot_be_remade_after_the_pool_grew_turn_off_and_the_step_runs_eagerly(caplog):
     model = tiny_model(seed=41, mem_len=24)
     pool = txl.BlockPool(model.memory_layout(), block_size=4, blocks=12)  # grows on the next step
-    graphs = DecodeGraphs(model, pool, max_batch_size=4, max_positions=24, capture=False)
+    graphs = graphs_over(model, pool, max_batch_size=4, max_positions=24, capture=False)
     graphs.capture_all()
     built_on = pool.generation
     rows = decode_rows(model, pool, [8, 8, 8, 8])  # full blocks: every row needs a new one

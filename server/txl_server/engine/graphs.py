@@ -36,11 +36,11 @@ from txl import BlockPool, Memory, TransfoXLLMHeadModel
 from txl.decode_plan import RowArrays, plan_decode
 from txl.paged import BlockTable, resting_blocks
 from txl.paged_step import StaticDecodeStep
-from txl.sampling import RowParams, SamplingParams, sample_rows, signed64
+from txl.sampling import PADDING, RowParams, RowValues, SamplingParams, sample_rows
 from txl.staging import StagedInputs
 from txl.window import keeps_after, windows_at
 
-from .runner import DecodeOut, DecodeRow, ModelRunner
+from .rows import DecodeOut, DecodeRow
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ TOP_K_BUCKETS = (64, 512)
 
 # (rows, top-k bucket, any row uses top-p): what a captured graph is specialised for.
 GraphKey = tuple[int, int, bool]
+
+# A decoding iteration run eagerly (`ModelRunner.decode` of a runner without graphs).
+EagerDecode = Callable[[Sequence[DecodeRow]], list[DecodeOut]]
 
 
 def buckets(max_batch_size: int) -> list[int]:
@@ -109,8 +112,9 @@ class Launched:
 
 
 class SamplingInputs:
-    """The rows' sampling parameters for a graph, staged like the step's inputs (one non-blocking copy per dtype,
-    txl.staging); padding rows sample greedily, unlimited."""
+    """The rows' sampling parameters for a graph, encoded as the eager path encodes them (`txl.sampling.RowValues`)
+    and staged like the step's inputs (one non-blocking copy per dtype, txl.staging); padding rows are
+    `txl.sampling.PADDING` (greedy, unlimited)."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
         self.rows, self.vocab = rows, vocab
@@ -118,6 +122,7 @@ class SamplingInputs:
             {"greedy": (rows,), "top_k": (rows,), "seeds": (rows,), "counters": (rows,)}, torch.long, device
         )
         self.floats = StagedInputs({"temperature": (rows,), "top_p": (rows,)}, torch.float32, device)
+        self.padding = RowValues.encode([PADDING], [0], vocab)
         # A batch decodes the same rows, with the same parameters, step after step: what is already in a buffer
         # is not written again. Per host buffer of the integers, the (parameters, seeds) it holds; the rows whose
         # floats the device holds. (Parameters are kept, not their ids: an id may be reused once one is freed.)
@@ -127,23 +132,27 @@ class SamplingInputs:
 
     def load(self, params: Sequence[SamplingParams], seeds: Sequence[int], counters: Sequence[int]) -> None:
         n, rows = len(params), (tuple(params), tuple(seeds))
+        ints_stale = self._ints_rows[self.ints.turn] != rows
+        floats_stale = self._floats_rows != rows[0]
+        values = RowValues.encode(params, seeds, self.vocab) if n and (ints_stale or floats_stale) else None
+        pad = self.padding
         ints = self.ints.host()
-        if self._ints_rows[self.ints.turn] != rows:
-            ints["greedy"][n:], ints["top_k"][n:] = 1, self.vocab
-            ints["seeds"][n:], ints["counters"][n:] = 0, 0
-            if n:
-                ints["greedy"][:n] = [p.greedy for p in params]
-                ints["top_k"][:n] = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]
-                ints["seeds"][:n] = [signed64(s) for s in seeds]
+        if ints_stale:
+            ints["greedy"][n:], ints["top_k"][n:] = pad.greedy[0], pad.top_k[0]
+            ints["seeds"][n:], ints["counters"][n:] = pad.seeds[0], 0
+            if values is not None:
+                ints["greedy"][:n] = values.greedy
+                ints["top_k"][:n] = values.top_k
+                ints["seeds"][:n] = values.seeds
             self._ints_rows[self.ints.turn] = rows
         ints["counters"][:n] = counters
         self.ints.send()
-        if self._floats_rows != rows[0]:
+        if floats_stale:
             floats = self.floats.host()
-            floats["temperature"][n:], floats["top_p"][n:] = 1.0, 1.0
-            if n:
-                floats["temperature"][:n] = [1.0 if p.greedy else p.temperature for p in params]
-                floats["top_p"][:n] = [p.top_p for p in params]
+            floats["temperature"][n:], floats["top_p"][n:] = pad.temperature[0], pad.top_p[0]
+            if values is not None:
+                floats["temperature"][:n] = values.temperature
+                floats["top_p"][:n] = values.top_p
             self.floats.send()
             self._floats_rows = rows[0]
 
@@ -211,14 +220,17 @@ class DecodeGraphs:
         model: TransfoXLLMHeadModel,
         pool: BlockPool,
         *,
+        eager: EagerDecode,
         max_batch_size: int,
         max_positions: int,
         capture: bool,
     ) -> None:
-        """`max_positions`: the most positions a memory holds between steps (its window rule's
-        `max_positions` at the server's largest mem_len); rows beyond it run eagerly."""
+        """`eager`: the eager path, which runs an iteration whose graph was turned off while it was planned;
+        `max_positions`: the most positions a memory holds between steps (its window rule's `max_positions` at
+        the server's largest mem_len); rows beyond it run eagerly."""
         self.model = model
         self.pool = pool
+        self.eager = eager
         self.capture = capture
         self.sizes = buckets(max_batch_size)
         self.vocab = model.config.vocab_size
@@ -347,7 +359,7 @@ class DecodeGraphs:
         if graph is None:
             graph = self._rebuild(key)
             if graph is None:  # turned off: this iteration runs eagerly (what was planned is dropped, unused)
-                return Launched.done(ModelRunner(self.model, self.pool).run(rows, [])[0])
+                return Launched.done(self.eager(rows))
         n = len(rows)
         graph.step.load(plan, windows_at(mem_lens, grids, same_length, plan.positions))
         graph.sampling.load([r.params for r in rows], [r.seed for r in rows], [r.counter for r in rows])

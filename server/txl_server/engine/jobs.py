@@ -11,15 +11,12 @@ import contextlib
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from txl.sampling import SamplingParams
 
-from .runner import TopLogprobs
+from .rows import TopLogprobs
 from .state import ModelState
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 
 @dataclass(frozen=True)
@@ -213,7 +210,17 @@ class CallJob(Job):
         self.function = function
 
 
-async def run_job(worker: Worker, job: Job) -> AsyncGenerator[Any, None]:
+class CancelledByClient(Exception):
+    """The job was cancelled (its client went away); nothing it computed was kept."""
+
+
+class Submitter(Protocol):
+    """What runs jobs (the device worker): it takes a job, and the job reports through its events."""
+
+    def submit(self, job: Job) -> None: ...
+
+
+async def run_job(worker: Submitter, job: Job) -> AsyncGenerator[Any, None]:
     """Submits `job`; yields its token/progress events, then its result. Cancels it if abandoned early."""
     worker.submit(job)
     finished = False
@@ -236,7 +243,7 @@ async def run_job(worker: Worker, job: Job) -> AsyncGenerator[Any, None]:
             job.cancel()
 
 
-async def job_result(worker: Worker, job: Job, on_event: Callable[[Event], None] | None = None) -> Any:
+async def job_result(worker: Submitter, job: Job, on_event: Callable[[Event], None] | None = None) -> Any:
     """Runs `job` to its result, passing its intermediate events to `on_event`; cancelled if abandoned."""
     async with contextlib.aclosing(run_job(worker, job)) as events:
         async for item in events:

@@ -10,57 +10,16 @@ distribution crosses only for rows that asked for top log-probs).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
-from txl.sampling import RowParams, SamplingParams, sample_rows
+from txl.sampling import RowParams, sample_rows
 from txl.scoring import shifted
 
-if TYPE_CHECKING:
-    from .graphs import DecodeGraphs, Launched
-
-# (token id, log-prob) of the most likely tokens at one position, best first.
-TopLogprobs = tuple[tuple[int, float], ...]
-
-
-@dataclass(frozen=True)
-class DecodeRow:
-    memory: Memory  # one row
-    last_hidden: Tensor  # [D]: predicts the token sampled now
-    params: SamplingParams
-    seed: int
-    counter: int  # index of this token within its request
-    top_logprobs: int = 0
-
-
-@dataclass(frozen=True)
-class ChunkRow:
-    memory: Memory  # one row
-    tokens: Sequence[int]
-    last_hidden: Tensor | None  # [D]: predicts tokens[0] (None: nothing precedes it)
-    score: bool = False  # log p of each token
-    top_logprobs: int = 0  # with score: also the k most likely tokens at each position
-
-
-@dataclass(slots=True)  # not frozen: one is made per row and step, and a frozen one takes 4x as long
-class DecodeOut:
-    token: int
-    logprob: float
-    top: TopLogprobs | None
-    memory: Memory
-    last_hidden: Tensor
-
-
-@dataclass(frozen=True)
-class ChunkOut:
-    memory: Memory
-    last_hidden: Tensor
-    logprobs: Tensor | None  # [T] float32 on the device; NaN for a first token nothing predicts
-    top: list[TopLogprobs | None] | None  # per token, when asked for
+from .graphs import DecodeGraphs, Launched
+from .rows import ChunkOut, ChunkRow, DecodeOut, DecodeRow, TopLogprobs
 
 
 class ModelRunner:
@@ -80,6 +39,10 @@ class ModelRunner:
     def launch(self, decode: Sequence[DecodeRow]) -> Launched:
         assert self.graphs is not None
         return self.graphs.launch(decode)
+
+    def decode(self, rows: Sequence[DecodeRow]) -> list[DecodeOut]:
+        """A decoding-only iteration (what the graphs fall back to, given a runner without graphs)."""
+        return self.run(rows, [])[0]
 
     @torch.inference_mode()
     def run(

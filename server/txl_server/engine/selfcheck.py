@@ -39,7 +39,8 @@ from txl.sampling import SamplingParams
 from txl.window import WindowRule
 
 from .graphs import DecodeGraphs, GraphKey
-from .runner import ChunkRow, DecodeOut, DecodeRow, ModelRunner
+from .rows import ChunkRow, DecodeOut, DecodeRow
+from .runner import ModelRunner
 from .worker import Worker, is_device_error
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,9 @@ REPORTED = {"triton": "triton", "cpu": "c", "torch": "torch"}
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How far a path may be from the eager one and still be right: float32 kernels that sum in another order
-    differ by ~1e-6; half precision by a few units in its last place (~1e-2 on hidden states of magnitude 4).
-    What a wrong path gives is far beyond either (a graph reading stale tables: 5.0; a replay that writes
-    nothing: NaN)."""
+    """How far a path may be from the eager one and still be right: kernels that sum in another order differ by
+    rounding, far below these limits, in float32 and in half precision alike (a few units in the last place);
+    what a wrong path gives is far beyond either, or NaN (figures: docs/benchmarks/engine-figures.md)."""
 
     logprob: float  # |delta log p| of the chosen tokens, in nats
     hidden: float  # |delta hidden| over the largest |hidden| (at least 1)
@@ -254,7 +254,7 @@ def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut
     tokens = [(7 * i + 3) % vocab for i in range(2 * worker.pool.block_size + 5)]
     segment = ChunkRow(rows[0].memory, tokens, rows[0].last_hidden, score=True)
     with prefer(kernel):
-        decoded = runner.run(rows, [])[0]
+        decoded = runner.decode(rows)
         (scored,) = runner.run([], [segment])[1]
     assert scored.logprobs is not None
     total = float(scored.logprobs.double().sum())
@@ -305,7 +305,7 @@ def check_graph(graphs: DecodeGraphs, worker: Worker, key: GraphKey, rows: list[
         check = compare_paths(
             what,
             functools.partial(_replayed, graphs, key, batch),
-            functools.partial(_eager_run, eager, batch),
+            functools.partial(eager.decode, batch),
             worker.model.dtype,
         )
         if check.ok or check.error is not None or not _close(check):
@@ -316,10 +316,6 @@ def check_graph(graphs: DecodeGraphs, worker: Worker, key: GraphKey, rows: list[
 def _replayed(graphs: DecodeGraphs, key: GraphKey, batch: list[DecodeRow]) -> list[DecodeOut]:
     graphs.poison(key)
     return graphs.run(batch)
-
-
-def _eager_run(runner: ModelRunner, batch: list[DecodeRow]) -> list[DecodeOut]:
-    return runner.run(batch, [])[0]
 
 
 def _with_params(row: DecodeRow, i: int, key: GraphKey, draw: int) -> DecodeRow:

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from ..engine.jobs import GenerateResult, ProgressEvent, TokenEvent
-from ..engine.runner import TopLogprobs
+from ..engine.rows import TopLogprobs
 
 __all__ = ["GenerateResult", "ProgressEvent", "TokenEvent", "TopLogprobs"]

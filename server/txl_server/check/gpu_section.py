@@ -1,23 +1,20 @@
 """`python -m txl_server check --write-benchmarks`: the GPU section of docs/benchmarks.md from a check's report,
-through the benchmarks' own section mechanism (`bench.common`, in the repository, not in the installed package)."""
+through the Markdown sections the benchmarks write too (`check.benchmark_docs`)."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .check import CheckReport
+from .benchmark_docs import Section, assemble
+from .report import CheckReport
 
 SECTION = "gpu"
 
 
-def section(report: CheckReport) -> Any:
-    """The section (a `bench.common.Section`) for `report`: parity, graphs and kernel checks, speed."""
+def section(report: CheckReport) -> Section:
+    """The section for `report`: parity, graphs and kernel checks, speed."""
     d = report.device
-    result = _bench().Section(
+    result = Section(
         SECTION,
         f"GPU: `python -m txl_server check` on {d.device_name}",
         "python -m txl_server check --device cuda --write-benchmarks",
@@ -58,16 +55,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")  # |delta log p| would end a Markdown table's cell
 
 
-def write_section(report: CheckReport) -> Path:
-    """Saves the section and reassembles docs/benchmarks.md; returns its path."""
-    section(report).save()
-    path: Path = _bench().assemble()
-    return path
+def write_section(report: CheckReport, docs: Path) -> Path:
+    """Saves the section under `docs` and reassembles its benchmarks.md; returns that file's path."""
+    section(report).save(docs)
+    return assemble(docs)
 
 
-def _bench() -> ModuleType:
-    """`bench.common`, imported by name: it is the repository's, not the package's (nor the type checker's)."""
-    try:
-        return importlib.import_module("bench.common")
-    except ImportError as exc:  # an installed server without the repository
-        raise RuntimeError("--write-benchmarks runs from the repository root (where bench/ is)") from exc
+def repository_docs() -> Path:
+    """The repository's docs directory: the command runs from the repository root (where bench/ is)."""
+    root = Path.cwd()
+    if not (root / "bench").is_dir():  # an installed server, run elsewhere
+        raise RuntimeError("--write-benchmarks runs from the repository root (where bench/ is)")
+    return root / "docs"

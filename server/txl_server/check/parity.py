@@ -1,21 +1,20 @@
-"""What `python -m txl_server check` measures through a running worker: parity with the reference, a repeated
-seeded generation, and speed against the memory-bandwidth floor."""
+"""Parity, as `python -m txl_server check` measures it through a running worker: a prompt and its greedy
+continuation through the engine against the reference, and a seeded generation run twice."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
 from dataclasses import dataclass
 
 import torch
 from txl import TransfoXLLMHeadModel, load_pretrained
 from txl.sampling import SamplingParams
 
-from .engine.jobs import AdvanceJob, GenerateJob, job_result
-from .engine.selfcheck import tolerance
-from .engine.worker import Worker
-from .settings import Settings
+from ..engine.jobs import GenerateJob, job_result
+from ..engine.selfcheck import tolerance
+from ..engine.worker import Worker
+from ..settings import Settings
 
 # The parity prompt (written for this check): ordinary prose, so that a trained model's continuation is too.
 TEXT = (
@@ -55,7 +54,7 @@ async def check_parity(worker: Worker, settings: Settings, *, tokens: int) -> Pa
     """A prompt and its greedy continuation through the engine, against the reference."""
     model = worker.model
     mem_len = settings.mem_lens(model.config.mem_len)[0]
-    prompt = _prompt(worker, tokens)
+    prompt = prompt_tokens(worker, tokens)
     job = GenerateJob(
         worker.empty_state(mem_len),
         prompt,
@@ -88,23 +87,24 @@ async def check_parity(worker: Worker, settings: Settings, *, tokens: int) -> Pa
     margins = best[generated] - reference[generated]
     far = int((margins > 2 * limit).sum())
     return Parity(
-        dtype=str(model.dtype).removeprefix("torch."),
-        grid=worker.grid,
-        mem_len=mem_len,
-        prompt=len(prompt),
-        generated=len(result.token_ids),
-        same=same,
-        same_ok=same <= limit,
-        fp32=fp32,
-        fp32_mean=fp32_mean,
-        reference_fp32=reference_fp32,
-        reference_fp32_mean=reference_fp32_mean,
-        fp32_ok=fp32_ok,
-        far_tokens=far,
+        str(model.dtype).removeprefix("torch."),
+        worker.grid,
+        mem_len,
+        len(prompt),
+        len(result.token_ids),
+        same,
+        same <= limit,
+        fp32,
+        fp32_mean,
+        reference_fp32,
+        reference_fp32_mean,
+        fp32_ok,
+        far,
     )
 
 
-def _prompt(worker: Worker, tokens: int) -> list[int]:
+def prompt_tokens(worker: Worker, tokens: int) -> list[int]:
+    """The check's text in the model's tokens, cut to a third of `tokens` (at least 2)."""
     encoded = worker.tokenizer.encode(TEXT)
     return encoded[: max(2, min(len(encoded), tokens // 3))]
 
@@ -148,101 +148,10 @@ def _mean_delta(a: torch.Tensor, b: torch.Tensor) -> float:
 async def repeated_generation(worker: Worker, mem_len: int, tokens: int = 48) -> bool:
     """A seeded, sampled generation twice from the same prompt: the same device, dtype and batch path give
     the same tokens."""
-    prompt = _prompt(worker, 60)
+    prompt = prompt_tokens(worker, 60)
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=1234)
     runs = []
     for _ in range(2):
         job = GenerateJob(worker.empty_state(mem_len), prompt, tokens, sampling)
         runs.append((await job_result(worker, job)).token_ids)
     return runs[0] == runs[1]
-
-
-# ---------------------------------------------------------------------------------------------- speed
-
-
-@dataclass(frozen=True)
-class Speed:
-    bandwidth: float  # bytes/s copied on the device, read + written
-    weight_bytes: int  # read once per decoding step
-    floor_one: float  # seconds per step, at least: the weights over the bandwidth
-    decode_one: float  # seconds per token, one session
-    batch: int
-    decode_batch: float  # seconds per step, `batch` sessions
-    document: int
-    scoring: float  # tokens/s scoring one document
-    scoring_floor: float  # tokens/s if each segment's forward read only the weights, at the bandwidth
-
-
-async def measure_speed(worker: Worker, mem_len: int) -> Speed:
-    model = worker.model
-    device = worker.pool.layout.device
-    bandwidth = await asyncio.to_thread(copy_bandwidth, device)
-    weights = weight_bytes(model)
-    floor = weights / bandwidth
-    prompt = _prompt(worker, 300)
-    started_state = (await job_result(worker, AdvanceJob(worker.empty_state(mem_len), prompt))).state
-    steps = 64 if device.type == "cpu" else 256
-    greedy = SamplingParams(temperature=0)
-    await job_result(worker, GenerateJob(started_state, [], 8, greedy))  # warm-up
-    started = time.perf_counter()
-    await job_result(worker, GenerateJob(started_state, [], steps, greedy))
-    one = (time.perf_counter() - started) / steps
-    batch = min(worker.max_batch_size, 16 if device.type == "cpu" else 64)
-    started = time.perf_counter()
-    await asyncio.gather(
-        *(job_result(worker, GenerateJob(started_state, [], steps, greedy)) for _ in range(batch))
-    )
-    per_step = (time.perf_counter() - started) / steps
-    segments = 16 if device.type == "cpu" else 64
-    document_length = segments * worker.segment_len
-    document = torch.randint(
-        0, model.config.vocab_size, (document_length,), generator=torch.Generator().manual_seed(0)
-    ).tolist()
-    await job_result(worker, AdvanceJob(worker.empty_state(mem_len), document[: worker.segment_len]))
-    started = time.perf_counter()
-    await job_result(worker, AdvanceJob(worker.empty_state(mem_len), document, token_logprobs=True))
-    scoring = document_length / (time.perf_counter() - started)
-    return Speed(
-        bandwidth=bandwidth,
-        weight_bytes=weights,
-        floor_one=floor,
-        decode_one=one,
-        batch=batch,
-        decode_batch=per_step,
-        document=document_length,
-        scoring=scoring,
-        scoring_floor=document_length / (segments * floor),
-    )
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes/s of a large copy on `device` (read + written), best of 5: 1 GiB on a GPU, 256 MiB on a CPU."""
-    mib = 1024 if device.type == "cuda" else 256
-    source = torch.ones(mib * 2**20 // 4, device=device)
-    target = torch.empty_like(source)
-    best = math.inf
-    for _ in range(6):
-        _synchronize(device)
-        started = time.perf_counter()
-        target.copy_(source)
-        _synchronize(device)
-        best = min(best, time.perf_counter() - started)
-    return 2 * source.numel() * 4 / best
-
-
-def weight_bytes(model: TransfoXLLMHeadModel) -> int:
-    """Bytes of the weights a decoding step reads: every parameter once (tied ones once), but the positional
-    projection, whose products the server serves from a table."""
-    seen: set[int] = set()
-    total = 0
-    for name, param in model.named_parameters():
-        if id(param) in seen or "r_net" in name:
-            continue
-        seen.add(id(param))
-        total += param.numel() * param.element_size()
-    return total
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -1,0 +1,124 @@
+"""What the worker keeps of a job while it runs: an ingesting task feeds a job's input segment by segment (an
+AdvanceJob, or a GenerateJob's prompt); a decoding task samples a generation's tokens, one per iteration.
+
+The scheduler orders them (the youngest is preempted first: `arrival`) and asks each how many fresh blocks its
+next row takes (`new_blocks`); the outputs update them with what each step computed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from dataclasses import dataclass, field
+
+from torch import Tensor
+from txl import Memory
+from txl.paged import new_blocks
+from txl.tokenizers import Tokenizer
+
+from .graphs import Launched
+from .jobs import AdvanceJob, GenerateJob, TokenEvent
+from .rows import ChunkRow, DecodeRow, TopLogprobs
+from .state import ModelState
+from .text import GenerationText
+
+_arrivals = itertools.count()
+
+
+@dataclass(eq=False)
+class DecodeTask:
+    """A generation sampling its tokens (after its prompt, if it has one, was fed by an IngestTask)."""
+
+    job: GenerateJob
+    state: ModelState
+    text: GenerationText
+    seed: int
+    # From the prompt phase, for the result: its scores, and its top log-probs when asked for.
+    prompt_logprobs: list[float] | None = None
+    prompt_top: list[TopLogprobs | None] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    sampled_logprobs: list[float] = field(default_factory=list)
+    held: TokenEvent | None = None  # the last token's event, kept while text may still be released after it
+    arrival: int = field(default_factory=lambda: next(_arrivals))
+    # Its step in flight, with overlapped decoding: (that iteration, the memory and hidden state after it).
+    ahead: tuple[Launched, Memory, Tensor] | None = None
+
+    @classmethod
+    def start(cls, job: GenerateJob, state: ModelState, tokenizer: Tokenizer) -> DecodeTask:
+        decoder = tokenizer.decoder(list(state.tail) + job.prompt)
+        seed = job.sampling.seed if job.sampling.seed is not None else secrets.randbits(63)
+        return cls(job, state, GenerationText(decoder, job.stop), seed)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job.cancelled
+
+    def next_row(self) -> DecodeRow:
+        """The row it feeds next: after its step in flight, if it has one."""
+        memory, last = self.state.memory, self.state.last_hidden
+        counter = len(self.token_ids)
+        if self.ahead is not None:
+            _, memory, last = self.ahead
+            counter += 1
+        assert last is not None  # decoding states always have one
+        return DecodeRow(memory, last, self.job.sampling, self.seed, counter, self.job.top_logprobs)
+
+    def new_blocks(self, tokens: int, claimed: set[int]) -> int:
+        memory = self.ahead[1] if self.ahead is not None else self.state.memory
+        return new_blocks(memory.pool, memory.rows[0], tokens, claimed)
+
+
+@dataclass(eq=False)
+class IngestTask:
+    """A job feeding its input segment by segment: an AdvanceJob, or a GenerateJob's prompt."""
+
+    job: AdvanceJob | GenerateJob
+    state: ModelState
+    tokens: list[int]
+    score: bool  # log p of every input token
+    top_k: int  # with score: the k most likely tokens at each position
+    cursor: int = 0
+    arrival: int = field(default_factory=lambda: next(_arrivals))  # the youngest is preempted first
+    # Scoring, kept on the device until the job ends: one tensor of log-probs per segment.
+    logprobs: list[Tensor] = field(default_factory=list)
+    top: list[TopLogprobs | None] = field(default_factory=list)
+    boundaries: int = 0  # > 0: segments end on multiples of it (AdvanceJob.boundaries)
+    # (state, index in `logprobs` of its segments' end) at each boundary reached
+    reached: list[tuple[ModelState, int]] = field(default_factory=list)
+    then: DecodeTask | None = None  # a prompt's generation, which decodes once the prompt is fed
+
+    @classmethod
+    def advance(cls, job: AdvanceJob, state: ModelState) -> IngestTask:
+        top_k = job.top_logprobs if job.token_logprobs else 0
+        return cls(job, state, job.tokens, True, top_k, boundaries=job.boundaries)
+
+    @classmethod
+    def prompt(cls, generation: DecodeTask) -> IngestTask:
+        job = generation.job
+        top_k = job.top_logprobs if job.prompt_logprobs else 0
+        return cls(job, generation.state, job.prompt, job.prompt_logprobs, top_k, then=generation)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job.cancelled
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.cursor
+
+    @property
+    def chunk_limit(self) -> int:
+        """The most tokens its next segment may feed: up to the next boundary, if it keeps them."""
+        if not self.boundaries:
+            return self.pending
+        return self.boundaries - self.state.fed % self.boundaries
+
+    def next_chunk(self, n: int) -> ChunkRow:
+        """The row feeding its next `n` tokens."""
+        state = self.state
+        tokens = self.tokens[self.cursor : self.cursor + n]
+        return ChunkRow(state.memory, tokens, state.last_hidden, self.score, self.top_k)
+
+    def new_blocks(self, tokens: int, claimed: set[int]) -> int:
+        memory = self.state.memory
+        return new_blocks(memory.pool, memory.rows[0], tokens, claimed)
