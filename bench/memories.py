@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from txl_server.runtime import Runtime
-from txl_server.sessions.cache import DEVICE
 from txl_server.sessions.redis_server import EmbeddedRedis
+from txl_server.sessions.state_cache import DEVICE
 from txl_server.settings import Settings
 
 from .common import ROOT, Section

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from txl_server.engine.blocks import BlockIndex, snapshot
 from txl_server.runtime import Runtime
+from txl_server.sessions.store.blocks import BlockIndex, snapshot
 from txl_server.settings import Persistence, Settings
 
 from .common import Section

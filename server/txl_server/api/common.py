@@ -20,7 +20,7 @@ from ..errors import InvalidRequest, PayloadTooLarge
 from ..metrics import Metrics
 from ..sessions.service import SessionService
 from ..sessions.stateless import StatelessService
-from ..sessions.store import SessionMeta
+from ..sessions.store.sessions import SessionMeta
 from ..settings import Settings
 from . import sse
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..sessions.store import VersionSummary
+from ..sessions.store.versions import VersionSummary
 from .common import ERROR_RESPONSES, Service, SessionObject, Tenant
 from .disconnect import WatchedRoute
 from .idempotency import Idempotent

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidRequest, ServiceError
 from ..sessions.memories import MAX_NAME_CHARS, MemoryService
-from ..sessions.memory_store import MemoryMeta
+from ..sessions.store.memories import MemoryMeta
 from . import sse
 from .common import (
     ERROR_RESPONSES,

@@ -20,8 +20,9 @@ from fastapi.responses import JSONResponse
 
 from ..errors import InvalidRequest, NotFound, ServiceError
 from ..sessions.events import TokenEvent
-from ..sessions.responses import ResponseRecord, ResponseStore, ResponseTurns, Turn, TurnStarted
+from ..sessions.responses import ResponseTurns, Turn, TurnStarted
 from ..sessions.service import GenerateOutcome
+from ..sessions.store.responses import ResponseRecord, ResponseStore
 from ..settings import Settings
 from . import sse
 from .chat import ChatMessage, ChatTemplate

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
 from ..errors import InvalidRequest
-from ..sessions.responses import ResponseRecord
+from ..sessions.store.responses import ResponseRecord
 from .chat import ChatMessage, ChatTemplate
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256  # as chat completions: a reply, not a document
