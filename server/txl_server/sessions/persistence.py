@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from txl import TransfoXLLMHeadModel
-from txl.tokenizers import Tokenizer
 
 from ..engine.state import ModelState, snapshot_metadata
 from ..engine.worker import Worker
@@ -50,17 +49,17 @@ class Persistence:
         *,
         settings: Settings,
         model: TransfoXLLMHeadModel,
-        tokenizer: Tokenizer,
         worker: Worker,
         store: SessionStore,
         max_mem_len: int,
+        vocab_size: int,
     ) -> None:
         self.settings = settings
         self.model = model
-        self.tokenizer = tokenizer
         self.worker = worker
         self.store = store
-        self.max_mem_len = max_mem_len
+        # What a snapshot must fit to be imported.
+        self.max_mem_len, self.vocab_size = max_mem_len, vocab_size
         # Which pool blocks Redis already holds: a write sends only the others (store/blocks.py).
         self.index = BlockIndex()
 
@@ -193,6 +192,6 @@ class Persistence:
             raise InvalidRequest(
                 f"the snapshot's mem_len exceeds this server's {self.max_mem_len}", param="body"
             )
-        if any(not 0 <= t < self.tokenizer.vocab_size for t in state.tail):
+        if any(not 0 <= t < self.vocab_size for t in state.tail):
             raise InvalidRequest("the snapshot's token ids do not fit this model's vocabulary", param="body")
         return Imported(state, tokens, metadata)

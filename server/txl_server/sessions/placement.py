@@ -227,7 +227,7 @@ class Placement:
     # ------------------------------------------------------------------ out of this process
 
     def forget(self, state_id: str) -> None:
-        """Drops this process's copy of a session's or memory's state (deleted, or its memory's owner let it go)."""
+        """Drops this process's copy of a session's or a preloaded memory's state (deleted, or found gone)."""
         self.cache.drop(state_id)
         self._expiry.pop(state_id, None)
 

@@ -256,6 +256,6 @@ class PromptReader:
 
 
 def start_token(tokenizer: Tokenizer) -> int:
-    """What every memory is primed with: the tokenizer's separator (<eos>, else a newline), so that a text's first
+    """What every state starts from: the tokenizer's separator (<eos>, else a newline), so that a text's first
     real token is predicted like any other, from the start of a document."""
     return tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.encode("\n")[0]

@@ -112,10 +112,10 @@ class SessionService:
         self.persistence = Persistence(
             settings=settings,
             model=model,
-            tokenizer=tokenizer,
             worker=worker,
             store=self.store,
             max_mem_len=self.max_mem_len,
+            vocab_size=tokenizer.vocab_size,
         )
         self.placement = Placement(
             settings=settings,

@@ -14,16 +14,14 @@ it expires `ttl_seconds` after its creation, or after the update that last set a
 from __future__ import annotations
 
 import builtins
-import json
 import math
 import secrets
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis import asyncio as aioredis
 
-from .plumbing import RedisStore, field_args, now, text
+from .plumbing import HashRecord, RedisStore, field_args, now
 from .versions import LoadedVersion, VersionWrite, check_written, load_status, loaded
 
 ID_PREFIX = "mem_"
@@ -35,7 +33,9 @@ def new_memory_id() -> str:
 
 
 @dataclass
-class MemoryMeta:
+class MemoryMeta(HashRecord):
+    json_fields = frozenset({"name", "metadata"})  # a JSON name: null and "" stay apart
+
     id: str
     owner: str
     name: str | None
@@ -53,43 +53,14 @@ class MemoryMeta:
         """Seconds until it expires, for Redis (at least 1)."""
         return max(1, math.ceil(self.expires_at - now()))
 
-    def to_redis(self) -> dict[str, str]:
-        out = {}
-        for key, value in asdict(self).items():
-            if key == "metadata":
-                out[key] = json.dumps(value)
-            elif key == "name":
-                out[key] = json.dumps(value)  # null and "" stay apart
-            else:
-                out[key] = str(value)
-        return out
-
-    @classmethod
-    def from_redis(cls, raw: Mapping[Any, Any]) -> MemoryMeta:
-        d = {text(k): text(v) for k, v in raw.items()}
-        return cls(
-            id=d["id"],
-            owner=d["owner"],
-            name=json.loads(d["name"]),
-            created_at=float(d["created_at"]),
-            updated_at=float(d["updated_at"]),
-            expires_at=float(d["expires_at"]),
-            tokens=int(d["tokens"]),
-            bytes=int(d["bytes"]),
-            mem_tokens=int(d["mem_tokens"]),
-            mem_len=int(d["mem_len"]),
-            model=d["model"],
-            metadata=json.loads(d["metadata"]),
-        )
-
 
 class MemoryStore(RedisStore):
     unavailable = "memory store (Redis) is unavailable; nothing was changed"
 
     def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:") -> None:
         super().__init__(redis, prefix=prefix)
-        self._create = self.script("versions", "memory_create")
-        self._update = self.script("versions", "memory_update")
+        self._create = self.script("fields", "versions", "memory_create")
+        self._update = self.script("fields", "versions", "memory_update")
         self._delete = self.script("versions", "memory_delete")
         self._load = self.script("load_version")
 

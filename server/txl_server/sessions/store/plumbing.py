@@ -21,12 +21,14 @@ Lua script (`lua/*.lua`, read once per process, registered once per store): Redi
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar, get_type_hints
 
 from redis import asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -58,6 +60,48 @@ def field_args(fields: Mapping[Any, Any]) -> list[Any]:
 def glob_escape(value: str) -> str:
     """`value` matched literally in a Redis MATCH pattern."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
+class HashRecord:
+    """A dataclass kept as a Redis hash: each field as its text (`str(value)`), those named in `json_fields` as
+    JSON; read back by each field's type. A field named in `later_fields` (older servers did not write it) takes
+    its default where the hash lacks it; any other missing field is a KeyError."""
+
+    json_fields: ClassVar[frozenset[str]] = frozenset()
+    later_fields: ClassVar[frozenset[str]] = frozenset()
+
+    def to_redis(self) -> dict[str, str]:
+        assert dataclasses.is_dataclass(self)
+        return {
+            k: (json.dumps(v) if k in self.json_fields else str(v))
+            for k, v in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_redis(cls, raw: Mapping[Any, Any]) -> Self:
+        d = {text(k): text(v) for k, v in raw.items()}
+        values: dict[str, Any] = {}
+        for name, read in _readers(cls).items():
+            if name in d:
+                values[name] = json.loads(d[name]) if name in cls.json_fields else read(d[name])
+            elif name not in cls.later_fields:
+                raise KeyError(name)
+        return cls(**values)
+
+
+_READERS: dict[type, dict[str, Callable[[str], Any]]] = {}
+
+
+def _readers(cls: type) -> dict[str, Callable[[str], Any]]:
+    """How each field of a HashRecord is read from its text: by its type (int, float, str; JSON fields aside)."""
+    readers = _READERS.get(cls)
+    if readers is None:
+        hints = get_type_hints(cls)
+        fields = dataclasses.fields(cls)
+        readers = _READERS[cls] = {
+            f.name: hints[f.name] if hints[f.name] in (int, float) else str for f in fields
+        }
+    return readers
 
 
 @cache

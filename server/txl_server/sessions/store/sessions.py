@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis import asyncio as aioredis
 from redis.typing import EncodableT
 
 from ...errors import Conflict
-from .plumbing import RedisStore, as_bytes, field_args, text
+from .plumbing import HashRecord, RedisStore, as_bytes, field_args, text
 from .versions import LoadedVersion, VersionSummary, VersionWrite, check_written, load_status, loaded
 
 
 @dataclass
-class SessionMeta:
+class SessionMeta(HashRecord):
+    json_fields = frozenset({"metadata"})
+    later_fields = frozenset({"holder", "gone"})
+
     id: str
     owner: str
     created_at: float
@@ -48,29 +51,6 @@ class SessionMeta:
     def expires_at(self) -> float:
         return self.last_used + self.ttl_seconds
 
-    def to_redis(self) -> dict[Any, Any]:
-        return {k: (json.dumps(v) if k == "metadata" else str(v)) for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_redis(cls, raw: Mapping[Any, Any]) -> SessionMeta:
-        d = {text(k): text(v) for k, v in raw.items()}
-        return cls(
-            id=d["id"],
-            owner=d["owner"],
-            created_at=float(d["created_at"]),
-            last_used=float(d["last_used"]),
-            ttl_seconds=int(d["ttl_seconds"]),
-            mem_len=int(d["mem_len"]),
-            model=d["model"],
-            tokens=int(d["tokens"]),
-            mem_tokens=int(d["mem_tokens"]),
-            version=int(d["version"]),
-            tier=d["tier"],
-            holder=d.get("holder", ""),
-            gone=d.get("gone", ""),
-            metadata=json.loads(d["metadata"]),
-        )
-
 
 class SessionGone(Exception):
     """A commit on a session marked gone meanwhile (its memory was declared lost)."""
@@ -79,8 +59,8 @@ class SessionGone(Exception):
 class SessionStore(RedisStore):
     def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:") -> None:
         super().__init__(redis, prefix=prefix)
-        self._create = self.script("versions", "session_create")
-        self._commit = self.script("versions", "session_commit")
+        self._create = self.script("fields", "versions", "session_create")
+        self._commit = self.script("fields", "versions", "session_commit")
         self._delete = self.script("versions", "session_delete")
         self._mark_gone = self.script("versions", "session_mark_gone")
         self._touch_tier = self.script("session_touch_tier")

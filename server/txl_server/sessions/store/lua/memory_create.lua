@@ -8,9 +8,6 @@ local blocks = {}
 for i = at + 6, #ARGV do table.insert(blocks, ARGV[i]) end
 local missing = write_version(KEYS[2], ARGV[at], ttl, '1', ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], 1, blocks)
 if missing then return {-3, missing} end
-local fields = {}
-for i = 1, 2 * n do fields[i] = ARGV[3 + i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('EXPIRE', KEYS[1], ttl)
+write_fields(KEYS[1], 4, n, ttl)
 redis.call('SADD', KEYS[3], ARGV[2])
 return {1}

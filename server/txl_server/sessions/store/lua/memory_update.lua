@@ -3,10 +3,7 @@
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 local ttl = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local fields = {}
-for i = 1, 2 * n do fields[i] = ARGV[3 + i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('EXPIRE', KEYS[1], ttl)
+write_fields(KEYS[1], 4, n, ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
 local header = redis.call('HGET', KEYS[2], 'h:1')
 if header then

@@ -3,10 +3,7 @@
 -- metadata still holds `expected version` (a session leaving this process, persistence "evict"). {1} written, {0}
 -- the session moved on or is gone (nothing written), {-3, id} a listed block is not stored.
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return {0} end
-local blocks = {}
-for i = 9, #ARGV do table.insert(blocks, ARGV[i]) end
 drop_versions(KEYS[2], ARGV[1])
-local missing = write_version(KEYS[2], ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7],
-    tonumber(ARGV[8]), blocks)
+local missing = write_version_from(KEYS[2], ARGV[1], tonumber(ARGV[3]), 4, #ARGV)
 if missing then return {-3, missing} end
 return {1}

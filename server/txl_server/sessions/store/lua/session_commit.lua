@@ -14,17 +14,11 @@ local mode = ARGV[at]
 local last = #ARGV
 if KEYS[3] then last = last - 1 end
 if mode == 'write' then
-    local blocks = {}
-    for i = at + 7, last do table.insert(blocks, ARGV[i]) end
-    local missing = write_version(KEYS[2], ARGV[at + 1], ttl, ARGV[at + 2], ARGV[at + 3], ARGV[at + 4],
-        ARGV[at + 5], tonumber(ARGV[at + 6]), blocks)
+    local missing = write_version_from(KEYS[2], ARGV[at + 1], ttl, at + 2, last)
     if missing then return {-3, missing} end
 elseif mode == 'drop' then
     drop_versions(KEYS[2], ARGV[at + 1])
 end
-local fields = {}
-for i = 1, 2 * n do fields[i] = ARGV[3 + i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('EXPIRE', KEYS[1], ttl)
+write_fields(KEYS[1], 4, n, ttl)
 if KEYS[3] and redis.call('GET', KEYS[3]) == ARGV[#ARGV] then redis.call('DEL', KEYS[3]) end
 return {1}

@@ -5,15 +5,9 @@ local ttl = tonumber(ARGV[1])
 local n = tonumber(ARGV[3])
 local at = 4 + 2 * n
 if ARGV[at] == 'write' then
-    local blocks = {}
-    for i = at + 7, #ARGV do table.insert(blocks, ARGV[i]) end
-    local missing = write_version(KEYS[2], ARGV[at + 1], ttl, ARGV[at + 2], ARGV[at + 3], ARGV[at + 4],
-        ARGV[at + 5], tonumber(ARGV[at + 6]), blocks)
+    local missing = write_version_from(KEYS[2], ARGV[at + 1], ttl, at + 2, #ARGV)
     if missing then return {-3, missing} end
 end
-local fields = {}
-for i = 1, 2 * n do fields[i] = ARGV[3 + i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('EXPIRE', KEYS[1], ttl)
+write_fields(KEYS[1], 4, n, ttl)
 redis.call('SADD', KEYS[3], ARGV[2])
 return {1}

@@ -73,3 +73,12 @@ local function write_version(mkey, prefix, ttl, version, summary, header, hidden
     end
     return false
 end
+
+-- Writes the version ARGV holds from ARGV[at] on (version, summary, header, hidden, keep, then block id/data pairs
+-- up to ARGV[last]), as write_version does.
+local function write_version_from(mkey, prefix, ttl, at, last)
+    local blocks = {}
+    for i = at + 5, last do table.insert(blocks, ARGV[i]) end
+    return write_version(mkey, prefix, ttl, ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
+        tonumber(ARGV[at + 4]), blocks)
+end
