@@ -29,7 +29,8 @@ from .sessions import SessionMeta
 
 T = TypeVar("T")
 
-# Waiting for a lease held elsewhere: polls from 10 ms, doubling up to 200 ms (a step takes tens of ms).
+# Waiting for a lease held elsewhere: polls from 10 ms, doubling up to 200 ms, so that the end of a short step is
+# seen soon and a long one is not polled often.
 LEASE_POLL_SECONDS = (0.01, 0.2)
 
 
