@@ -20,8 +20,8 @@ from pathlib import Path
 
 from txl_server.check.benchmark_docs import Section
 from txl_server.runtime import Runtime
-from txl_server.sessions.cache import DEVICE
 from txl_server.sessions.redis_server import EmbeddedRedis
+from txl_server.sessions.state_cache import DEVICE
 from txl_server.settings import Settings
 
 from .common import ROOT

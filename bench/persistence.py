@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from txl_server.check.benchmark_docs import Section
-from txl_server.engine.blocks import BlockIndex, snapshot
 from txl_server.runtime import Runtime
+from txl_server.sessions.store.blocks import BlockIndex, snapshot
 from txl_server.settings import Persistence, Settings
 
 OWNER = "bench"

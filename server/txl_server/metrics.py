@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from txl import BlockPool
 
 from .engine.worker import WorkerObserver
-from .sessions.service import SessionObserver
+from .sessions.observer import SessionObserver
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -27,11 +27,13 @@ from .engine.device_report import DeviceReport, describe
 from .engine.selfcheck import ServingPath, graphs_setting, prepare
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
-from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Replica, reconcile
+from .sessions.observer import SessionObserver
+from .sessions.placement import Released
+from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Recovery, Replica
 from .sessions.redis_server import EmbeddedRedis
-from .sessions.service import Released, SessionObserver, SessionService
+from .sessions.service import SessionService
 from .sessions.stateless import StatelessService
-from .sessions.store import SessionStore
+from .sessions.store.stores import Stores
 from .settings import Persistence, Settings
 
 log = logging.getLogger(__name__)
@@ -191,22 +193,22 @@ class Runtime:
         self.redis = aioredis.from_url(
             url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10
         )
-        store = SessionStore(self.redis, prefix=settings.redis_prefix, replica=self.replica.id)
+        stores = Stores.connect(self.redis, prefix=settings.redis_prefix, replica=self.replica.id)
         exclusive = self.embedded_redis is not None  # a private Redis has no other replica
         log.info("%s", self.where_sessions_are())
         try:
-            await self._reconcile(store, exclusive)
+            await self._reconcile(stores, exclusive)
             pending = False
         except Unavailable as exc:  # the server still starts (and says it is not ready until Redis answers)
             log.warning("%s: sessions are reconciled once it answers", exc.message)
             pending = True
-        self._heartbeat = asyncio.create_task(self._beat_forever(store, exclusive, pending))
+        self._heartbeat = asyncio.create_task(self._beat_forever(stores, exclusive, pending))
         self.service = SessionService(
             settings=settings,
             model=model,
             tokenizer=tokenizer,
             worker=self.worker,
-            store=store,
+            stores=stores,
             model_id=self.model_id,
             observer=self.session_observer,
             replica=self.replica,
@@ -216,9 +218,8 @@ class Runtime:
             model=model,
             tokenizer=tokenizer,
             worker=self.worker,
-            start_id=self.service.start_id,
+            prompts=self.service.prompts,
             mem_len=self.service.default_mem_len,
-            prefix_cache=self.service.prefix_cache,
             observer=self.session_observer,
         )
         self._reaper = asyncio.create_task(self._reap_forever())
@@ -232,10 +233,10 @@ class Runtime:
             except Exception as exc:  # Redis away: try again next round
                 log.debug("expiry sweep skipped: %s", exc)
 
-    async def _reconcile(self, store: SessionStore, exclusive: bool) -> None:
+    async def _reconcile(self, stores: Stores, exclusive: bool) -> None:
         # Alive before reconciling: a restart after `kill -9` replaces its earlier incarnation's heartbeat.
-        await store.beat(self.replica.name, self.replica.incarnation, HEARTBEAT_TTL_SECONDS)
-        found = await reconcile(store, me=self.replica, exclusive=exclusive)
+        await stores.heartbeats.beat(self.replica.name, self.replica.incarnation, HEARTBEAT_TTL_SECONDS)
+        found = await Recovery(stores, me=self.replica, exclusive=exclusive).reconcile()
         if found.kept or found.lost or found.leases_broken:
             log.info(
                 "%d sessions from before can be continued; %d whose memory was not saved are now gone "
@@ -245,15 +246,17 @@ class Runtime:
                 found.leases_broken,
             )
 
-    async def _beat_forever(self, store: SessionStore, exclusive: bool, reconcile_pending: bool) -> None:
+    async def _beat_forever(self, stores: Stores, exclusive: bool, reconcile_pending: bool) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             try:
                 if reconcile_pending:
-                    await self._reconcile(store, exclusive)
+                    await self._reconcile(stores, exclusive)
                     reconcile_pending = False
                 else:
-                    await store.beat(self.replica.name, self.replica.incarnation, HEARTBEAT_TTL_SECONDS)
+                    await stores.heartbeats.beat(
+                        self.replica.name, self.replica.incarnation, HEARTBEAT_TTL_SECONDS
+                    )
             except Exception as exc:  # Redis away: beat again next round
                 log.debug("heartbeat skipped: %s", exc)
 
@@ -297,7 +300,7 @@ class Runtime:
     async def _release(self, service: SessionService, deadline: float) -> Released | None:
         try:
             released = await service.release_all(deadline)
-            await service.store.retire(self.replica.name, self.replica.incarnation)
+            await service.stores.heartbeats.retire(self.replica.name, self.replica.incarnation)
         except Exception as exc:  # Redis away: start-up reconciliation marks what is lost
             log.warning("could not save the sessions held in memory: %s", exc)
             return None

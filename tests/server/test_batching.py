@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from safetensors.torch import load, save
 from txl.sampling import SamplingParams
-from txl_server.engine.blocks import BlockIndex, snapshot
 from txl_server.engine.state import snapshot_metadata
 from txl_server.engine.worker import WorkerObserver
+from txl_server.sessions.store.blocks import BlockIndex, snapshot
 from txl_server.settings import Persistence
 
 from .runtimes import running

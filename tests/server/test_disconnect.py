@@ -160,7 +160,7 @@ async def test_a_commit_under_way_finishes_when_its_request_is_cancelled():
     """A commit is one step in Redis and in the cache together: once begun, a cancellation does not cut it."""
     import asyncio
 
-    from txl_server.sessions.service import to_the_end
+    from txl_server.sessions.step import to_the_end
 
     began, release, steps = asyncio.Event(), asyncio.Event(), []
 

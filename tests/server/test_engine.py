@@ -16,8 +16,8 @@ from txl_server.engine.worker import WorkerObserver
 from txl_server.errors import Conflict, Gone, InvalidRequest, NotFound
 from txl_server.runtime import Runtime
 from txl_server.sessions import service as service_module
-from txl_server.sessions.cache import DEVICE, HOST
 from txl_server.sessions.service import GenerateOutcome, new_session_id
+from txl_server.sessions.state_cache import DEVICE, HOST
 from txl_server.settings import Persistence
 
 from .runtimes import running

@@ -180,7 +180,7 @@ async def test_a_thousand_versions_come_and_go_without_a_leak(make_settings):
         assert service.cache.used("device") == len(held) * pool.block_nbytes + sum(
             s.last_hidden.numel() * 4 for s in entry.states()
         )
-        redis, prefix = service.store.redis, service.store.block_prefix
+        redis, prefix = service.store.redis, service.store.keys.blocks
         stored = len([k async for k in redis.scan_iter(match=prefix + "*")])
         assert stored <= 8 * (len(held) + 2)
         del entry  # its states hold blocks

@@ -80,11 +80,11 @@ def test_a_claim_whose_holder_is_gone_lapses(server):
     """A claim is only renewed while its request runs: one left behind (as by a dead process) expires."""
     with server.client() as client:
         session_id = client.post("/v1/sessions", json={"text": "Abandoned"}).json()["id"]
-    store = server.app.state.runtime.service.store
+    store = server.app.state.runtime.service.idempotency
     key = f"POST /v1/sessions/{session_id}/append:abandoned-1"
-    assert server.run(store.claim_idempotent("anonymous", key, CLAIM_SECONDS, "x"))
-    assert server.run(store.renew_idempotent("anonymous", key, CLAIM_SECONDS, "x"))
-    assert not server.run(store.renew_idempotent("anonymous", key, CLAIM_SECONDS, "another request"))
+    assert server.run(store.claim("anonymous", key, CLAIM_SECONDS, "x"))
+    assert server.run(store.renew("anonymous", key, CLAIM_SECONDS, "x"))
+    assert not server.run(store.renew("anonymous", key, CLAIM_SECONDS, "another request"))
     time.sleep(CLAIM_SECONDS + 0.2)
-    assert server.run(store.get_idempotent("anonymous", key)) is None
-    assert not server.run(store.renew_idempotent("anonymous", key, CLAIM_SECONDS, "x"))
+    assert server.run(store.get("anonymous", key)) is None
+    assert not server.run(store.renew("anonymous", key, CLAIM_SECONDS, "x"))

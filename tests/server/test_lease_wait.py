@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 from txl_server.errors import Conflict
-from txl_server.sessions.turns import Turns
+from txl_server.sessions.request_queue import RequestQueues
 
 from .live_server import LiveServer, client_of, serve
 
@@ -59,7 +59,7 @@ def test_twenty_parallel_appends_on_one_session_are_serialised(server, client):
     assert versions == list(range(session["version"] + 1, session["version"] + 21))  # one after the other
     after = client.get(f"/v1/sessions/{session['id']}").json()
     assert after["version"] == session["version"] + 20 and after["tokens"] == session["tokens"] + 20 * 3
-    assert server.app.state.runtime.service.turns.__len__() == 0  # no queue left behind
+    assert server.app.state.runtime.service.steps.queues.__len__() == 0  # no queue left behind
 
 
 def test_a_writer_elsewhere_is_waited_for(server, client, redis_server):
@@ -90,10 +90,10 @@ def test_past_the_wait_the_409_carries_retry_after(impatient, redis_server):
 
 
 async def test_turns_are_first_come_first_served_and_a_wait_has_an_end():
-    turns, order = Turns(), []
+    turns, order = RequestQueues(), []
 
     async def step(name: str, hold: float, wait: float = 5.0) -> None:
-        async with turns.take("owner", "s", wait_seconds=wait):
+        async with turns.first_in_line("owner", "s", wait_seconds=wait):
             order.append(name)
             await asyncio.sleep(hold)
 
@@ -104,9 +104,11 @@ async def test_turns_are_first_come_first_served_and_a_wait_has_an_end():
         await step("late", 0, wait=0.05)
     with pytest.raises(Conflict, match="retry when it has finished"):
         await step("no wait", 0, wait=0)
-    async with turns.take("other owner", "s", wait_seconds=0):  # another tenant's key never queues here
+    async with turns.first_in_line(
+        "other owner", "s", wait_seconds=0
+    ):  # another tenant's key never queues here
         pass
     await asyncio.gather(first, *queued)
     assert order == ["first", "then-0", "then-1", "then-2"] and len(turns) == 0
-    async with turns.take("owner", "s", wait_seconds=0):  # free again, without waiting
+    async with turns.first_in_line("owner", "s", wait_seconds=0):  # free again, without waiting
         pass

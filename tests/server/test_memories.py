@@ -83,8 +83,12 @@ def test_a_memory_is_created_listed_changed_and_deleted(server, http):
     # Its stored state, and the blocks it lists, live as long now (sessions from it may list them later).
     store = server.app.state.runtime.service.memories.store
     listed = server.run(store.load(memory["id"])).header["blocks"]
-    ttls = [server.run(store.redis.ttl(store.block_prefix + b)) for b in listed]
-    assert listed and min(ttls) > 8000 and server.run(store.redis.ttl(store._v(memory["id"]))) > 8000
+    ttls = [server.run(store.redis.ttl(store.keys.blocks + b)) for b in listed]
+    assert (
+        listed
+        and min(ttls) > 8000
+        and server.run(store.redis.ttl(store.keys.memory_versions(memory["id"]))) > 8000
+    )
     assert http.patch(f"/v1/memories/{memory['id']}", json={}).status_code == 400
     assert http.patch(f"/v1/memories/{memory['id']}", json={"ttl_seconds": None}).status_code == 400
 
@@ -334,7 +338,7 @@ def test_a_thousand_sessions_from_one_memory_hold_one_copy_of_its_blocks(tiny_mo
     )
     with LiveServer(settings) as live, live.client() as http:
         service = live.app.state.runtime.service
-        redis, prefix = service.store.redis, service.store.block_prefix
+        redis, prefix = service.store.redis, service.store.keys.blocks
         memory = _memory(http)["id"]
         live.run(live.app.state.runtime.worker.call(lambda: None))
         used, blocks = service.cache.used("device"), service.worker.pool.used_blocks

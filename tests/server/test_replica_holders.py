@@ -29,7 +29,8 @@ async def replica(make_settings, prefix: str, port: int):
 async def die(rt: Runtime) -> None:
     """As `kill -9` would leave it: no heartbeat any more, nothing saved (then its worker is stopped quietly)."""
     rt._heartbeat.cancel()
-    rt.service.cache = type(rt.service.cache)(device_budget=1, host_budget=1)  # its memory is gone with it
+    for held in rt.service.cache.most_recent_first():  # its memory is gone with it
+        rt.service.cache.drop(held)
     client = aioredis.from_url(rt.settings.redis_url)
     await client.delete(f"{rt.settings.redis_prefix}r:{rt.replica.name}")
     await client.aclose()
@@ -72,7 +73,7 @@ async def test_a_restarted_replica_replaces_its_killed_self_at_once(make_setting
     async with replica(make_settings, prefix, 18005) as first:
         held = await first.service.create(OWNER, text="held by the first")
         kept = await first.service.create(OWNER, text="evicted to Redis before the kill")
-        await first.service._spill(kept.id, first.service.cache.peek(kept.id))
+        await first.service.placement.spill(kept.id, first.service.cache.peek(kept.id))
         first._heartbeat.cancel()  # killed: its heartbeat key stays until its TTL
         client = aioredis.from_url(first.settings.redis_url)
         lease = f"{prefix}l:{kept.id}"

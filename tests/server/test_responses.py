@@ -15,7 +15,7 @@ from txl_server.api.responses.protocol import ResponseCreateRequest
 from txl_server.api.responses.turn_input import turn_text
 from txl_server.api.shared.chat_template import ChatTemplate
 from txl_server.errors import Conflict
-from txl_server.sessions.responses import ResponseRecord, parse_response_id, response_id
+from txl_server.sessions.store.responses import ResponseRecord, parse_response_id, response_id
 from txl_server.settings import TRANSCRIPT_TEMPLATE, Persistence
 
 from .conftest import make_byte_model_dir
@@ -196,7 +196,7 @@ def test_an_error_mid_stream_is_an_error_event(server, client):
             if event.type == "response.created":
                 # The session expires while the turn runs: its commit finds nothing to commit to.
                 store = server.app.state.runtime.service.store
-                server.run(store.redis.delete(store._s(_session_of(event.response))))
+                server.run(store.redis.delete(store.keys.session(_session_of(event.response))))
     assert events[-1].type == "error" and events[-1].code == "not_found"
     assert [e.sequence_number for e in events] == list(range(len(events)))
 

@@ -8,15 +8,10 @@ import uuid
 
 import pytest
 from redis import asyncio as aioredis
-from txl_server.engine.blocks import StoredVersion
-from txl_server.sessions.store import (
-    BlocksMissing,
-    MemoryWrite,
-    SessionMeta,
-    SessionStore,
-    VersionSummary,
-    now,
-)
+from txl_server.sessions.store.blocks import StoredVersion
+from txl_server.sessions.store.plumbing import now
+from txl_server.sessions.store.sessions import SessionMeta, SessionStore
+from txl_server.sessions.store.versions import BlocksMissing, VersionSummary, VersionWrite
 
 
 @pytest.fixture
@@ -31,14 +26,14 @@ def _meta(session_id: str, version: int = 1) -> SessionMeta:
     return SessionMeta(session_id, "owner", stamp, stamp, 600, 32, "m", tokens=version, version=version)
 
 
-def _write(version: int, blocks: list[str], new: list[str], keep: int = 32) -> MemoryWrite:
+def _write(version: int, blocks: list[str], new: list[str], keep: int = 32) -> VersionWrite:
     header = {"format": 3, "blocks": blocks, "fed": version}
     stored = StoredVersion(header, b"h%d" % version, {b: f"data-{b}".encode() for b in new})
-    return MemoryWrite(stored, VersionSummary(version, version, now(), "append", f"v{version}"), keep)
+    return VersionWrite(stored, VersionSummary(version, version, now(), "append", f"v{version}"), keep)
 
 
 async def _refs(store: SessionStore, block: str) -> int | None:
-    value = await store.redis.hget(store.block_prefix + block, "n")
+    value = await store.redis.hget(store.keys.blocks + block, "n")
     return None if value is None else int(value)
 
 
@@ -52,14 +47,14 @@ async def test_versions_share_blocks_and_a_block_goes_with_its_last_reference(st
     await store.create(_meta("s"), _write(1, ["a", "b"], ["a", "b"]))
     assert await _commit(store, "s", 2, ["a", "c"], ["c"])
     assert [await _refs(store, b) for b in "abc"] == [2, 1, 1]
-    first = await store.load_memory("s", 1)
+    first = await store.load_version("s", 1)
     assert first.blocks == [b"data-a", b"data-b"] and first.hidden == b"h1" and first.header["fed"] == 1
-    newest = await store.load_memory("s")
+    newest = await store.load_version("s")
     assert newest.version == 2 and newest.blocks == [b"data-a", b"data-c"]
     # Keeping two versions: the third pushes the first out, and b (listed only by it) goes.
     assert await _commit(store, "s", 3, ["a", "d"], ["d"], keep=2)
     assert [await _refs(store, b) for b in "abcd"] == [2, None, 1, 1]
-    assert await store.load_memory("s", 1) is None
+    assert await store.load_version("s", 1) is None
     assert [v.version for v in await store.versions("s")] == [2, 3]
     assert (await store.versions("s"))[-1].text_tail == "v3"
 
@@ -70,7 +65,7 @@ async def test_a_fork_lists_its_parents_blocks_and_outlives_it(store):
     assert [await _refs(store, b) for b in "ab"] == [2, 2]
     await store.delete(_meta("p"))
     assert [await _refs(store, b) for b in "ab"] == [1, 1]
-    assert (await store.load_memory("f")).blocks == [b"data-a", b"data-b"]
+    assert (await store.load_version("f")).blocks == [b"data-a", b"data-b"]
     await store.delete(_meta("f"))
     assert [await _refs(store, b) for b in "ab"] == [None, None]
     assert not await store.redis.keys(store.prefix + "*")
@@ -92,18 +87,20 @@ async def test_blocks_live_at_least_as_long_as_every_memory_listing_them(store):
     long_lived = _meta("l")
     long_lived.ttl_seconds = 5000
     await store.create(long_lived, _write(1, ["a"], []))
-    assert await store.redis.ttl(store.block_prefix + "a") > 4000
+    assert await store.redis.ttl(store.keys.blocks + "a") > 4000
     await _commit(store, "s", 2, ["a"], [])  # a shorter-lived commit never shortens it
-    assert await store.redis.ttl(store.block_prefix + "a") > 4000
+    assert await store.redis.ttl(store.keys.blocks + "a") > 4000
 
 
 async def test_a_memory_an_older_server_stored_still_loads(store):
     header = {"format": 2, "blocks": 1, "first": 0}
-    await store.redis.hset(store._m("old"), mapping={"v": "4", "header": json.dumps(header), "b:0": b"x"})
-    legacy = await store.load_memory("old")
+    await store.redis.hset(
+        store.keys.versions("old"), mapping={"v": "4", "header": json.dumps(header), "b:0": b"x"}
+    )
+    legacy = await store.load_version("old")
     assert legacy.version == 4 and legacy.legacy_blocks == {0: b"x"} and legacy.header["format"] == 2
     # Its first commit in the new format replaces it whole.
-    await store.redis.hset(store._s("old"), mapping=_meta("old", 4).to_redis())
+    await store.redis.hset(store.keys.session("old"), mapping=_meta("old", 4).to_redis())
     assert await _commit(store, "old", 5, ["n"], ["n"])
-    assert (await store.load_memory("old")).blocks == [b"data-n"]
-    assert not await store.redis.hexists(store._m("old"), "b:0")
+    assert (await store.load_version("old")).blocks == [b"data-n"]
+    assert not await store.redis.hexists(store.keys.versions("old"), "b:0")

@@ -2,7 +2,7 @@
 
 A step never changes the memory it started from (txl.memory), so an old version is a block table and a hidden
 state sharing their blocks with the newer ones: keeping `TXL_KEEP_VERSIONS` of them costs only the blocks they do
-not share. With persistence `always` (the default) Redis holds them (engine/blocks.py: every version lists its
+not share. With persistence `always` (the default) Redis holds them (store/blocks.py: every version lists its
 blocks), so they survive restarts and any replica reads them; the device keeps recent ones too, for a rewind
 without a read. With `evict` or `none`, versions live in this process only, while the session is on the device.
 
@@ -13,33 +13,44 @@ what follows a rewind to N, or a fork at N, is exactly what follows a fresh sess
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..engine.state import ModelState
 from ..errors import NotFound
-from .store import BlocksMissing, SessionMeta, VersionSummary
-
-if TYPE_CHECKING:
-    from .service import SessionService
+from .persistence import Persistence
+from .placement import Placement
+from .recovery import Recovery
+from .step import Steps
+from .store.sessions import SessionMeta, SessionStore
+from .store.versions import BlocksMissing, VersionSummary
 
 
 class SessionHistory:
-    def __init__(self, service: SessionService) -> None:
-        self.service = service
+    def __init__(
+        self,
+        *,
+        recovery: Recovery,
+        steps: Steps,
+        placement: Placement,
+        persistence: Persistence,
+        store: SessionStore,
+    ) -> None:
+        self.recovery = recovery
+        self.steps = steps
+        self.placement = placement
+        self.persistence = persistence
+        self.store = store
 
     async def versions(self, owner: str, session_id: str) -> list[VersionSummary]:
         """The session's kept versions, newest first."""
-        meta = await self.service.get(owner, session_id)
+        meta = await self.recovery.get(owner, session_id)
         return list(reversed(await self._kept(meta)))
 
     async def _kept(self, meta: SessionMeta) -> list[VersionSummary]:
         """Oldest first: from Redis where it keeps them, else from this process (the newest at least)."""
-        service = self.service
-        if service._persist_always:
-            stored = await service.store.versions(meta.id)
+        if self.persistence.always:
+            stored = await self.store.versions(meta.id)
             if stored and stored[-1].version == meta.version:
                 return stored
-        entry = service.cache.peek(meta.id)
+        entry = self.placement.cache.peek(meta.id)
         if entry is not None and entry.version == meta.version and entry.summaries:
             return list(entry.summaries)
         return [VersionSummary(meta.version, meta.tokens, meta.last_used, "append")]
@@ -47,24 +58,23 @@ class SessionHistory:
     async def state_at(self, meta: SessionMeta, version: int) -> tuple[ModelState, VersionSummary]:
         """Version `version` of the session: its state, on the device, and its summary. NotFound (code
         `version_not_found`, naming the oldest kept version) if it is not kept."""
-        service = self.service
         kept = await self._kept(meta)
         summary = next((s for s in kept if s.version == version), None)
         if summary is not None and version == meta.version:
-            return await service._state(meta), summary
-        entry = service.cache.peek(meta.id)
+            return await self.placement.fetch(meta), summary
+        entry = self.placement.cache.peek(meta.id)
         if summary is not None and entry is not None and entry.version == meta.version:
             older = entry.older.get(version)
             if older is not None:
                 return older, summary
-        if summary is not None and service._persist_always:
+        if summary is not None and self.persistence.always:
             try:
-                stored = await service.store.load_memory(meta.id, version)
+                stored = await self.store.load_version(meta.id, version)
             except BlocksMissing:
                 stored = None
             if stored is not None:
                 try:
-                    return await service._restore(stored), summary
+                    return await self.persistence.restore(stored), summary
                 except ValueError:
                     pass
         oldest = kept[0].version if kept else meta.version
@@ -76,9 +86,8 @@ class SessionHistory:
 
     async def rewind(self, owner: str, session_id: str, version: int) -> SessionMeta:
         """The session continues from version `version`'s memory, as a new version (kind "rewind")."""
-        service = self.service
-        async with service._step(owner, session_id) as (meta, _, lease):
+        async with self.steps.hold(owner, session_id) as (meta, _, lease):
             state, summary = await self.state_at(meta, version)
-            return await service._commit(
+            return await self.steps.commit(
                 meta, state, summary.tokens, lease=lease, kind="rewind", text=summary.text_tail
             )

@@ -6,10 +6,10 @@ state's block table, shared (no copy, no recompute), continuing exactly like a s
 itself. Scoring and completions can start from it too ("as if the document came first").
 
 Where a memory lives:
-- Redis, always, whatever the sessions' persistence mode (memory_store.py): metadata, and its state as one stored
+- Redis, always, whatever the sessions' persistence mode (store/memories.py): metadata, and its state as one stored
   version listing blocks. A session started from it lists the same blocks in its own versions (persistence
   `always` at once, `evict` when it leaves the device): Redis holds each block once, counted per listing.
-- This process: its state in the service's MemoryCache tiers under its id, like a session, counted once with
+- This process: its state in the state cache's tiers under its id, like a session, counted once with
   every session sharing its blocks. Read from Redis on first use on each replica (once, however many requests
   ask at the same moment), then shared; pinned while a request uses it. A memory moved off the device is read
   back from Redis, which always holds it.
@@ -29,14 +29,24 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from txl.tokenizers import Tokenizer
+
 from ..engine.jobs import AdvanceJob, AdvanceResult, Event, ProgressEvent, job_result
 from ..engine.state import ModelState
+from ..engine.worker import Worker
 from ..errors import Gone, InvalidRequest, NotFound
-from .cache import DEVICE
-from .memory_store import MemoryMeta, MemoryStore, new_memory_id
-from .service import SessionService, to_the_end, version_summary
+from ..settings import Settings
+from .admission import Admission
+from .observer import SessionObserver
+from .persistence import Persistence
+from .placement import Placement
+from .prefix_cache import PromptReader
+from .state_cache import DEVICE
 from .stateless import PromptScores, ScoreOutcome
-from .store import BlocksMissing, SessionMeta, VersionSummary, now
+from .step import to_the_end
+from .store.memories import MemoryMeta, MemoryStore, new_memory_id
+from .store.plumbing import now
+from .store.versions import BlocksMissing, VersionSummary
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -44,9 +54,32 @@ MAX_NAME_CHARS = 128
 
 
 class MemoryService:
-    def __init__(self, service: SessionService) -> None:
-        self.service = service
-        self.store = MemoryStore(service.store.redis, prefix=service.store.prefix)
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        tokenizer: Tokenizer,
+        worker: Worker,
+        store: MemoryStore,
+        prompts: PromptReader,
+        admission: Admission,
+        placement: Placement,
+        persistence: Persistence,
+        observer: SessionObserver,
+        model_id: str,
+        mem_len: int,
+    ) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.worker = worker
+        self.store = store
+        self.prompts = prompts
+        self.admission = admission
+        self.placement = placement
+        self.persistence = persistence
+        self.observer = observer
+        self.model_id = model_id
+        self.mem_len = mem_len  # every memory is read with the server's default
         self._loading: dict[str, asyncio.Future[ModelState]] = {}
         self._users: Counter[str] = Counter()  # requests using each memory now: pinned while any does
 
@@ -64,25 +97,17 @@ class MemoryService:
     ) -> MemoryMeta:
         """Reads `text` into a new memory, reporting `progress(tokens_done, tokens_total)` segment by segment.
         Cancelled (its awaiting task cancelled: the client left) before its commit, it leaves nothing behind."""
-        service = self.service
         check_name(name)
-        ttl = service._ttl(ttl_seconds)
-        tokens = service.tokenizer.encode(text)
+        ttl = self.admission.ttl(ttl_seconds)
+        tokens = self.tokenizer.encode(text)
         if not tokens:
             raise InvalidRequest("the memory's text is empty", param="text")
         await self._check_limit(owner)
-        mem_len = service.default_mem_len
-        service._admit(mem_len)
-        job = AdvanceJob(
-            service.worker.empty_state(mem_len), [service.start_id, *tokens], report_progress=True
-        )
-
-        def report(event: Event) -> None:
-            if isinstance(event, ProgressEvent) and progress is not None:
-                progress(max(0, event.done - 1), len(tokens))
-
-        result: AdvanceResult = await job_result(service.worker, job, report)
-        state = result.state
+        mem_len = self.mem_len
+        self.admission.fits(mem_len)
+        # Not through the prefix cache: the memory keeps the state it reaches, and sessions start from that.
+        read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, through_cache=False)
+        state = read.state
         stamp = now()
         meta = MemoryMeta(
             id=new_memory_id(),
@@ -95,22 +120,22 @@ class MemoryService:
             bytes=len(text.encode("utf-8", "surrogatepass")),
             mem_tokens=state.memory.length,
             mem_len=mem_len,
-            model=service.model_id,
+            model=self.model_id,
             metadata=dict(metadata or {}),
         )
-        summary = _summary(meta, text)
-        write = await service._memory_write(state, summary, full=True)
+        summary = VersionSummary.of(1, meta.tokens, meta.created_at, "create", text)
+        write = await self.persistence.version_write(state, summary, full=True)
 
         async def register() -> None:
-            await service._stored(lambda w: self.store.create(meta, w), write, state)
-            await self._cache(meta, state)
+            await self.persistence.write(lambda w: self.store.create(meta, w), write, state)
+            await self.placement.place_memory(meta.id, state, meta.expires_at)
 
         await to_the_end(register())
-        service.observer.on_tokens("ingested", len(tokens) + 1)
+        self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
     async def _check_limit(self, owner: str) -> None:
-        limit = self.service.settings.max_memories_per_tenant
+        limit = self.settings.max_memories_per_tenant
         # The index may still list expired memories: count exactly (and prune) only when it matters.
         if await self.store.count(owner) >= limit and len(await self.store.list(owner)) >= limit:
             raise InvalidRequest(f"memory limit reached ({limit}); delete some first")
@@ -119,11 +144,11 @@ class MemoryService:
         meta = await self.store.get(memory_id) if _plausible(memory_id) else None
         if meta is None or not secrets.compare_digest(meta.owner, owner):
             if meta is None:
-                self._forget(memory_id)
+                self.placement.forget(memory_id)
             raise NotFound(f"no memory {memory_id!r}", param="memory")
         return meta
 
-    async def list(self, owner: str) -> list[MemoryMeta]:
+    async def list(self, owner: str) -> builtins.list[MemoryMeta]:
         return await self.store.list(owner)
 
     async def update(
@@ -141,58 +166,20 @@ class MemoryService:
         stamp = now()
         updated = dataclasses.replace(meta, updated_at=stamp, **changes)
         if ttl_seconds is not None:
-            updated.expires_at = stamp + self.service._ttl(ttl_seconds)
+            updated.expires_at = stamp + self.admission.ttl(ttl_seconds)
         if not await self.store.update(updated):
             raise NotFound(f"no memory {memory_id!r}", param="memory")
-        if memory_id in self.service._expiry:
-            self.service._expiry[memory_id] = updated.expires_at
+        self.placement.extend(memory_id, updated.expires_at)
         return updated
 
     async def delete(self, owner: str, memory_id: str) -> None:
+        """Deletes the memory. This process's copy goes (the sessions sharing its blocks keep them, and so do
+        requests using it now: they hold its state)."""
         if not _plausible(memory_id) or not await self.store.delete(owner, memory_id):
             raise NotFound(f"no memory {memory_id!r}", param="memory")
-        self._forget(memory_id)
+        self.placement.forget(memory_id)
 
-    def _forget(self, memory_id: str) -> None:
-        """Drops this process's copy (the sessions sharing its blocks keep them, and so do requests using it
-        now: they hold its state)."""
-        self.service.cache.drop(memory_id)
-        self.service._expiry.pop(memory_id, None)
-
-    # ------------------------------------------------------------------ starting from a memory
-
-    async def start_session(
-        self,
-        owner: str,
-        memory_id: str,
-        *,
-        text: str = "",
-        mem_len: int | None = None,
-        ttl_seconds: int | None = None,
-        metadata: dict[str, Any] | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> SessionMeta:
-        """A new session holding the memory's state (its blocks shared), then `text`: it continues exactly like
-        a session that read the memory's document and then `text` (`progress` as `text` is fed)."""
-        service = self.service
-        ttl = service._ttl(ttl_seconds)
-        async with self.using(owner, memory_id) as (memory, state):
-            if mem_len is not None and mem_len != memory.mem_len:
-                raise InvalidRequest(
-                    f"a session from this memory has its mem_len ({memory.mem_len})", param="mem_len"
-                )
-            await service._admit_session(owner, memory.mem_len)
-            tokens = service.tokenizer.encode(text)
-            if tokens:
-                job = AdvanceJob(state, tokens, report_progress=progress is not None)
-                result = await service._run(job, progress=progress)
-                assert isinstance(result, AdvanceResult)
-                state = result.state
-            meta = await service._register(
-                owner, state, memory.tokens + len(tokens), ttl, dict(metadata or {}), kind="create", text=text
-            )
-        service.observer.on_tokens("ingested", len(tokens))
-        return meta
+    # ------------------------------------------------------------------ reading from a memory
 
     async def score(
         self,
@@ -204,8 +191,7 @@ class MemoryService:
         progress: ProgressCallback | None = None,
     ) -> ScoreOutcome:
         """log p(text | the memory's document), as /v1/score reports it."""
-        service = self.service
-        tokens = service.tokenizer.encode(text)
+        tokens = self.tokenizer.encode(text)
         if not tokens:
             raise InvalidRequest("text to score is empty", param="text")
 
@@ -215,8 +201,8 @@ class MemoryService:
 
         async with self.using(owner, memory_id) as (_, state):
             job = AdvanceJob(state, tokens, token_logprobs=token_logprobs, report_progress=True)
-            result: AdvanceResult = await job_result(service.worker, job, report)
-        service.observer.on_tokens("scored", len(tokens))
+            result: AdvanceResult = await job_result(self.worker, job, report)
+        self.observer.on_tokens("scored", len(tokens))
         return ScoreOutcome(
             len(tokens),
             len(text.encode("utf-8", "surrogatepass")),
@@ -234,26 +220,28 @@ class MemoryService:
         request names a memory."""
         async with self.using(owner, memory_id) as (_, state):
             job = AdvanceJob(state, tokens, token_logprobs=logprobs, top_logprobs=top_logprobs)
-            result: AdvanceResult = await job_result(self.service.worker, job)
-        self.service.observer.on_tokens("ingested", len(tokens))
+            result: AdvanceResult = await job_result(self.worker, job)
+        self.observer.on_tokens("ingested", len(tokens))
         return result.state, PromptScores(tokens, list(result.token_logprobs or []), result.token_top)
 
     @contextlib.asynccontextmanager
     async def using(self, owner: str, memory_id: str) -> AsyncIterator[tuple[MemoryMeta, ModelState]]:
-        """The owner's memory and its state on the device, pinned there while the block runs."""
+        """The owner's memory and its state on the device, pinned there while the block runs (sessions start from
+        it here: SessionService.create)."""
         meta = await self.get(owner, memory_id)
+        cache = self.placement.cache
         self._users[memory_id] += 1
-        self.service.cache.pin(memory_id)
+        cache.pin(memory_id)
         try:
             yield meta, await self._state(meta)
         finally:
             self._users[memory_id] -= 1
             if self._users[memory_id] <= 0:
                 del self._users[memory_id]
-                self.service.cache.unpin(memory_id)
+                cache.unpin(memory_id)
 
     async def _state(self, meta: MemoryMeta) -> ModelState:
-        entry = self.service.cache.get(meta.id)
+        entry = self.placement.cache.get(meta.id)
         if entry is not None and entry.tier == DEVICE:
             return entry.state
         loading = self._loading.get(meta.id)
@@ -266,7 +254,6 @@ class MemoryService:
     async def _load(self, meta: MemoryMeta) -> ModelState:
         """The memory's state read from Redis onto the device (the index learns that Redis holds its blocks, so
         sessions started from it list them instead of writing them again)."""
-        service = self.service
         try:
             stored = await self.store.load(meta.id)
         except BlocksMissing as exc:
@@ -274,21 +261,11 @@ class MemoryService:
         if stored is None:
             raise NotFound(f"no memory {meta.id!r}", param="memory")
         try:
-            state = await service._restore(stored)
+            state = await self.persistence.restore(stored)
         except ValueError as exc:
             raise Gone("this memory's stored state does not fit the loaded model", param="memory") from exc
-        await self._cache(meta, state)
+        await self.placement.place_memory(meta.id, state, meta.expires_at)
         return state
-
-    async def _cache(self, meta: MemoryMeta, state: ModelState) -> None:
-        """Puts the memory's state on the device tier, making room as for a session."""
-        service = self.service
-        async with service._tier_lock:
-            service.cache.drop(meta.id)
-            await service._make_room(DEVICE, service.cache.added_bytes(DEVICE, state))
-            service.cache.put(meta.id, state, 1, DEVICE)
-            # The expiry sweep drops it from the cache once its time is up (it finds no session of that id).
-            service._expiry[meta.id] = meta.expires_at
 
 
 def check_name(name: str | None) -> None:
@@ -299,7 +276,3 @@ def check_name(name: str | None) -> None:
 def _plausible(memory_id: str) -> bool:
     """Ids this server made: `mem_` then URL-safe characters (anything else is no key to look up)."""
     return memory_id.startswith("mem_") and 4 < len(memory_id) <= 64 and "/" not in memory_id
-
-
-def _summary(meta: MemoryMeta, text: str) -> VersionSummary:
-    return version_summary(1, meta.tokens, meta.created_at, "create", text)

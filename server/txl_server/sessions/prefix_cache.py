@@ -28,10 +28,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from txl.tokenizers import Tokenizer
+
 from ..engine.jobs import AdvanceJob, AdvanceResult, Event, ProgressEvent, job_result
 from ..engine.state import ModelState
 from ..engine.worker import Worker
-from .cache import TierUsage
+from .state_cache import TierUsage
 
 
 @dataclass
@@ -171,66 +173,89 @@ class Read:
     token_top: list | None = None
 
 
-async def read(
-    cache: PrefixCache,
-    worker: Worker,
-    *,
-    owner: str,
-    empty: ModelState,
-    ids: list[int],
-    scores: bool = False,
-    top_logprobs: int = 0,
-    progress: Callable[[int, int], None] | None = None,
-) -> Read:
-    """Feeds `ids` (the start token first) after the empty state `empty`, from the longest prefix the cache holds,
-    and caches the boundaries it reaches. With `scores`, only a hit whose every token's log-prob is cached counts.
-    Requests for top alternatives of prompt tokens read the whole prompt (the cache keeps only each token's own
-    log-prob), and still fill the cache."""
-    use = cache.enabled
-    keys = cache.keys(owner, empty.mem_len, ids) if use else []
-    hit = None
-    while use:
-        hit = (
-            cache.lookup(keys, limit=len(ids), with_logprobs=scores)
-            if not (scores and top_logprobs)
-            else None
-        )
-        covered = hit.fed // cache.grid if hit is not None else 0
-        pending = cache.building(keys[covered:])
-        if pending is None:
-            break
-        await asyncio.shield(pending)  # the same prefix is being read: wait for it, then look again
-    fed = hit.fed if hit is not None else 0
-    start, rest = (hit.state if hit is not None else empty), ids[fed:]
-    building = keys[fed // cache.grid :] if use else []
-    future = cache.start_build(building) if building else None
+class PromptReader:
+    """Reads prompts: from an empty memory primed with the start token, through the prefix cache. Every request
+    that starts from nothing (a new session, a stateless completion or score, a preloaded memory's document) reads
+    its prompt here, so a prompt reads the same wherever it is sent."""
 
-    def report(event: Event) -> None:
-        if isinstance(event, ProgressEvent) and progress is not None:
-            progress(fed + event.done, len(ids))
+    def __init__(self, cache: PrefixCache, worker: Worker, start_id: int) -> None:
+        self.cache = cache
+        self.worker = worker
+        self.start_id = start_id
 
-    if fed and progress is not None:
-        progress(fed, len(ids))  # what the cache held is done already
-    try:
-        job = AdvanceJob(
-            start,
-            rest,
-            token_logprobs=scores,
-            top_logprobs=top_logprobs,
-            report_progress=progress is not None,
-            boundaries=cache.grid if use else 0,
-        )
-        result: AdvanceResult = await job_result(worker, job, report)
-        parent = keys[fed // cache.grid - 1] if fed else None
-        for key, boundary in zip(building, result.boundaries, strict=False):
-            cache.put(key, CachedBoundary(boundary.state, boundary.logprobs, parent))
-            parent = key
-    finally:
-        if future is not None:
-            cache.end_build(building, future)
-    if not scores:
-        return Read(result.state, fed)
-    cached = hit.logprobs if hit is not None and hit.logprobs is not None else []
-    assert result.token_logprobs is not None
-    total = math.fsum(x for x in cached if not math.isnan(x)) + result.logprob
-    return Read(result.state, fed, [*cached, *result.token_logprobs], total, result.token_top)
+    async def read(
+        self,
+        owner: str,
+        tokens: list[int],
+        *,
+        mem_len: int,
+        scores: bool = False,
+        top_logprobs: int = 0,
+        progress: Callable[[int, int], None] | None = None,
+        through_cache: bool = True,
+    ) -> Read:
+        """Feeds the start token and `tokens` after an empty memory of `mem_len`, from the longest prefix the
+        cache holds (with `through_cache`), and caches the boundaries it reaches. `progress(done, total)` counts
+        the prompt's own tokens (not the start token). With `scores`, only a hit whose every token's log-prob is
+        cached counts. Requests for top alternatives of prompt tokens read the whole prompt (the cache keeps only
+        each token's own log-prob), and still fill the cache."""
+        cache, empty = self.cache, self.worker.empty_state(mem_len)
+        ids = [self.start_id, *tokens]
+        use = cache.enabled and through_cache
+        keys = cache.keys(owner, empty.mem_len, ids) if use else []
+        hit = None
+        while use:
+            hit = (
+                cache.lookup(keys, limit=len(ids), with_logprobs=scores)
+                if not (scores and top_logprobs)
+                else None
+            )
+            covered = hit.fed // cache.grid if hit is not None else 0
+            pending = cache.building(keys[covered:])
+            if pending is None:
+                break
+            await asyncio.shield(pending)  # the same prefix is being read: wait for it, then look again
+        fed = hit.fed if hit is not None else 0
+        start, rest = (hit.state if hit is not None else empty), ids[fed:]
+        building = keys[fed // cache.grid :] if use else []
+        future = cache.start_build(building) if building else None
+
+        def report(done: int) -> None:  # positions fed, the start token's included
+            if progress is not None:
+                progress(max(0, done - 1), len(tokens))
+
+        def on_event(event: Event) -> None:
+            if isinstance(event, ProgressEvent):
+                report(fed + event.done)
+
+        if fed:
+            report(fed)  # what the cache held is done already
+        try:
+            job = AdvanceJob(
+                start,
+                rest,
+                token_logprobs=scores,
+                top_logprobs=top_logprobs,
+                report_progress=progress is not None,
+                boundaries=cache.grid if use else 0,
+            )
+            result: AdvanceResult = await job_result(self.worker, job, on_event)
+            parent = keys[fed // cache.grid - 1] if fed else None
+            for key, boundary in zip(building, result.boundaries, strict=False):
+                cache.put(key, CachedBoundary(boundary.state, boundary.logprobs, parent))
+                parent = key
+        finally:
+            if future is not None:
+                cache.end_build(building, future)
+        if not scores:
+            return Read(result.state, fed)
+        cached = hit.logprobs if hit is not None and hit.logprobs is not None else []
+        assert result.token_logprobs is not None
+        total = math.fsum(x for x in cached if not math.isnan(x)) + result.logprob
+        return Read(result.state, fed, [*cached, *result.token_logprobs], total, result.token_top)
+
+
+def start_token(tokenizer: Tokenizer) -> int:
+    """What every state starts from: the tokenizer's separator (<eos>, else a newline), so that a text's first
+    real token is predicted like any other, from the start of a document."""
+    return tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.encode("\n")[0]

@@ -6,13 +6,12 @@ a session evicted or saved at shutdown), or only in the process of the replica t
 or its holder is alive. Otherwise its memory is lost: the session is marked gone (`SessionStore.mark_gone`) with
 the reason, drops out of its owner's list, and answers `410` saying what happened.
 
-Who is alive: each replica renews a heartbeat key `r:{name}` holding its incarnation (a random id per process
-start), with a TTL. A replica's name is its host and port, which two live processes cannot share: a replica
-restarted after `kill -9` overwrites its own heartbeat, so its earlier incarnation is dead at once, not after the
-TTL. A server with a private Redis is the only one using it: every other holder is dead.
+Who is alive: each replica renews a heartbeat (store/heartbeats.py); a replica restarted after `kill -9` replaces
+its earlier incarnation at once. A server with a private Redis is the only one using it: every other holder is
+dead.
 
 This is checked at start-up for every session (`reconcile`), when an owner lists sessions or reads one
-(`settle`), and when a step finds no memory.
+(`settle`), and when a step finds no memory (`missing`).
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..errors import Gone, Unavailable
-from .store import SessionMeta, SessionStore
+from ..errors import Gone, NotFound, Unavailable
+from .store.sessions import SessionMeta
+from .store.stores import Stores
 
 log = logging.getLogger(__name__)
 
@@ -88,25 +88,6 @@ class Replica:
         return cls(f"{socket.gethostname()}:{port}", secrets.token_hex(6))
 
 
-async def settle(
-    store: SessionStore, metas: Sequence[SessionMeta], *, me: Replica, exclusive: bool
-) -> list[SessionMeta]:
-    """The sessions of `metas` that can be continued; those whose memory is lost are marked gone on the way.
-
-    Continuable: Redis holds its memory at its version, or its holder is alive (this process: it committed the
-    session, and may be placing it in its cache right now). `exclusive`: no other replica uses this Redis."""
-    candidates = [meta for meta in metas if meta.tier != "gone"]
-    stored = await store.memory_versions([meta.id for meta in candidates])
-    unstored = [meta for meta in candidates if stored.get(meta.id) != meta.version]
-    others = [meta.holder for meta in unstored if meta.holder and meta.holder != me.id]
-    live = {me.id} | (set() if exclusive else await store.live_replicas(others))
-    lost = set()
-    for meta in unstored:
-        if meta.holder not in live and await store.mark_gone(meta, Lost.CRASHED):
-            lost.add(meta.id)
-    return [meta for meta in candidates if meta.id not in lost]
-
-
 @dataclass(frozen=True)
 class Reconciled:
     kept: int  # sessions that can be continued
@@ -115,21 +96,81 @@ class Reconciled:
     leases_broken: int  # leases of dead replicas, freed without waiting for their TTL
 
 
-async def reconcile(store: SessionStore, *, me: Replica, exclusive: bool) -> Reconciled:
-    """At start-up (after this replica's first heartbeat): every session checked as `settle` does, and the
-    leases of dead replicas (a step cut by `kill -9`) freed at once."""
-    kept = lost = gone = 0
-    async for batch in store.scan():
-        gone += sum(1 for meta in batch if meta.tier == "gone")
-        continuable = await settle(store, batch, me=me, exclusive=exclusive)
-        kept += len(continuable)
-        lost += len(batch) - len(continuable) - sum(1 for meta in batch if meta.tier == "gone")
-    leases = [(session_id, token) async for session_id, token in store.leases()]
-    holders = {token.rpartition("/")[0] for _, token in leases} - {""}  # "": a server before holders
-    live = {me.id} | (set() if exclusive else await store.live_replicas(sorted(holders)))
-    broken = 0
-    for session_id, token in leases:
-        holder = token.rpartition("/")[0]
-        if holder and holder not in live and await store.break_lease(session_id, token):
-            broken += 1
-    return Reconciled(kept=kept, lost=lost, gone=gone, leases_broken=broken)
+class Recovery:
+    """What this replica (`me`) knows of the sessions in Redis: which it can continue. `exclusive`: no other
+    replica uses this Redis."""
+
+    def __init__(self, stores: Stores, *, me: Replica, exclusive: bool) -> None:
+        self.store = stores.sessions
+        self.heartbeats = stores.heartbeats
+        self.leases = stores.leases
+        self.me = me
+        self.exclusive = exclusive
+
+    async def owned(self, owner: str, session_id: str) -> SessionMeta:
+        """The owner's session (a gone one too); NotFound for any other, whether it exists or not."""
+        meta = await self.store.get(session_id)
+        if meta is None or not secrets.compare_digest(meta.owner, owner):
+            raise NotFound(f"no session {session_id!r}", param="session_id")
+        return meta
+
+    async def get(self, owner: str, session_id: str) -> SessionMeta:
+        """The owner's session, if it can be continued; 410 if its memory is lost."""
+        meta = await self.owned(owner, session_id)
+        if meta.tier == "gone" or not await self.settle([meta]):
+            gone = await self.store.get(session_id)
+            raise gone_error(gone.gone if gone is not None else Lost.CRASHED)
+        return meta
+
+    async def list_continuable(self, owner: str) -> list[SessionMeta]:
+        """The owner's sessions that can be continued: never one whose memory is lost."""
+        return await self.settle(await self.store.list(owner))
+
+    async def settle(self, metas: Sequence[SessionMeta]) -> list[SessionMeta]:
+        """The sessions of `metas` that can be continued; those whose memory is lost are marked gone on the way.
+
+        Continuable: Redis holds its memory at its version, or its holder is alive (this process: it committed the
+        session, and may be placing it in its cache right now)."""
+        candidates = [meta for meta in metas if meta.tier != "gone"]
+        stored = await self.store.newest_stored([meta.id for meta in candidates])
+        unstored = [meta for meta in candidates if stored.get(meta.id) != meta.version]
+        others = [meta.holder for meta in unstored if meta.holder and meta.holder != self.me.id]
+        live = await self._live(others)
+        lost = set()
+        for meta in unstored:
+            if meta.holder not in live and await self.store.mark_gone(meta, Lost.CRASHED):
+                lost.add(meta.id)
+        return [meta for meta in candidates if meta.id not in lost]
+
+    async def missing(self, meta: SessionMeta) -> Gone | Unavailable:
+        """Why a session's memory at its version is neither in this process nor in Redis."""
+        elsewhere = meta.holder and meta.holder != self.me.id and not self.exclusive
+        if elsewhere and meta.holder in await self.heartbeats.live([meta.holder]):
+            return held_elsewhere()
+        if meta.holder != self.me.id:  # this process never had it: its holder died without saving it
+            await self.store.mark_gone(meta, Lost.CRASHED)
+        return gone_error(Lost.CRASHED)
+
+    async def reconcile(self) -> Reconciled:
+        """At start-up (after this replica's first heartbeat): every session checked as `settle` does, and the
+        leases of dead replicas (a step cut by `kill -9`) freed at once."""
+        kept = lost = gone = 0
+        async for batch in self.store.scan():
+            gone += sum(1 for meta in batch if meta.tier == "gone")
+            continuable = await self.settle(batch)
+            kept += len(continuable)
+            lost += len(batch) - len(continuable) - sum(1 for meta in batch if meta.tier == "gone")
+        leases = [(session_id, token) async for session_id, token in self.leases.held()]
+        holders = {token.rpartition("/")[0] for _, token in leases} - {""}  # "": a server before holders
+        live = await self._live(sorted(holders))
+        broken = 0
+        for session_id, token in leases:
+            holder = token.rpartition("/")[0]
+            if holder and holder not in live and await self.leases.break_lease(session_id, token):
+                broken += 1
+        return Reconciled(kept=kept, lost=lost, gone=gone, leases_broken=broken)
+
+    async def _live(self, holders: Sequence[str]) -> set[str]:
+        """Which of `holders` are alive: this replica, and those with a live heartbeat (none but this one with a
+        private Redis)."""
+        return {self.me.id} | (set() if self.exclusive else await self.heartbeats.live(holders))

@@ -6,49 +6,27 @@ newest when the turn takes the session's lease (service.generate's `expected_ver
 continued it already, or is continuing it right now) it branches: a fork at that version. A session's state is a
 function of its tokens, so either way the turn gives what it would alone. A first turn makes a new session.
 
-Records, in Redis under the server's prefix:
-    r:{session}   hash: response id -> the stored response (JSON), one per turn the session committed. The hash
-                  lives as long as its session: each write sets its TTL to the session's and drops the records of
-                  versions the session no longer keeps (TXL_KEEP_VERSIONS); each read brings its TTL up to the
-                  session's, and finds nothing once the session is gone.
-
-A response id is `resp_{session id}.{version}`: the session (a router sends a chained request to the replica that
-serves it) and the session's version after the turn (one turn commits one version, never reused).
+The stored responses, each naming the session and the version its turn committed, are in Redis
+(store/responses.py). "Turn" here is a conversation's turn, nothing else.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-import secrets
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
-from redis.exceptions import RedisError
 from txl.sampling import SamplingParams
 
 from ..engine.jobs import ProgressEvent, TokenEvent
-from ..errors import Conflict, Gone, InvalidRequest, NotFound, Unavailable
+from ..errors import Conflict, Gone, InvalidRequest, NotFound
 from .service import GenerateOutcome, SessionService
-from .store import SessionMeta, SessionStore
+from .store.responses import ResponseRecord, ResponseStore, response_id
+from .store.sessions import SessionMeta
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-RESPONSE_ID = re.compile(r"^resp_([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})$")
-
-
-def response_id(session_id: str, version: int) -> str:
-    return f"resp_{session_id}.{version}"
-
-
-def parse_response_id(value: str) -> tuple[str, int] | None:
-    """(session id, version) of a response id, or None if it is not one."""
-    match = RESPONSE_ID.match(value)
-    return (match.group(1), int(match.group(2))) if match else None
 
 
 class PreviousResponseNotFound(InvalidRequest):
@@ -63,113 +41,6 @@ class PreviousResponseNotFound(InvalidRequest):
             param="previous_response_id",
             code="previous_response_not_found",
         )
-
-
-@dataclass(frozen=True)
-class ResponseRecord:
-    """A stored response: the response object as answered, the turn's input items, and how its text ended."""
-
-    id: str
-    owner: str
-    response: dict[str, Any]
-    input_items: list[dict[str, Any]]
-    messages: bool  # the input was messages, written out with the chat template
-    turn_end: bool  # the text ended at the template's turn end: the user's prefix is in memory already
-
-    @property
-    def session_id(self) -> str:
-        parsed = parse_response_id(self.id)
-        assert parsed is not None
-        return parsed[0]
-
-    @property
-    def version(self) -> int:
-        parsed = parse_response_id(self.id)
-        assert parsed is not None
-        return parsed[1]
-
-    def to_json(self) -> str:
-        fields = {k: getattr(self, k) for k in ("owner", "response", "input_items", "messages", "turn_end")}
-        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, response_id: str, raw: str | bytes) -> ResponseRecord:
-        d = json.loads(raw)
-        return cls(response_id, d["owner"], d["response"], d["input_items"], d["messages"], d["turn_end"])
-
-
-_PUT = """
--- KEYS[1] r:{session}, KEYS[2] s:{session}. ARGV: response id, record, the oldest version the session keeps.
--- 0 if the session is gone (nothing written).
-local ttl = redis.call('PTTL', KEYS[2])
-if ttl == -2 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-local oldest = tonumber(ARGV[3])
-for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
-    local version = tonumber(string.match(id, '%.(%d+)$'))
-    if version and version < oldest then redis.call('HDEL', KEYS[1], id) end
-end
-if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
-return 1
-"""
-
-_GET = """
--- KEYS[1] r:{session}, KEYS[2] s:{session}. ARGV: response id. The record while its session exists; the records'
--- TTL is brought up to the session's (a step outside the Responses API may have extended the session's).
-local ttl = redis.call('PTTL', KEYS[2])
-if ttl == -2 then
-    redis.call('DEL', KEYS[1])
-    return false
-end
-local record = redis.call('HGET', KEYS[1], ARGV[1])
-if record and ttl > redis.call('PTTL', KEYS[1]) then redis.call('PEXPIRE', KEYS[1], ttl) end
-return record
-"""
-
-
-class ResponseStore:
-    """The response records of every session, in the sessions' Redis."""
-
-    def __init__(self, sessions: SessionStore, *, keep_versions: int) -> None:
-        self.sessions = sessions
-        self.redis = sessions.redis
-        self.keep = max(1, keep_versions)
-        self._put = self.redis.register_script(_PUT)
-        self._get = self.redis.register_script(_GET)
-
-    def _keys(self, session_id: str) -> list[str]:
-        return [f"{self.sessions.prefix}r:{session_id}", self.sessions._s(session_id)]
-
-    async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await make()
-        except (RedisError, OSError) as exc:
-            raise Unavailable("session store (Redis) is unavailable; nothing was changed") from exc
-
-    async def save(self, record: ResponseRecord) -> bool:
-        """Stores the record for as long as its session lives; False if the session is gone."""
-        oldest = record.version - self.keep + 1
-        keys, args = self._keys(record.session_id), [record.id, record.to_json(), str(oldest)]
-        return bool(await self._call(lambda: self._put(keys=keys, args=args)))
-
-    async def find(self, owner: str, response_id: str) -> ResponseRecord | None:
-        """The owner's stored response; None if there is none (or it is another owner's)."""
-        parsed = parse_response_id(response_id)
-        if parsed is None:
-            return None
-        keys = self._keys(parsed[0])
-        raw = await self._call(lambda: self._get(keys=keys, args=[response_id]))
-        if not raw:
-            return None
-        record = ResponseRecord.from_json(response_id, raw)
-        return record if secrets.compare_digest(record.owner, owner) else None
-
-    async def delete(self, record: ResponseRecord) -> None:
-        key = self._keys(record.session_id)[0]
-        await self._call(lambda: self.redis.hdel(key, record.id))
-
-
-# ---------------------------------------------------------------------------------------------- turns
 
 
 @dataclass(frozen=True)

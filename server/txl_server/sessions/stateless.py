@@ -24,9 +24,8 @@ from ..engine.jobs import (
 from ..engine.state import ModelState
 from ..engine.worker import Worker
 from ..errors import InvalidRequest
-from . import prefix_cache
-from .prefix_cache import PrefixCache
-from .service import SessionObserver
+from .observer import SessionObserver
+from .prefix_cache import PromptReader
 
 
 def cached_tokens(positions: int) -> int:
@@ -74,18 +73,13 @@ class StatelessService:
         model: TransfoXLLMHeadModel,
         tokenizer: Tokenizer,
         worker: Worker,
-        start_id: int,
+        prompts: PromptReader,
         mem_len: int,
-        prefix_cache: PrefixCache,
         observer: SessionObserver | None = None,
     ) -> None:
         self.model, self.tokenizer, self.worker = model, tokenizer, worker
-        self.start_id, self.mem_len = start_id, mem_len
-        self.prefix_cache = prefix_cache
+        self.prompts, self.mem_len = prompts, mem_len
         self.observer = observer or SessionObserver()
-
-    def _empty(self) -> ModelState:
-        return self.worker.empty_state(self.mem_len)
 
     async def score(
         self,
@@ -101,21 +95,9 @@ class StatelessService:
         if not tokens:
             raise InvalidRequest("text to score is empty", param="text")
 
-        def report(done: int, total: int) -> None:
-            if progress is not None:
-                progress(max(0, done - 1), total - 1)
-
         if progress is not None:
             progress(0, len(tokens))
-        result = await prefix_cache.read(
-            self.prefix_cache,
-            self.worker,
-            owner=owner,
-            empty=self._empty(),
-            ids=[self.start_id, *tokens],
-            scores=True,
-            progress=report,
-        )
+        result = await self.prompts.read(owner, tokens, mem_len=self.mem_len, scores=True, progress=progress)
         self.observer.on_tokens("scored", len(tokens))
         self.observer.on_prefix_cache(result.cached, len(tokens) + 1)
         assert result.token_logprobs is not None
@@ -134,14 +116,8 @@ class StatelessService:
     ) -> tuple[ModelState, PromptScores]:
         """Feeds a prompt after the start token (from the prefix cache where the owner read its beginning
         recently); with `logprobs`, scores every prompt token."""
-        result = await prefix_cache.read(
-            self.prefix_cache,
-            self.worker,
-            owner=owner,
-            empty=self._empty(),
-            ids=[self.start_id, *tokens],
-            scores=logprobs,
-            top_logprobs=top_logprobs,
+        result = await self.prompts.read(
+            owner, tokens, mem_len=self.mem_len, scores=logprobs, top_logprobs=top_logprobs
         )
         self.observer.on_tokens("ingested", len(tokens))
         self.observer.on_prefix_cache(result.cached, len(tokens) + 1)

@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from ...errors import ServiceError
 from ...sessions.events import TokenEvent
-from ...sessions.responses import ResponseRecord, ResponseTurns, Turn, TurnStarted
+from ...sessions.responses import ResponseTurns, Turn, TurnStarted
 from ...sessions.service import GenerateOutcome
+from ...sessions.store.responses import ResponseRecord
 from ..shared import sse
 from ..shared.chat_template import ChatMessage
 from .protocol import (

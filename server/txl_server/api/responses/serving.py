@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse
 from ...errors import InvalidRequest, NotFound
 from ...metrics import Metrics
 from ...sessions.events import TokenEvent
-from ...sessions.responses import ResponseRecord, ResponseStore, ResponseTurns, Turn, TurnStarted
+from ...sessions.responses import ResponseTurns, Turn, TurnStarted
+from ...sessions.store.responses import ResponseRecord, ResponseStore
 from ...settings import Settings
 from ..shared.chat_template import ChatTemplate
 from ..shared.dependencies import AppSettings, Service

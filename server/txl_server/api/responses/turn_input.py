@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidRequest
-from ...sessions.responses import ResponseRecord
+from ...sessions.store.responses import ResponseRecord
 from ..shared.chat_template import ChatMessage, ChatTemplate
 from .protocol import InputMessageItem, ResponseCreateRequest
 

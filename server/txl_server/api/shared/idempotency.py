@@ -29,8 +29,8 @@ from urllib.parse import parse_qsl
 from fastapi import Depends, Header, Request
 
 from ...errors import Conflict, IdempotencyKeyReused, InvalidRequest, Unavailable
-from ...sessions.service import to_the_end
-from ...sessions.store import SessionStore
+from ...sessions.step import to_the_end
+from ...sessions.store.idempotency import IdempotencyStore
 from .dependencies import AppSettings, Service, Tenant
 
 _KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -41,7 +41,7 @@ _DELIVERY_FIELDS = ("stream",)
 class IdempotentCall:
     def __init__(
         self,
-        store: SessionStore,
+        store: IdempotencyStore,
         owner: str,
         scope: str,
         key: str | None,
@@ -89,7 +89,7 @@ class IdempotentCall:
             return None
         if await self._claim(self.key):
             return None
-        stored = await self.store.get_idempotent(self.owner, self.key)
+        stored = await self.store.get(self.owner, self.key)
         if stored is None:  # expired between the two calls: run
             return None if await self._claim(self.key) else await self.replay()
         if stored.get("fingerprint", self.fingerprint) != self.fingerprint:
@@ -108,17 +108,17 @@ class IdempotentCall:
         if self.key is not None:
             record = {"state": "done", "fingerprint": self.fingerprint, "response": response}
             # Even if the client leaves meanwhile: the work is done, and a retry must get it, not redo it.
-            await to_the_end(self.store.put_idempotent(self.owner, self.key, record, self.ttl))
+            await to_the_end(self.store.put(self.owner, self.key, record, self.ttl))
 
     async def failed(self) -> None:
         self._stop_keeping()
         if self.key is not None:
-            await to_the_end(self.store.drop_idempotent(self.owner, self.key))
+            await to_the_end(self.store.drop(self.owner, self.key))
 
     async def _claim(self, key: str) -> bool:
         """Claims `key` for `claim_ttl` seconds, renewed while this request runs (a claim that lasted the
         record's whole TTL would answer every retry 409 for a day after its process died)."""
-        if not await self.store.claim_idempotent(self.owner, key, self.claim_ttl, self.fingerprint):
+        if not await self.store.claim(self.owner, key, self.claim_ttl, self.fingerprint):
             return False
         self._keeper = asyncio.create_task(
             _keep_claim(weakref.ref(self), self.store, self.owner, key, self.fingerprint, self.claim_ttl)
@@ -127,14 +127,19 @@ class IdempotentCall:
 
     def _stop_keeping(self) -> None:
         # Not awaited: the outcome's write must not wait (a cancellation there would lose it), and a renewal still
-        # in flight cannot touch it (renew_idempotent extends only this claim's own pending record).
+        # in flight cannot touch it (renew extends only this claim's own pending record).
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.cancel()
 
 
 async def _keep_claim(
-    call: weakref.ref[IdempotentCall], store: SessionStore, owner: str, key: str, fingerprint: str, ttl: int
+    call: weakref.ref[IdempotentCall],
+    store: IdempotencyStore,
+    owner: str,
+    key: str,
+    fingerprint: str,
+    ttl: int,
 ) -> None:
     """Renews a claim at a third of its TTL until its request has an outcome, or is gone without one (then the
     claim lapses). Holds the request only weakly, so that a request dropped unfinished cannot keep it forever."""
@@ -144,7 +149,7 @@ async def _keep_claim(
             return
         renewed = True
         with contextlib.suppress(Unavailable):  # Redis away for a moment: the claim may still hold; next tick
-            renewed = await store.renew_idempotent(owner, key, ttl, fingerprint)
+            renewed = await store.renew(owner, key, ttl, fingerprint)
         if not renewed:
             return  # the request's outcome replaced the claim
 
@@ -181,7 +186,7 @@ async def idempotent_call(
 ) -> IdempotentCall:
     scope = f"{request.method} {request.url.path}"
     return IdempotentCall(
-        service.store,
+        service.idempotency,
         tenant,
         scope,
         idempotency_key,

@@ -28,7 +28,7 @@ from torch import Tensor
 from txl import BlockPool, Memory, MemoryLayout
 from txl.paged import BlockTable, PagedRow
 
-from .state import ModelState
+from ...engine.state import ModelState
 
 FORMAT = 3
 

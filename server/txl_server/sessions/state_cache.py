@@ -1,14 +1,14 @@
-"""The in-process memory cache: session id -> model state, in tiers with byte budgets.
+"""The in-process state cache: session id -> model state, in tiers with byte budgets.
 
     device  the model's device, up to `device_budget` bytes (where steps run)
-    host    CPU memory, up to `host_budget` bytes (least recently used sessions move here)
-    beyond  the service writes them to Redis (persistence on) or drops them (the session is then "gone")
+    host    the host's RAM, up to `host_budget` bytes (least recently used sessions move here)
+    beyond  placement writes them to Redis (persistence on) or drops them (the session is then "gone")
 
 Bytes are counted exactly: the pool blocks each state keeps alive, with blocks shared by several sessions (a
 fork shares its parent's past; sessions started from a preloaded memory share its blocks) or versions counted once
 per tier, and so are last hidden states shared by several entries. Besides its newest state, an entry on the device
 may keep its session's older versions (rewind, forks at a version): they are the first to go when room is needed.
-The cache only does bookkeeping and picks victims; the service moves tensors (off the event loop) and talks to
+The cache only does bookkeeping and picks victims; placement.py moves tensors (off the event loop) and talks to
 Redis.
 """
 
@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..engine.state import ModelState
-from .store import VersionSummary
+from .store.versions import VersionSummary
 
 DEVICE, HOST = "device", "host"
 
@@ -97,7 +97,7 @@ def _hidden_bytes(state: ModelState) -> int:
     return state.nbytes - state.memory.allocated_nbytes
 
 
-class MemoryCache:
+class StateCache:
     def __init__(self, *, device_budget: int, host_budget: int) -> None:
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._tiers = {DEVICE: TierUsage(device_budget), HOST: TierUsage(host_budget)}

@@ -1,0 +1,197 @@
+"""Persistence: a session's state to Redis and back, and to a snapshot and back.
+
+What Redis holds of a state is a stored version: its blocks, each written once and listed by every version that
+reads it (store/blocks.py). The server knows which pool blocks Redis holds (`BlockIndex`), so a write sends only
+the blocks Redis lacks; if some of those expired meanwhile, the write is refused whole and sent again with every
+block. When a version is written depends on the persistence mode (TXL_PERSISTENCE): `always` with every commit
+(store/sessions.py), `evict` when the session leaves this process (placement.py), `none` never. A restored state
+is written into the device's pool on the worker's thread, which owns it.
+
+A snapshot is one safetensors blob holding a session's memory with its metadata in the header: sessions move
+between deployments as snapshots (export, then import as a new session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from txl import TransfoXLLMHeadModel
+
+from ..engine.state import ModelState, snapshot_metadata
+from ..engine.worker import Worker
+from ..errors import Gone, InvalidRequest
+from ..settings import Persistence as PersistenceMode
+from ..settings import Settings
+from .state_cache import Entry
+from .store.blocks import BlockIndex, legacy_state, restore, snapshot
+from .store.sessions import SessionMeta, SessionStore
+from .store.versions import BlocksMissing, LoadedVersion, VersionSummary, VersionWrite
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Imported:
+    """An exported session read back: its state (in the device's pool), its tokens and its metadata."""
+
+    state: ModelState
+    tokens: int
+    metadata: dict[str, Any]
+
+
+class Persistence:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        model: TransfoXLLMHeadModel,
+        worker: Worker,
+        store: SessionStore,
+        max_mem_len: int,
+        vocab_size: int,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.worker = worker
+        self.store = store
+        # What a snapshot must fit to be imported.
+        self.max_mem_len, self.vocab_size = max_mem_len, vocab_size
+        # Which pool blocks Redis already holds: a write sends only the others (store/blocks.py).
+        self.index = BlockIndex()
+
+    @property
+    def always(self) -> bool:
+        """Every commit writes its version (persistence `always`): Redis holds every session's kept versions."""
+        return self.settings.persistence is PersistenceMode.ALWAYS
+
+    @property
+    def enabled(self) -> bool:
+        """A session leaving this process goes to Redis (not `none`)."""
+        return self.settings.persistence is not PersistenceMode.NONE
+
+    # ------------------------------------------------------------------ writing versions
+
+    async def version_write(
+        self, state: ModelState, summary: VersionSummary, *, full: bool = False
+    ) -> VersionWrite:
+        """The state as a version to store: the blocks Redis does not hold yet (all with `full`), read off the
+        loop."""
+        stored = await asyncio.to_thread(snapshot, state, self.index, full=full)
+        return VersionWrite(stored, summary, self.settings.keep_versions)
+
+    async def write(
+        self, call: Callable[[VersionWrite], Awaitable[T]], write: VersionWrite, state: ModelState
+    ) -> T:
+        """Runs a store write; if Redis lacks blocks the index thought it held (they expired), writes every block
+        again. The index then learns the blocks written."""
+        try:
+            result = await call(write)
+        except BlocksMissing as exc:
+            self.index.forget(exc.ids)
+            write = await self.version_write(state, write.summary, full=True)
+            result = await call(write)
+        self.index.learn(write.stored.learned)
+        return result
+
+    async def save(self, session_id: str, entry: Entry) -> None:
+        """Writes the state of a session leaving this process (persistence `evict`) as its one stored version, if
+        the session is still at the entry's version."""
+        meta = await self.store.get(session_id)
+        if meta is None or meta.version != entry.version or meta.tier == "gone":
+            return
+        summary = (
+            entry.summaries[-1]
+            if entry.summaries
+            else VersionSummary.of(meta.version, meta.tokens, meta.last_used, "append", None)
+        )
+        write = await self.version_write(entry.state, summary)
+        ttl = meta.ttl_seconds
+        await self.write(
+            lambda w: self.store.save_version(session_id, entry.version, w, ttl), write, entry.state
+        )
+
+    # ------------------------------------------------------------------ reading versions
+
+    async def read(self, meta: SessionMeta) -> ModelState | None:
+        """The session's stored state at its committed version, in the device's pool; None if Redis does not hold
+        that version. Gone if Redis holds it but it cannot be read back."""
+        try:
+            stored = await self.store.load_version(meta.id)
+        except BlocksMissing as exc:
+            raise Gone("this session's stored memory has expired", param="session_id") from exc
+        if stored is None or stored.version != meta.version:
+            return None
+        try:
+            return await self.restore(stored)
+        except ValueError as exc:
+            raise Gone(
+                "this session's stored memory does not fit the loaded model", param="session_id"
+            ) from exc
+
+    async def restore(self, stored: LoadedVersion) -> ModelState:
+        """A version read back from Redis, in the device's pool (written on the worker thread)."""
+        if stored.legacy is not None:
+            return await self._load(stored.legacy)
+        assert stored.header is not None
+        header, hidden = stored.header, stored.hidden
+        layout, pool, grid, index = self.model.memory_layout(), self.worker.pool, self.worker.grid, self.index
+        if stored.legacy_blocks:
+            blocks = stored.legacy_blocks
+            return await self.worker.call(
+                lambda: legacy_state(header, hidden, blocks, layout, pool, grid=grid)
+            )
+        data = stored.blocks
+        return await self.worker.call(lambda: restore(header, hidden, data, layout, pool, index, grid=grid))
+
+    async def _load(self, data: bytes) -> ModelState:
+        """A snapshot's state, in the device's pool (written on the worker thread)."""
+        layout, pool = self.model.memory_layout(), self.worker.pool
+        same_length, grid = self.model.config.same_length, self.worker.grid
+        return await self.worker.call(
+            lambda: ModelState.from_bytes(data, layout, pool, grid=grid, same_length=same_length)
+        )
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def export(self, meta: SessionMeta, state: ModelState) -> bytes:
+        """The session as one safetensors blob: its memory, and its metadata in the header."""
+        extra = {
+            "txl_snapshot": "1",
+            "model": meta.model,
+            "tokens": str(meta.tokens),
+            "version": str(meta.version),
+            "metadata": json.dumps(meta.metadata),
+        }
+        return await asyncio.to_thread(state.to_bytes, extra)
+
+    async def imported(self, data: bytes) -> Imported:
+        """An exported session's state, tokens and metadata, checked against this server's model."""
+        try:
+            header = snapshot_metadata(data)
+            tokens = int(header["tokens"])
+            metadata = json.loads(header.get("metadata", "{}"))
+            if header.get("txl_snapshot") != "1" or tokens < 0 or not isinstance(metadata, dict):
+                raise ValueError("missing or malformed session fields")
+        except (ValueError, KeyError) as exc:
+            raise InvalidRequest(
+                "the body is not a session snapshot (export one with GET /v1/sessions/{id}/snapshot)",
+                param="body",
+            ) from exc
+        try:
+            state = await self._load(data)
+        except ValueError as exc:
+            raise InvalidRequest(
+                "the snapshot does not fit this server's model (it was exported from another model, or damaged)",
+                param="body",
+            ) from exc
+        if state.mem_len > self.max_mem_len:
+            raise InvalidRequest(
+                f"the snapshot's mem_len exceeds this server's {self.max_mem_len}", param="body"
+            )
+        if any(not 0 <= t < self.vocab_size for t in state.tail):
+            raise InvalidRequest("the snapshot's token ids do not fit this model's vocabulary", param="body")
+        return Imported(state, tokens, metadata)

@@ -1,0 +1,236 @@
+"""Sessions in Redis: the authority on what sessions exist, who owns them, their version and their stored versions.
+
+A session is its metadata (`s:{id}`, in its owner's index `t:{owner}`) and, where Redis keeps its memory, its
+stored versions (`m:{id}`, listing blocks `k:{block}`: lua/versions.lua, blocks.py). Every commit checks and bumps
+the version atomically (one script), together with the new stored version when one is written, so the memory and
+the metadata never disagree; a commit can hand the step's lease back in the same round trip.
+
+A session's `holder` is the replica ("{name}#{incarnation}") that committed its version: where its memory is when
+Redis does not hold that version (persistence `evict` or `none`). A session whose memory is in neither is marked
+gone (tier `gone`, with the reason) and leaves its owner's index: it is never listed again, and answers `410`
+saying what happened until it expires or is deleted (sessions/recovery.py).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import asyncio as aioredis
+from redis.typing import EncodableT
+
+from ...errors import Conflict
+from .plumbing import HashRecord, RedisStore, as_bytes, field_args, text
+from .versions import LoadedVersion, VersionSummary, VersionWrite, check_written, load_status, loaded
+
+
+@dataclass
+class SessionMeta(HashRecord):
+    json_fields = frozenset({"metadata"})
+    later_fields = frozenset({"holder", "gone"})
+
+    id: str
+    owner: str
+    created_at: float
+    last_used: float
+    ttl_seconds: int
+    mem_len: int
+    model: str
+    tokens: int = 0
+    mem_tokens: int = 0
+    version: int = 0
+    tier: str = "device"  # device | host | redis | gone
+    holder: str = ""  # the replica that committed this version ("{name}#{incarnation}"; "": older servers)
+    gone: str = ""  # with tier "gone": why the memory was lost (sessions/recovery.py `Lost`)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expires_at(self) -> float:
+        return self.last_used + self.ttl_seconds
+
+
+class SessionGone(Exception):
+    """A commit on a session marked gone meanwhile (its memory was declared lost)."""
+
+
+class SessionStore(RedisStore):
+    def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:") -> None:
+        super().__init__(redis, prefix=prefix)
+        self._create = self.script("fields", "versions", "session_create")
+        self._commit = self.script("fields", "versions", "session_commit")
+        self._delete = self.script("versions", "session_delete")
+        self._mark_gone = self.script("versions", "session_mark_gone")
+        self._touch_tier = self.script("session_touch_tier")
+        self._save = self.script("versions", "save_version")
+        self._load = self.script("load_version")
+
+    # ------------------------------------------------------------------ metadata
+
+    async def create(self, meta: SessionMeta, write: VersionWrite | None = None) -> None:
+        """Registers a new session (and its first stored version). Raises BlocksMissing if `write` lists a block
+        the store does not hold (nothing is written then)."""
+        args = [meta.ttl_seconds, meta.id, *field_args(meta.to_redis()), *self._write_args(write)]
+        keys = [self.keys.session(meta.id), self.keys.versions(meta.id), self.keys.owner_sessions(meta.owner)]
+        check_written(await self.call(lambda: self._create(keys=keys, args=args)))
+
+    def _write_args(self, write: VersionWrite | None) -> list[Any]:
+        return ["keep"] if write is None else ["write", self.keys.blocks, *write.args()]
+
+    async def get(self, session_id: str) -> SessionMeta | None:
+        raw = await self.call(lambda: self.redis.hgetall(self.keys.session(session_id)))
+        return SessionMeta.from_redis(raw) if raw else None
+
+    async def commit(
+        self,
+        meta: SessionMeta,
+        *,
+        expected_version: int,
+        write: VersionWrite | None = None,
+        drop_stored: bool = False,
+        lease_token: str | None = None,
+    ) -> bool:
+        """Writes `meta` (whose version is the new one) if Redis still holds `expected_version`, with the new
+        stored version (`write`: its header and the blocks the store does not hold yet), or dropping the stored
+        versions (`drop_stored`: they are stale). Returns False if the session is gone; raises Conflict if another
+        writer committed first, SessionGone if it was marked gone, and BlocksMissing if `write` lists a block the
+        store does not hold (nothing is written then). With the token of the step's lease, the commit hands the lease
+        back in the same call (one round trip less per step)."""
+        args: list[Any] = [expected_version, meta.ttl_seconds, *field_args(meta.to_redis())]
+        if write is None:
+            args += ["drop", self.keys.blocks] if drop_stored else ["keep"]
+        else:
+            args += self._write_args(write)
+        keys = [self.keys.session(meta.id), self.keys.versions(meta.id)]
+        if lease_token is not None:
+            keys.append(self.keys.lease(meta.id))
+            args.append(lease_token)
+        reply = await self.call(lambda: self._commit(keys=keys, args=args))
+        check_written(reply)
+        if reply[0] == -2:
+            raise Conflict("the session was changed by another request; retry with its latest state")
+        if reply[0] == -4:
+            raise SessionGone(meta.id)
+        return bool(reply[0] == 1)
+
+    async def touch_tier(self, session_id: str, tier: str) -> None:
+        """Records where the memory now lives (no version change: tiers do not change what a session is); a
+        session marked gone stays gone."""
+        key = self.keys.session(session_id)
+        await self.call(lambda: self._touch_tier(keys=[key], args=[tier]))
+
+    async def delete(self, meta: SessionMeta) -> None:
+        """Deletes the session, its stored versions and their references to blocks (blocks other sessions or
+        memories list stay)."""
+        keys = [
+            self.keys.session(meta.id),
+            self.keys.versions(meta.id),
+            self.keys.lease(meta.id),
+            self.keys.owner_sessions(meta.owner),
+        ]
+        await self.call(lambda: self._delete(keys=keys, args=[self.keys.blocks, meta.id]))
+
+    async def list(self, owner: str) -> list[SessionMeta]:
+        """The owner's live sessions, oldest first; ids of expired ones are pruned from the index."""
+        rows = await self.live_indexed(self.keys.owner_sessions(owner), self.keys.session)
+        return sorted((SessionMeta.from_redis(raw) for raw in rows), key=lambda m: (m.created_at, m.id))
+
+    async def count(self, owner: str) -> int:
+        """The owner's live sessions. Cheap (SCARD) unless the index may hold expired ids near a limit."""
+        return int(await self.call(lambda: self.redis.scard(self.keys.owner_sessions(owner))))
+
+    async def count_exact(self, owner: str) -> int:
+        return len(await self.list(owner))
+
+    async def scan(self, batch: int = 500) -> AsyncIterator[Sequence[SessionMeta]]:
+        """Every session under this prefix (gone ones included), in batches (start-up reconciliation)."""
+        pattern = self.keys.every("s")
+
+        async def scan_from(at: int) -> Any:
+            return await self.call(lambda: self.redis.scan(at, match=pattern, count=batch))
+
+        cursor = 0
+        while True:
+            cursor, keys = await scan_from(cursor)
+            if keys:
+                yield [SessionMeta.from_redis(raw) for raw in await self.hashes(keys) if raw]
+            if cursor == 0:
+                return
+
+    async def mark_gone(self, meta: SessionMeta, reason: str) -> bool:
+        """Marks the session gone (still at `meta.version`): tier `gone` with `reason`, its stored versions
+        deleted, out of its owner's index. False if it changed (or went) meanwhile."""
+        keys = [self.keys.session(meta.id), self.keys.versions(meta.id)]
+        args: list[EncodableT] = [
+            meta.version,
+            reason,
+            self.keys.owner_sessions_prefix,
+            meta.id,
+            self.keys.blocks,
+        ]
+        return bool(await self.call(lambda: self._mark_gone(keys=keys, args=args)))
+
+    # ------------------------------------------------------------------ stored versions
+
+    async def save_version(self, session_id: str, version: int, write: VersionWrite, ttl: int) -> bool:
+        """Replaces the stored versions with one (a session leaving this process in persistence "evict"), if the
+        session is still at `version`. Raises BlocksMissing as `commit` does."""
+        args: list[Any] = [self.keys.blocks, str(version), ttl, *write.args()]
+        keys = [self.keys.session(session_id), self.keys.versions(session_id)]
+        reply = await self.call(lambda: self._save(keys=keys, args=args))
+        check_written(reply)
+        return bool(reply[0] == 1)
+
+    async def load_version(self, session_id: str, version: int | None = None) -> LoadedVersion | None:
+        """A stored version (default the newest), read atomically: never half of one commit and half of
+        another. None if there is none (or not that version); raises BlocksMissing if a block it lists is gone."""
+        key = self.keys.versions(session_id)
+        args = [self.keys.blocks, "" if version is None else str(version)]
+        reply = await self.call(lambda: self._load(keys=[key], args=args))
+        status = load_status(reply)
+        if status == 1:
+            return loaded(reply)
+        if status == -1 or version is not None:
+            return None
+        return await self._load_legacy(session_id)
+
+    async def _load_legacy(self, session_id: str) -> LoadedVersion | None:
+        """A state an older server stored: one safetensors value (format 1) or position-keyed blocks (2)."""
+        raw = await self.call(lambda: self.redis.hgetall(self.keys.versions(session_id)))
+        if not raw:
+            return None
+        fields = {text(k): v for k, v in raw.items()}
+        if "data" in fields:
+            return LoadedVersion(int(text(fields["version"])), None, None, [], as_bytes(fields["data"]), {})
+        if "v" not in fields or "header" not in fields:
+            return None
+        blocks = {int(k[2:]): as_bytes(v) for k, v in fields.items() if k.startswith("b:")}
+        hidden = as_bytes(fields["hidden"]) if "hidden" in fields else None
+        return LoadedVersion(int(text(fields["v"])), json.loads(fields["header"]), hidden, [], None, blocks)
+
+    async def versions(self, session_id: str) -> builtins.list[VersionSummary]:
+        """The stored versions' summaries, oldest first (empty if none is stored)."""
+        raw = await self.call(lambda: self.redis.hget(self.keys.versions(session_id), "vs"))
+        if not raw:
+            return []
+        entries = json.loads(raw)
+        return [VersionSummary.from_json(e) for e in entries] if isinstance(entries, list) else []
+
+    async def newest_stored(self, session_ids: Sequence[str]) -> dict[str, int]:
+        """The newest version Redis stores of each session (sessions with none are left out)."""
+
+        async def fetch() -> builtins.list[Any]:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for session_id in session_ids:
+                    pipe.hmget(self.keys.versions(session_id), "v", "version")  # "version": format 1
+                return await pipe.execute()
+
+        if not session_ids:
+            return {}
+        versions = {}
+        for session_id, (v, legacy) in zip(session_ids, await self.call(fetch), strict=True):
+            if v is not None or legacy is not None:
+                versions[session_id] = int(text(v if v is not None else legacy))
+        return versions

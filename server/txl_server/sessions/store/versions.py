@@ -1,0 +1,114 @@
+"""Stored versions: a state as Redis keeps it, the same for a session's versions and a preloaded memory's one.
+
+A version is a header listing its blocks (blocks.py makes and reads it), the data of the blocks the store does not
+hold yet, and a summary for the versions list; lua/versions.lua writes it and its blocks in one script. The
+session store and the memory store both write and read versions this way, so what they send and what they get
+back is spelled here once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .blocks import StoredVersion
+from .plumbing import as_bytes, text
+
+TEXT_TAIL_CHARS = 80  # of the text a step added, kept in the versions list
+
+
+@dataclass(frozen=True)
+class VersionSummary:
+    """What the versions list says of one committed step."""
+
+    version: int
+    tokens: int  # tokens of the session's text at this version
+    created_at: float
+    kind: str  # create | append | generate | import | rewind | fork
+    text_tail: str | None = None  # the end of the text this step added
+
+    @classmethod
+    def of(cls, version: int, tokens: int, created_at: float, kind: str, added: str | None) -> VersionSummary:
+        """The summary of a step that added the text `added` (its tail is kept)."""
+        return cls(version, tokens, created_at, kind, added[-TEXT_TAIL_CHARS:] if added else None)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> VersionSummary:
+        return cls(
+            int(raw["version"]),
+            int(raw["tokens"]),
+            float(raw["created_at"]),
+            str(raw["kind"]),
+            raw.get("text_tail"),
+        )
+
+
+@dataclass(frozen=True)
+class VersionWrite:
+    """A version to store: its blocks and header, what the versions list says of it, how many versions to keep."""
+
+    stored: StoredVersion
+    summary: VersionSummary
+    keep: int
+
+    def args(self) -> list[Any]:
+        """As the scripts take a version to write: version, summary, header, hidden, keep, block id/data pairs."""
+        stored = self.stored
+        args: list[Any] = [
+            str(self.summary.version),
+            self.summary.to_json(),
+            stored.header_json(),
+            stored.hidden or b"",
+            max(1, self.keep),
+        ]
+        for block, data in stored.new_blocks.items():
+            args += [block, data]
+        return args
+
+
+@dataclass(frozen=True)
+class LoadedVersion:
+    """A stored version read back: a header and its blocks' data in table order; or what an older server stored
+    (one safetensors value, `legacy`; or position-keyed blocks, `legacy_blocks`)."""
+
+    version: int
+    header: dict[str, Any] | None
+    hidden: bytes | None
+    blocks: list[bytes]
+    legacy: bytes | None
+    legacy_blocks: dict[int, bytes]
+
+
+class BlocksMissing(Exception):
+    """A version lists blocks the store does not hold (they expired): write them (or read elsewhere)."""
+
+    def __init__(self, ids: set[str]) -> None:
+        super().__init__(f"{len(ids)} stored blocks are gone")
+        self.ids = ids
+
+
+def check_written(reply: Any) -> None:
+    """Raises BlocksMissing if a script writing a version answered {-3, id}: nothing was written."""
+    if int(reply[0]) == -3:
+        raise BlocksMissing({text(reply[1])})
+
+
+def load_status(reply: Any) -> int:
+    """The status of lua/load_version.lua's reply (1: a version, 0: none in this format, -1: not that version);
+    raises BlocksMissing if a block the version lists is gone."""
+    status = int(reply[0])
+    if status == -2:
+        raise BlocksMissing({text(reply[1])})
+    return status
+
+
+def loaded(reply: Any) -> LoadedVersion:
+    """The version in a reply of status 1."""
+    header = json.loads(reply[2])
+    hidden = as_bytes(reply[3]) or None
+    return LoadedVersion(int(text(reply[1])), header, hidden, [as_bytes(b) for b in reply[4:]], None, {})
