@@ -12,7 +12,7 @@ import socket
 import threading
 
 import pytest
-from txl_client import AsyncClient, Client, Unavailable, _core
+from txl_client import AsyncClient, Client, Unavailable, calls, operations
 
 from .conftest import API_KEY
 from .proxy import _read_message
@@ -145,10 +145,10 @@ def test_a_gateway_that_keeps_failing_ends_in_unavailable(gateway):
 
 
 def test_a_call_that_could_change_something_twice_is_not_repeatable():
-    assert not _core.Call("POST", "/v1/anything", {"x": 1}).repeatable
-    assert _core.Call("POST", "/v1/anything", {"x": 1}, idempotency_key="k").repeatable
-    assert _core.score_call("text", False).repeatable
-    assert _core.Call("GET", "/v1/sessions").repeatable
+    assert not calls.Call("POST", "/v1/anything", {"x": 1}).repeatable
+    assert calls.Call("POST", "/v1/anything", {"x": 1}, idempotency_key="k").repeatable
+    assert operations.score("text").call.repeatable
+    assert calls.Call("GET", "/v1/sessions").repeatable
 
 
 def test_the_async_client_retries_a_lost_step_alike(server, gateway):
@@ -166,26 +166,30 @@ def test_the_async_client_retries_a_lost_step_alike(server, gateway):
 
 
 def test_session_requests_carry_the_session_for_the_router(gateway):
-    completion = _core.Call("POST", "/v1/completions", {"prompt": "x", "session_id": SESSION_ID})
-    assert completion.request_headers()[_core.SESSION_HEADER] == SESSION_ID
-    response = _core.Call(
+    completion = calls.Call("POST", "/v1/completions", {"prompt": "x", "session_id": SESSION_ID})
+    assert completion.request_headers()[calls.SESSION_HEADER] == SESSION_ID
+    response = calls.Call(
         "POST", "/v1/responses", {"input": "x", "previous_response_id": f"resp_{SESSION_ID}_7"}
     )
-    assert response.request_headers()[_core.SESSION_HEADER] == SESSION_ID
+    assert response.request_headers()[calls.SESSION_HEADER] == SESSION_ID
     for body in (None, {"prompt": "x"}, {"session_id": "a b"}, {"previous_response_id": "resp_short"}):
-        assert _core.SESSION_HEADER not in _core.Call("POST", "/v1/completions", body).request_headers()
+        assert calls.SESSION_HEADER not in calls.Call("POST", "/v1/completions", body).request_headers()
     # Routes with the id in the path carry it too, for routers that do not parse paths (endpoint pickers).
-    step = _core.step_call(SESSION_ID, "append", {"text": "x"}, None)
-    assert step.request_headers()[_core.SESSION_HEADER] == SESSION_ID
-    assert _core.session_call("GET", SESSION_ID).request_headers()[_core.SESSION_HEADER] == SESSION_ID
-    for call in (_core.Call("GET", "/v1/sessions"), _core.score_call("x", False)):
-        assert _core.SESSION_HEADER not in call.request_headers()
+    step = calls.step_call(SESSION_ID, "append", {"text": "x"}, None)
+    assert step.request_headers()[calls.SESSION_HEADER] == SESSION_ID
+    assert calls.session_call("GET", SESSION_ID).request_headers()[calls.SESSION_HEADER] == SESSION_ID
+    for call in (calls.Call("GET", "/v1/sessions"), operations.score("x").call):
+        assert calls.SESSION_HEADER not in call.request_headers()
 
     # On the wire, through the SDK's transport, to a real server.
     with Client(gateway.url, api_key=API_KEY) as client:
         session = client.create_session(text="Routed by")
         body = {"model": client.models()[0].id, "prompt": " body", "session_id": session.id, "max_tokens": 2}
-        answer = client._json(_core.Call("POST", "/v1/completions", body, idempotency_key="route-1"))
+        answer = client.transport.run(
+            operations.json_answer(
+                calls.Call("POST", "/v1/completions", body, idempotency_key="route-1"), dict
+            )
+        )
         assert answer["choices"][0]["text"] is not None
     ((_, _, headers),) = gateway.requests_to("/v1/completions")
     assert headers["x-txl-session"] == session.id

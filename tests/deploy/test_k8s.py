@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client import generate_latest
-from txl_client import _core
+from txl_client import calls
 from txl_server.settings import Settings
 
 from .files import DEPLOY, parse_dockerfile
@@ -328,7 +328,7 @@ def test_the_endpoint_picker_reads_metrics_the_server_offers():
     assert {"block_size", "num_gpu_blocks"} <= offered[engine["cacheInfoSpec"]]
     affinity = plugins["session-affinity-scorer"]["parameters"]
     assert affinity["strategy"] == "session_id"
-    assert [s["header"] for s in affinity["sessionIdConfig"]["sources"]] == [_core.SESSION_HEADER.lower()]
+    assert [s["header"] for s in affinity["sessionIdConfig"]["sources"]] == [calls.SESSION_HEADER.lower()]
     for profile in config["schedulingProfiles"]:
         for ref in profile["plugins"]:
             assert ref["pluginRef"] in plugins, ref

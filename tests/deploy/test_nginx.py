@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from txl_client import Client, _core
+from txl_client import Client, calls
 from txl_server.sessions.redis_server import free_port
 from txl_server.sessions.service import new_session_id
 
@@ -206,7 +206,7 @@ def test_a_session_sticks_to_one_replica_and_body_addressed_requests_follow_it(c
                 seen.add(stream.headers["x-txl-replica"])
             # /v1/completions names its session in the body: the SDK's header lets the proxy see it.
             body = {"model": model, "prompt": " And", "max_tokens": 2, "session_id": session.id}
-            headers = _core.Call("POST", "/v1/completions", body).request_headers()
+            headers = calls.Call("POST", "/v1/completions", body).request_headers()
             completion = http.post("/v1/completions", json=body, headers=headers)
             assert completion.status_code == 200, completion.text
             seen.add(completion.headers["x-txl-replica"])

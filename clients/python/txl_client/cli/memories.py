@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..memories import Memory
+from ..types import Memory
 from . import UsageError, make_client
 from .remote import ProgressBar, _read_document, _when, add_progress, describe
 
