@@ -9,18 +9,12 @@ async with AsyncClient() as txl:
 
 from __future__ import annotations
 
-from typing import Literal, Unpack, overload
-
 import httpx
 
-from . import operations
 from .client_base import ClientBase
 from .memories import AsyncMemories
-from .operations import GenerateOptions
 from .options import Options
-from .streams import AsyncGenerateStream
 from .transport import AsyncTransport
-from .types import GenerateResult
 
 
 class AsyncClient(ClientBase[AsyncTransport, httpx.AsyncClient]):
@@ -43,26 +37,3 @@ class AsyncClient(ClientBase[AsyncTransport, httpx.AsyncClient]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    @overload
-    async def generate(
-        self,
-        session_id: str,
-        text: str = "",
-        *,
-        stream: Literal[False] = False,
-        **options: Unpack[GenerateOptions],
-    ) -> GenerateResult: ...
-    @overload
-    async def generate(
-        self, session_id: str, text: str = "", *, stream: Literal[True], **options: Unpack[GenerateOptions]
-    ) -> AsyncGenerateStream: ...
-    async def generate(
-        self, session_id: str, text: str = "", *, stream: bool = False, **options: Unpack[GenerateOptions]
-    ) -> GenerateResult | AsyncGenerateStream:
-        operation = operations.generate(session_id, text, **options)
-        if stream:
-            return await self.transport.stream(operation)
-        return await self.transport.run(operation)
-
-    generate.__doc__ = operations.generate.__doc__

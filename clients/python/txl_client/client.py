@@ -12,18 +12,12 @@ with Client("http://127.0.0.1:8000") as txl:
 
 from __future__ import annotations
 
-from typing import Literal, Unpack, overload
-
 import httpx
 
-from . import operations
 from .client_base import ClientBase
 from .memories import Memories
-from .operations import GenerateOptions
 from .options import Options
-from .streams import GenerateStream
 from .transport import Transport
-from .types import GenerateResult
 
 
 class Client(ClientBase[Transport, httpx.Client]):
@@ -45,24 +39,3 @@ class Client(ClientBase[Transport, httpx.Client]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @overload
-    def generate(
-        self,
-        session_id: str,
-        text: str = "",
-        *,
-        stream: Literal[False] = False,
-        **options: Unpack[GenerateOptions],
-    ) -> GenerateResult: ...
-    @overload
-    def generate(
-        self, session_id: str, text: str = "", *, stream: Literal[True], **options: Unpack[GenerateOptions]
-    ) -> GenerateStream: ...
-    def generate(
-        self, session_id: str, text: str = "", *, stream: bool = False, **options: Unpack[GenerateOptions]
-    ) -> GenerateResult | GenerateStream:
-        operation = operations.generate(session_id, text, **options)
-        return self.transport.stream(operation) if stream else self.transport.run(operation)
-
-    generate.__doc__ = operations.generate.__doc__

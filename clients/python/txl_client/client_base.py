@@ -1,5 +1,5 @@
-"""What `Client` and `AsyncClient` share: their options, and every method but `generate` and closing, each an
-`Endpoint` over one operation (operations.py)."""
+"""What `Client` and `AsyncClient` share: their options, and every method but closing, each an `Endpoint` over
+one operation (operations.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Generic, Self, TypeVar
 import httpx
 
 from . import operations
-from .endpoints import Endpoint
+from .endpoints import Endpoint, GenerateEndpoint
 from .options import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, Options
 from .retries import Retries
 from .transport import AsyncTransport, Transport
@@ -90,21 +90,26 @@ class ClientBase(ABC, Generic[TransportT, HttpT]):
         )
         return other
 
-    # ------------------------------------------------------------------------------------------ sessions
+    # ------------------------------------------------------------------------------------------ methods
 
+    # Sessions.
     create_session = Endpoint(operations.create_session)
     get_session = Endpoint(operations.get_session)
     list_sessions = Endpoint(operations.list_sessions)
     delete_session = Endpoint(operations.delete_session)
-    fork_session = Endpoint(operations.fork_session)
+
+    # A session's steps and versions.
+    append = Endpoint(operations.append)
+    generate = GenerateEndpoint()
     versions = Endpoint(operations.versions)
     rewind = Endpoint(operations.rewind)
-    append = Endpoint(operations.append)
+    fork_session = Endpoint(operations.fork_session)
+
+    # Snapshots: a session's memory as a file, and a new session from one.
     export_snapshot = Endpoint(operations.export_snapshot)
     import_snapshot = Endpoint(operations.import_snapshot)
 
-    # ------------------------------------------------------------------------------------------ stateless
-
+    # Stateless.
     score = Endpoint(operations.score)
     models = Endpoint(operations.models)
     health = Endpoint(operations.health)
