@@ -182,9 +182,9 @@ def import_snapshot(
     return streamed(call, Session, None)
 
 
-class GenerateOptions(TypedDict, total=False):
-    """`generate`'s keyword arguments besides `stream`. Unset sampling values take the server's defaults
-    (256 tokens, temperature 1, top-p 1)."""
+class Sampling(TypedDict, total=False):
+    """How `generate` picks its tokens. Unset values take the server's defaults (256 tokens, temperature 1,
+    top-p 1)."""
 
     max_tokens: int | None
     temperature: float | None
@@ -192,6 +192,11 @@ class GenerateOptions(TypedDict, total=False):
     top_p: float | None
     stop: str | list[str] | None
     seed: int | None
+
+
+class GenerateOptions(Sampling, total=False):
+    """`generate`'s keyword arguments besides `stream`."""
+
     idempotency_key: str | None
     on_progress: ProgressCallback | None
 
@@ -208,7 +213,7 @@ def generate(
     unknown = options.keys() - GenerateOptions.__annotations__.keys()
     if unknown:
         raise TypeError(f"generate() got an unexpected keyword argument {min(unknown)!r}")
-    sampling = {k: v for k, v in options.items() if k not in ("idempotency_key", "on_progress")}
+    sampling = {k: v for k, v in options.items() if k in Sampling.__annotations__}
     body = {**compact(text=text or None, **sampling), "stream": True}
     call = step_call(session_id, "generate", body, options.get("idempotency_key"))
     return streamed(call, GenerateResult, options.get("on_progress"), "done")
