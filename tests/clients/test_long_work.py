@@ -17,9 +17,9 @@ from txl_client.errors import Overloaded
 from txl_client.options import Options
 from txl_client.retrying import retry_delay
 
-from tests.server.conftest import make_byte_model_dir
-from tests.server.gate import Gate
-from tests.server.live_server import LiveServer
+from tests.helpers.gate import Gate
+from tests.helpers.live_server import LiveServer
+from tests.helpers.tiny_models import make_byte_model_dir
 
 from .conftest import API_KEY, server_settings
 

@@ -290,19 +290,7 @@ def exported_metrics() -> dict[str, set[str]]:
     from txl import BlockPool, TransfoXLLMHeadModel, TxlConfig
     from txl_server.metrics import Metrics
 
-    model = TransfoXLLMHeadModel(
-        TxlConfig(
-            vocab_size=256,
-            cutoffs=[],
-            div_val=1,
-            d_model=16,
-            d_embed=16,
-            n_head=2,
-            d_head=8,
-            d_inner=32,
-            n_layer=1,
-        )
-    )
+    model = TransfoXLLMHeadModel(TxlConfig.tiny(vocab_size=256, cutoffs=[], div_val=1, n_layer=1))
     metrics = Metrics()
     metrics.watch_pool(BlockPool(model.memory_layout(), block_size=16, blocks=8))
     metrics.on_queue(0, 0)

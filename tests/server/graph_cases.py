@@ -15,7 +15,7 @@ from txl.sampling import SamplingParams
 from txl_server.engine.graphs import DecodeGraphs
 from txl_server.engine.runner import DecodeRow, ModelRunner
 
-from ..model.helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 PARAMS = [
     SamplingParams(temperature=0),

@@ -20,7 +20,7 @@ from txl_server.sessions.cache import DEVICE, HOST
 from txl_server.sessions.service import GenerateOutcome, new_session_id
 from txl_server.settings import Persistence
 
-from .runtimes import running
+from tests.helpers.runtimes import running
 
 OWNER = "tenant-a"
 

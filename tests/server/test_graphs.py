@@ -28,7 +28,8 @@ from txl_server.engine.graphs import DecodeGraphs, buckets
 from txl_server.engine.runner import ModelRunner
 from txl_server.runtime import Runtime
 
-from ..model.helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
+
 from .graph_cases import GRID, MEM_LEN, compare, decode_rows, max_positions
 
 KERNELS = [

@@ -11,7 +11,8 @@ from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.sessions.service import GenerateOutcome
 
-from .runtimes import running
+from tests.helpers.runtimes import running
+
 from .test_engine import OWNER
 
 REQUESTS = [

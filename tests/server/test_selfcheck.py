@@ -26,9 +26,10 @@ from txl_server.engine import selfcheck
 from txl_server.engine.graphs import DecodeGraphs, top_k_bucket, top_k_buckets
 from txl_server.engine.runner import DecodeRow, ModelRunner
 
-from ..model.helpers import tiny_model
+from tests.helpers.runtimes import running
+from tests.helpers.tiny_models import tiny_model
+
 from .graph_cases import decode_rows
-from .runtimes import running
 from .test_engine import OWNER, generate
 
 PROMPTS = ["The sea was", "1234567890 abcdefghij", "a"]
