@@ -5,22 +5,19 @@ replica."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import socket
-import threading
 
 import pytest
 from txl_client import AsyncClient, Client, Unavailable, calls, operations
 
 from .conftest import API_KEY
-from .proxy import _read_message
+from .proxy import Exchange, LoopbackProxy, Request
 
 SESSION_ID = "kQ2-x_9AbCdEfGhIjKlMnOpQrStUvW-_"
 
 
-class FlakyGateway:
+class FlakyGateway(LoopbackProxy):
     """A loopback HTTP/1.1 gateway in front of one server that fails as a proxy does when a replica fails.
 
     `refuse(part, status)`: answers the next request whose path contains `part` with `status` without passing it
@@ -29,13 +26,9 @@ class FlakyGateway:
     lower-cased headers)."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        super().__init__(target_port)
         self.seen: list[tuple[str, str, dict[str, str]]] = []
         self._faults: list[tuple[str, int, bool]] = []  # (path part, status, passed on first)
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
 
     def refuse(self, part: str, status: int, times: int = 1) -> None:
         with self._lock:
@@ -53,51 +46,24 @@ class FlakyGateway:
                     return status, passed_on
         return None
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(("127.0.0.1", self.target_port))
-        from_client, from_server = client.makefile("rb"), upstream.makefile("rb")
-        try:
-            while (request := _read_message(from_client, response=False)) is not None:
-                head, headers, body = request
-                method, path = head.decode("latin-1").split(" ", 2)[:2]
-                self.seen.append((method, path, headers))
-                fault = self._fault(path)
-                if fault is None or fault[1]:
-                    upstream.sendall(head + body)
-                    response = _read_message(from_server, response=True)
-                    if response is None:
-                        return
-                if fault is None:
-                    client.sendall(response[0] + response[2])
-                    continue
-                status = fault[0]
-                # Stock nginx answers with an HTML page; deploy/nginx answers in the API's error shape.
-                page = json.dumps({"error": {"type": "unavailable", "message": "gateway", "param": None}})
-                client.sendall(
-                    f"HTTP/1.1 {status} Gateway\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(page)}\r\n\r\n{page}".encode()
-                )
-        except (OSError, ValueError):
-            return
-        finally:
-            for sock in (client, upstream):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
+    def relay(self, exchange: Exchange, request: Request) -> bool:
+        self.seen.append((request.method, request.path, request.message[1]))
+        fault = self._fault(request.path)
+        if fault is None:
+            return super().relay(exchange, request)
+        status, passed_on = fault
+        if passed_on and exchange.forward(request) is None:
+            return False
+        # Stock nginx answers with an HTML page; deploy/nginx answers in the API's error shape.
+        page = json.dumps({"error": {"type": "unavailable", "message": "gateway", "param": None}})
+        exchange.answer(
+            f"HTTP/1.1 {status} Gateway\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(page)}\r\n\r\n{page}".encode()
+        )
+        return True
 
     def requests_to(self, part: str) -> list[tuple[str, str, dict[str, str]]]:
         return [s for s in self.seen if part in s[1]]
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture

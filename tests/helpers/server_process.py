@@ -135,3 +135,16 @@ def standalone(model_dir: Path, log_path: Path, **env: str) -> ServerProcess:
     """A server on `model_dir` as an operator starts one on a host: its own embedded Redis, none of this
     process's TXL_* variables, and its log at the info level (what it says about its sessions)."""
     return ServerProcess(log_path, inherit_txl=False, TXL_MODEL=str(model_dir), TXL_LOG_LEVEL="info", **env)
+
+
+def kill_mid_stream(
+    server: ServerProcess, client: httpx.Client, session_id: str, *, after_lines: int
+) -> None:
+    """Starts a long streamed generation on the session and SIGKILLs `server` once `after_lines` lines of the
+    stream came: a step that never commits."""
+    body = {"max_tokens": 4000, "stream": True}
+    with client.stream("POST", f"/v1/sessions/{session_id}/generate", json=body) as response:
+        for i, _ in enumerate(response.iter_lines()):
+            if i == after_lines:
+                server.kill()
+                break

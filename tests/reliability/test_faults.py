@@ -18,7 +18,7 @@ import pytest
 from txl_server.sessions.redis_server import EmbeddedRedis, free_port
 
 from tests.helpers.metrics import metric
-from tests.helpers.server_process import ServerProcess, process_env
+from tests.helpers.server_process import ServerProcess, kill_mid_stream, process_env
 
 from .conftest import KEY_A
 from .servers import error_of, session_bytes, stream_tokens
@@ -243,13 +243,7 @@ def test_sigkilled_server_restarts_and_every_committed_session_continues_exactly
                 ]  # left untouched, for after the crash
                 sessions[sid] = (meta, expected, twin)
             victim = next(iter(sessions))
-            with client.stream(
-                "POST", f"/v1/sessions/{victim}/generate", json={"max_tokens": 4000, "stream": True}
-            ) as response:
-                for i, _ in enumerate(response.iter_lines()):
-                    if i == 8:
-                        first.kill()  # mid-stream: this step never commits
-                        break
+            kill_mid_stream(first, client, victim, after_lines=8)  # this step never commits
     finally:
         first.kill()
     assert first.process is not None and first.process.returncode == -9

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from txl_server.sessions.redis_server import EmbeddedRedis
 
-from tests.helpers.server_process import ServerProcess
+from tests.helpers.server_process import ServerProcess, kill_mid_stream
 from tests.helpers.servers import redis_prefix
 
 pytestmark = pytest.mark.slow
@@ -111,13 +111,7 @@ def test_killing_a_replica_mid_step_leaves_every_committed_session_to_the_other(
         committed[session["id"]] = (step["session"]["version"], twin["id"])
     victim = next(iter(committed))
     # A long stream on A, killed after its first tokens: that step never commits.
-    with a.stream(
-        "POST", f"/v1/sessions/{victim}/generate", json={"max_tokens": 4000, "stream": True}
-    ) as response:
-        for i, _ in enumerate(response.iter_lines()):
-            if i == 4:
-                server_a.kill()
-                break
+    kill_mid_stream(server_a, a, victim, after_lines=4)
     for session_id, (version, twin) in committed.items():
         assert b.get(f"/v1/sessions/{session_id}").json()["version"] == version
         deadline = time.monotonic() + 15  # the dead writer's lease expires after its TTL
