@@ -15,7 +15,7 @@ from txl_client import AsyncClient, Client, Conflict, Session
 from txl_client.calls import Call
 from txl_client.errors import Overloaded
 from txl_client.options import Options
-from txl_client.retrying import retry_delay
+from txl_client.retry_rule import retry_delay
 
 from tests.helpers.gate import Gate
 from tests.helpers.live_server import LiveServer

@@ -38,8 +38,8 @@ class ServerProcess(LoopbackServer):
         inherited = {k: v for k, v in os.environ.items() if inherit_txl or not k.startswith("TXL_")}
         self.env = {
             **inherited,
-            # One torch thread: on a small shared machine, intra-op threads spin against each other (a tiny
-            # model's decode step took 17 ms with two threads under load, under 1 ms with one).
+            # One torch thread: on a small shared machine, intra-op threads spin against each other, and a
+            # tiny model's steps slow down many times over.
             "TXL_THREADS": "1",
             "TXL_LOG_LEVEL": "warning",
             "TXL_PORT": str(self.port),

@@ -36,7 +36,7 @@ class ClientBase(ABC, Generic[TransportT, HttpT]):
     that route by session.
     """
 
-    transport: TransportT  # how this client sends; shared with the clients with_options makes
+    transport: TransportT  # how this client sends; the clients with_options makes share its connections
 
     def __init__(
         self,

@@ -32,6 +32,8 @@ class OverAsyncTransport(Protocol):
 
 
 class Endpoint(Generic[P, T]):
+    """The method of both clients that runs the operations `build` makes."""
+
     def __init__(self, build: Callable[P, Operation[T]]) -> None:
         self.build = build
         self.__doc__ = build.__doc__

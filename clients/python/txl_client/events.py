@@ -17,7 +17,7 @@ import httpx
 from pydantic import BaseModel
 
 from .errors import TxlConnectionError, error_from_body
-from .retrying import transport_error
+from .retry_rule import transport_error
 from .types import GenerateResult, Progress, TokenEvent
 
 M = TypeVar("M", bound=BaseModel)

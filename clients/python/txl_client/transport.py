@@ -1,6 +1,6 @@
 """How the clients send: `Transport` over `httpx.Client`, `AsyncTransport` over `httpx.AsyncClient`.
 
-Each runs an operation (operations.py): sends its call, tries again as the retry rule allows (retrying.py), and
+Each runs an operation (operations.py): sends its call, tries again as the retry rule allows (retry_rule.py), and
 reads the answer whole or as a stream of events. A client and the clients `with_options` makes from it share one
 transport's connections.
 """
@@ -22,7 +22,7 @@ from .errors import TxlConnectionError, TxlError, error_from_response
 from .events import aiter_events, ended_early, iter_events
 from .operations import Operation
 from .options import Options
-from .retrying import Retrying, transport_error
+from .retry_rule import Retrying, transport_error
 from .streams import AsyncGenerateStream, GenerateStream, report_progress
 from .types import GenerateResult, Progress
 
