@@ -15,12 +15,14 @@ API_KEY = "client-test-key"
 
 def server_settings(model_dir: Path, redis_url: str, **overrides) -> Settings:
     values = dict(
+        model=model_dir,
+        redis_url=redis_url,
         max_batch_size=16,
         threads=1,
         # No waiting for a session's writer: the SDK's handling of 409 conflicts needs conflicts to happen.
         lease_wait_seconds=0,
     )
-    return live_settings(model_dir, redis_url, "clients", **{**values, **overrides})
+    return live_settings("clients", **{**values, **overrides})
 
 
 @pytest.fixture(scope="session")

@@ -62,17 +62,15 @@ class LiveServer(LoopbackServer):
         self.stop()
 
 
-def live_settings(model_dir: Path, redis_url: str, name: str, **settings: Any) -> Settings:
-    """Settings of a server on `model_dir` and a shared Redis, under a fresh key prefix."""
-    return Settings(
-        **{"model": model_dir, "redis_url": redis_url, "redis_prefix": redis_prefix(name), **settings}
-    )
+def live_settings(name: str, **settings: Any) -> Settings:
+    """`settings` (a model, a shared Redis' URL, ...), under a fresh key prefix unless they name one."""
+    return Settings(**{"redis_prefix": redis_prefix(name), **settings})
 
 
 def serve(model_dir: Path, redis_url: str, name: str, **settings: Any) -> Iterator[LiveServer]:
     """A live server on `model_dir` and a shared Redis (under a fresh key prefix), for a fixture to
     `yield from`."""
-    with LiveServer(live_settings(model_dir, redis_url, name, **settings)) as live:
+    with LiveServer(live_settings(name, model=model_dir, redis_url=redis_url, **settings)) as live:
         yield live
 
 

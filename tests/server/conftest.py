@@ -15,7 +15,8 @@ def make_settings(tiny_model_dir, redis_server):
     """Settings for a runtime on the shared Redis, isolated by a fresh key prefix."""
 
     def make(**overrides) -> Settings:
-        return live_settings(tiny_model_dir, redis_server.url, "test", **{"max_batch_size": 16, **overrides})
+        values = {"model": tiny_model_dir, "redis_url": redis_server.url, "max_batch_size": 16}
+        return live_settings("test", **{**values, **overrides})
 
     return make
 
