@@ -7,8 +7,10 @@ central claim, shown here on our own model.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
+from txl.figures import memory_plot
 from txl_server.check.benchmark_docs import Section
 
 from .common import DOCS
@@ -36,25 +38,8 @@ def run(quick: bool = False) -> Section:
     section.table(
         "Held-out bits per byte", ["book", "bytes", *[f"mem {m}" for m in mem_lens], "xz -9e"], rows
     )
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:  # the `train` extra; without it, no figure
         return section
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name, book in report["books"].items():
-        ax.plot(mem_lens, [book["bpb"][str(m)] for m in mem_lens], "o-", label=f"{name} ({book['split']})")
-        ax.axhline(book["xz_9e"], linestyle=":", color=ax.lines[-1].get_color(), alpha=0.6)
-    ax.set_xlabel("mem_len (bytes of memory)")
-    ax.set_ylabel("bits per byte (dotted: xz -9e)")
-    ax.set_xscale("symlog", linthresh=128)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    (DOCS / "benchmarks").mkdir(parents=True, exist_ok=True)
-    fig.savefig(DOCS / "benchmarks" / "quality_memory.png", dpi=120)
-    plt.close(fig)
+    memory_plot(report["books"], DOCS / "benchmarks" / "quality_memory.png")
     section.images.append("quality_memory.png")
     return section

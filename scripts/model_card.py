@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from card_plots import loss_plot, memory_plot
 from txl import TxlConfig
+from txl.figures import loss_plot, memory_plot
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -1,4 +1,5 @@
-"""Shared test helpers. Models are tiny and made by the tests themselves (no downloads)."""
+"""The whole tree's test settings, and its session fixtures (tests/helpers/fixtures.py: a tiny byte-level model
+saved for real, a real Redis). Shared helpers live in tests/helpers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 
 import pytest
 import torch
+
+pytest_plugins = ["tests.helpers.fixtures"]
 
 # Two threads for the test process, as on the CI machine.
 torch.set_num_threads(int(os.environ.get("TXL_TEST_THREADS", "2")))

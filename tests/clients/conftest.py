@@ -1,35 +1,28 @@
-"""Client test fixtures: the server tests' tiny model and real Redis, and one live server shared by the SDK, CLI
-and browser tests (started once: each server start loads a model and a worker)."""
+"""Client test fixtures: one live server shared by the SDK, CLI and browser tests (started once: each server start
+loads a model and a worker), on the session fixtures' tiny model and real Redis."""
 
 from __future__ import annotations
 
-import uuid
+from pathlib import Path
 
 import pytest
 from txl_server.settings import Settings
 
-from tests.server import conftest as server_fixtures
-from tests.server.live_server import LiveServer
-
-# The server tests' session fixtures, shared here: a tiny byte-level model saved for real, and a real Redis.
-tiny_model_dir = server_fixtures.tiny_model_dir
-redis_server = server_fixtures.redis_server
+from tests.helpers.live_server import LiveServer, live_settings
 
 API_KEY = "client-test-key"
 
 
-def server_settings(model_dir, redis_url: str, **overrides) -> Settings:
+def server_settings(model_dir: Path, redis_url: str, **overrides) -> Settings:
     values = dict(
         model=model_dir,
         redis_url=redis_url,
-        redis_prefix=f"clients-{uuid.uuid4().hex[:6]}:",
         max_batch_size=16,
         threads=1,
         # No waiting for a session's writer: the SDK's handling of 409 conflicts needs conflicts to happen.
         lease_wait_seconds=0,
     )
-    values.update(overrides)
-    return Settings(**values)
+    return live_settings("clients", **{**values, **overrides})
 
 
 @pytest.fixture(scope="session")

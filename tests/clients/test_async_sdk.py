@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from txl_client import AsyncClient, AsyncGenerateStream, InvalidRequest, NotFound, ScoreResult, Unauthorized
 
 from .conftest import API_KEY
 from .proxy import DroppingProxy
+
+CHAUCER = "Whan that Aprille with his shoures soote the droghte of March hath perced to the roote. " * 4
+
+
+def coroutine_recorder() -> tuple[list[tuple[int, int]], Callable[[int, int], Awaitable[None]]]:
+    """A progress callback that is a coroutine function, and the (done, total) pairs it was called with."""
+    calls: list[tuple[int, int]] = []
+
+    async def on_progress(done: int, total: int) -> None:
+        await asyncio.sleep(0)
+        calls.append((done, total))
+
+    return calls, on_progress
 
 
 async def test_async_lifecycle_streaming_and_errors(server):
@@ -43,13 +57,8 @@ async def test_async_lifecycle_streaming_and_errors(server):
 
 
 async def test_async_score_progress_accepts_coroutine_callbacks(server):
-    text = "Whan that Aprille with his shoures soote the droghte of March hath perced to the roote. " * 4
-    calls = []
-
-    async def on_progress(done: int, total: int) -> None:
-        await asyncio.sleep(0)
-        calls.append((done, total))
-
+    text = CHAUCER
+    calls, on_progress = coroutine_recorder()
     async with AsyncClient(server.url, API_KEY) as client:
         result = await client.score(text, token_logprobs=True, on_progress=on_progress)
         plain = await client.score(text)
@@ -73,13 +82,8 @@ async def test_async_lost_response_is_retried_once_with_the_same_key(server):
 
 
 async def test_async_generate_reports_a_long_prompts_progress_to_a_coroutine(server):
-    prompt = "Whan that Aprille with his shoures soote the droghte of March hath perced to the roote. " * 4
-    calls = []
-
-    async def on_progress(done: int, total: int) -> None:
-        await asyncio.sleep(0)
-        calls.append((done, total))
-
+    prompt = CHAUCER
+    calls, on_progress = coroutine_recorder()
     async with AsyncClient(server.url, API_KEY) as client:
         one, two = (await client.create_session(), await client.create_session())
         result = await client.generate(one.id, prompt, max_tokens=6, temperature=0, on_progress=on_progress)

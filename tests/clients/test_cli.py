@@ -19,7 +19,7 @@ import pytest
 from txl_client import Client
 from txl_server.sessions.redis_server import free_port
 
-from tests.server.gate import Gate
+from tests.helpers.gate import Gate
 
 from .conftest import API_KEY
 

@@ -5,22 +5,19 @@ replica."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import socket
-import threading
 
 import pytest
-from txl_client import AsyncClient, Client, Unavailable, _core
+from txl_client import AsyncClient, Client, Unavailable, calls, operations
 
 from .conftest import API_KEY
-from .proxy import _read_message
+from .proxy import Exchange, LoopbackProxy, Request
 
 SESSION_ID = "kQ2-x_9AbCdEfGhIjKlMnOpQrStUvW-_"
 
 
-class FlakyGateway:
+class FlakyGateway(LoopbackProxy):
     """A loopback HTTP/1.1 gateway in front of one server that fails as a proxy does when a replica fails.
 
     `refuse(part, status)`: answers the next request whose path contains `part` with `status` without passing it
@@ -29,13 +26,9 @@ class FlakyGateway:
     lower-cased headers)."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        super().__init__(target_port)
         self.seen: list[tuple[str, str, dict[str, str]]] = []
         self._faults: list[tuple[str, int, bool]] = []  # (path part, status, passed on first)
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
 
     def refuse(self, part: str, status: int, times: int = 1) -> None:
         with self._lock:
@@ -53,51 +46,24 @@ class FlakyGateway:
                     return status, passed_on
         return None
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(("127.0.0.1", self.target_port))
-        from_client, from_server = client.makefile("rb"), upstream.makefile("rb")
-        try:
-            while (request := _read_message(from_client, response=False)) is not None:
-                head, headers, body = request
-                method, path = head.decode("latin-1").split(" ", 2)[:2]
-                self.seen.append((method, path, headers))
-                fault = self._fault(path)
-                if fault is None or fault[1]:
-                    upstream.sendall(head + body)
-                    response = _read_message(from_server, response=True)
-                    if response is None:
-                        return
-                if fault is None:
-                    client.sendall(response[0] + response[2])
-                    continue
-                status = fault[0]
-                # Stock nginx answers with an HTML page; deploy/nginx answers in the API's error shape.
-                page = json.dumps({"error": {"type": "unavailable", "message": "gateway", "param": None}})
-                client.sendall(
-                    f"HTTP/1.1 {status} Gateway\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(page)}\r\n\r\n{page}".encode()
-                )
-        except (OSError, ValueError):
-            return
-        finally:
-            for sock in (client, upstream):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
+    def relay(self, exchange: Exchange, request: Request) -> bool:
+        self.seen.append((request.method, request.path, request.message[1]))
+        fault = self._fault(request.path)
+        if fault is None:
+            return super().relay(exchange, request)
+        status, passed_on = fault
+        if passed_on and exchange.forward(request) is None:
+            return False
+        # Stock nginx answers with an HTML page; deploy/nginx answers in the API's error shape.
+        page = json.dumps({"error": {"type": "unavailable", "message": "gateway", "param": None}})
+        exchange.answer(
+            f"HTTP/1.1 {status} Gateway\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(page)}\r\n\r\n{page}".encode()
+        )
+        return True
 
     def requests_to(self, part: str) -> list[tuple[str, str, dict[str, str]]]:
         return [s for s in self.seen if part in s[1]]
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture
@@ -145,10 +111,10 @@ def test_a_gateway_that_keeps_failing_ends_in_unavailable(gateway):
 
 
 def test_a_call_that_could_change_something_twice_is_not_repeatable():
-    assert not _core.Call("POST", "/v1/anything", {"x": 1}).repeatable
-    assert _core.Call("POST", "/v1/anything", {"x": 1}, idempotency_key="k").repeatable
-    assert _core.score_call("text", False).repeatable
-    assert _core.Call("GET", "/v1/sessions").repeatable
+    assert not calls.Call("POST", "/v1/anything", {"x": 1}).repeatable
+    assert calls.Call("POST", "/v1/anything", {"x": 1}, idempotency_key="k").repeatable
+    assert operations.score("text").call.repeatable
+    assert calls.Call("GET", "/v1/sessions").repeatable
 
 
 def test_the_async_client_retries_a_lost_step_alike(server, gateway):
@@ -166,26 +132,30 @@ def test_the_async_client_retries_a_lost_step_alike(server, gateway):
 
 
 def test_session_requests_carry_the_session_for_the_router(gateway):
-    completion = _core.Call("POST", "/v1/completions", {"prompt": "x", "session_id": SESSION_ID})
-    assert completion.request_headers()[_core.SESSION_HEADER] == SESSION_ID
-    response = _core.Call(
+    completion = calls.Call("POST", "/v1/completions", {"prompt": "x", "session_id": SESSION_ID})
+    assert completion.request_headers()[calls.SESSION_HEADER] == SESSION_ID
+    response = calls.Call(
         "POST", "/v1/responses", {"input": "x", "previous_response_id": f"resp_{SESSION_ID}_7"}
     )
-    assert response.request_headers()[_core.SESSION_HEADER] == SESSION_ID
+    assert response.request_headers()[calls.SESSION_HEADER] == SESSION_ID
     for body in (None, {"prompt": "x"}, {"session_id": "a b"}, {"previous_response_id": "resp_short"}):
-        assert _core.SESSION_HEADER not in _core.Call("POST", "/v1/completions", body).request_headers()
+        assert calls.SESSION_HEADER not in calls.Call("POST", "/v1/completions", body).request_headers()
     # Routes with the id in the path carry it too, for routers that do not parse paths (endpoint pickers).
-    step = _core.step_call(SESSION_ID, "append", {"text": "x"}, None)
-    assert step.request_headers()[_core.SESSION_HEADER] == SESSION_ID
-    assert _core.session_call("GET", SESSION_ID).request_headers()[_core.SESSION_HEADER] == SESSION_ID
-    for call in (_core.Call("GET", "/v1/sessions"), _core.score_call("x", False)):
-        assert _core.SESSION_HEADER not in call.request_headers()
+    step = calls.step_call(SESSION_ID, "append", {"text": "x"}, None)
+    assert step.request_headers()[calls.SESSION_HEADER] == SESSION_ID
+    assert calls.session_call("GET", SESSION_ID).request_headers()[calls.SESSION_HEADER] == SESSION_ID
+    for call in (calls.Call("GET", "/v1/sessions"), operations.score("x").call):
+        assert calls.SESSION_HEADER not in call.request_headers()
 
     # On the wire, through the SDK's transport, to a real server.
     with Client(gateway.url, api_key=API_KEY) as client:
         session = client.create_session(text="Routed by")
         body = {"model": client.models()[0].id, "prompt": " body", "session_id": session.id, "max_tokens": 2}
-        answer = client._json(_core.Call("POST", "/v1/completions", body, idempotency_key="route-1"))
+        answer = client.transport.run(
+            operations.json_answer(
+                calls.Call("POST", "/v1/completions", body, idempotency_key="route-1"), dict
+            )
+        )
         assert answer["choices"][0]["text"] is not None
     ((_, _, headers),) = gateway.requests_to("/v1/completions")
     assert headers["x-txl-session"] == session.id

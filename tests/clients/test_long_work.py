@@ -11,12 +11,15 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from txl_client import AsyncClient, Client, Conflict, Session, _core
+from txl_client import AsyncClient, Client, Conflict, Session
+from txl_client.calls import Call
 from txl_client.errors import Overloaded
+from txl_client.options import Options
+from txl_client.retry_rule import retry_delay
 
-from tests.server.conftest import make_byte_model_dir
-from tests.server.gate import Gate
-from tests.server.live_server import LiveServer
+from tests.helpers.gate import Gate
+from tests.helpers.live_server import LiveServer
+from tests.helpers.tiny_models import make_byte_model_dir
 
 from .conftest import API_KEY, server_settings
 
@@ -162,16 +165,14 @@ def test_conflict_retries_wait_retry_after_when_the_server_sends_it(retry_after)
 
 
 def test_the_retry_rule_for_conflicts_and_overload():
-    options = _core.Options.resolve("http://x", None, timeout=1, max_retries=3, retry_overloaded=False)
-    keyed = _core.Call("POST", "/v1/sessions/s/append", {}, idempotency_key="k")
+    options = Options.resolve("http://x", None, timeout=1, max_retries=3, retry_overloaded=False)
+    keyed = Call("POST", "/v1/sessions/s/append", {}, idempotency_key="k")
     conflict = Conflict("busy", retry_after=2.5)
-    assert _core.retry_delay(options, keyed, conflict, attempt=0, after_lost_response=False) is None
+    assert retry_delay(options, keyed, conflict, attempt=0, after_lost_response=False) is None
     patient = options.with_changes(retry_conflicts=True)
-    assert _core.retry_delay(patient, keyed, conflict, attempt=0, after_lost_response=False) == 2.5
-    assert _core.retry_delay(patient, keyed, conflict, attempt=3, after_lost_response=False) is None
+    assert retry_delay(patient, keyed, conflict, attempt=0, after_lost_response=False) == 2.5
+    assert retry_delay(patient, keyed, conflict, attempt=3, after_lost_response=False) is None
     assert (
-        0.125
-        <= _core.retry_delay(patient, keyed, Conflict("busy"), attempt=0, after_lost_response=False)
-        <= 0.25
+        0.125 <= retry_delay(patient, keyed, Conflict("busy"), attempt=0, after_lost_response=False) <= 0.25
     )
-    assert _core.retry_delay(options, keyed, Overloaded("full", retry_after=1), attempt=0, after_lost_response=False) is None  # fmt: skip
+    assert retry_delay(options, keyed, Overloaded("full", retry_after=1), attempt=0, after_lost_response=False) is None  # fmt: skip

@@ -36,6 +36,12 @@ def test_playground_files_are_served_and_self_contained(server):
 
 
 @pytest.fixture
+def sdk(server):
+    with Client(server.url, API_KEY) as client:
+        yield client
+
+
+@pytest.fixture
 def browser():
     yield from chromium()
 
@@ -90,6 +96,22 @@ def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def open_playground(driver, server):
+    """Opens the playground; returns `text_of(element_id)`, the text of the page's element of that id."""
+    from selenium.webdriver.common.by import By
+
+    driver.get(server.url + "/")
+    return lambda element_id: driver.find_element(By.ID, element_id).text
+
+
+def enter_key(driver) -> None:
+    """Types the API key into the page's key form and sends it."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+
+
 def screenshot(driver, name: str) -> Path:
     folder = ROOT / "artifacts"
     folder.mkdir(exist_ok=True)
@@ -100,17 +122,14 @@ def screenshot(driver, name: str) -> Path:
 
 
 @pytest.mark.browser
-def test_playground_generates_forks_deletes_and_scores(server, browser):
+def test_playground_generates_forks_deletes_and_scores(server, browser, sdk):
     from selenium.webdriver.common.by import By
 
-    sdk = Client(server.url, API_KEY)
     driver = browser
-    text_of = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
-    driver.get(server.url + "/")
+    text_of = open_playground(driver, server)
     wait_for(lambda: text_of("model") == "API key needed", what="the page to ask for a key")
 
-    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    enter_key(driver)
     wait_for(lambda: text_of("model") == "tiny-byte", what="the model name")
     assert driver.execute_script("return localStorage.getItem('txl.apiKey')") == API_KEY
 
@@ -243,17 +262,14 @@ def test_api_docs_render_with_the_network_closed(server, offline_browser):
 
 
 @pytest.mark.browser
-def test_playground_starts_a_session_from_a_memory_and_saves_a_document_as_one(server, browser):
+def test_playground_starts_a_session_from_a_memory_and_saves_a_document_as_one(server, browser, sdk):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    sdk = Client(server.url, API_KEY)
     memory = sdk.memories.create(DOCUMENT, name="moby")
     driver = browser
-    text_of = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
-    driver.get(server.url + "/")
-    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    text_of = open_playground(driver, server)
+    enter_key(driver)
     tokens = len(DOCUMENT.encode())  # a byte-level model
     wait_for(
         lambda: (
@@ -306,18 +322,16 @@ def test_playground_starts_a_session_from_a_memory_and_saves_a_document_as_one(s
 
 
 @pytest.mark.browser
-def test_a_late_answer_to_an_earlier_memories_load_does_not_empty_the_picker(server, browser):
+def test_a_late_answer_to_an_earlier_memories_load_does_not_empty_the_picker(server, browser, sdk):
     """The page loads its memories when it opens (before a key is entered: a 401) and again when a key is
     entered; if the first answer comes last, it must not replace the second's list."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    sdk = Client(server.url, API_KEY)
     memory = sdk.memories.create(DOCUMENT, name="late")
     driver = browser
-    driver.get(server.url + "/")
-    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    open_playground(driver, server)
+    enter_key(driver)
 
     def listed() -> list[str]:
         return [o.get_attribute("value") for o in Select(driver.find_element(By.ID, "memory-select")).options]
@@ -344,16 +358,13 @@ def test_a_late_answer_to_an_earlier_memories_load_does_not_empty_the_picker(ser
 
 
 @pytest.mark.browser
-def test_playground_history_goes_back_and_forth_and_regenerates(server, browser):
+def test_playground_history_goes_back_and_forth_and_regenerates(server, browser, sdk):
     from selenium.webdriver.common.by import By
 
-    sdk = Client(server.url, API_KEY)
     driver = browser
-    text_of = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
-    driver.get(server.url + "/")
+    text_of = open_playground(driver, server)
     driver.execute_script("localStorage.removeItem('txl.sessionId')")
-    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    enter_key(driver)
     wait_for(lambda: text_of("model") == "tiny-byte", what="the model name")
     driver.find_element(By.ID, "new-session").click()
     for element_id, value in (("max-tokens", "12"), ("temperature", "0.9"), ("seed", "7")):

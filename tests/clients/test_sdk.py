@@ -30,8 +30,8 @@ from txl_client import (
 from txl_server.sessions.redis_server import EmbeddedRedis, free_port
 from txl_server.settings import Persistence
 
-from tests.server.gate import Gate
-from tests.server.live_server import LiveServer
+from tests.helpers.gate import Gate
+from tests.helpers.live_server import LiveServer
 
 from .conftest import API_KEY, server_settings
 from .proxy import DroppingProxy

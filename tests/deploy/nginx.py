@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers.servers import wait_until_started
+
 from .files import DEPLOY
 
 NGINX_DIR = DEPLOY / "nginx"
@@ -200,16 +202,22 @@ http {{
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nginx exited at start:\n{self.log()}")
-            try:
-                httpx.get(self.url + "/", timeout=1)
-                return self
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError(f"nginx did not start:\n{self.log()}")
+        try:
+            wait_until_started(self._answers, self._exited, timeout=timeout, interval=0.05)
+        except RuntimeError as exc:
+            raise RuntimeError(f"nginx: {exc}:\n{self.log()}") from None
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            httpx.get(self.url + "/", timeout=1)
+            return True
+        except httpx.TransportError:
+            return False
+
+    def _exited(self) -> str | None:
+        assert self.process is not None
+        return None if self.process.poll() is None else "exited at start"
 
     def reload(self, addresses: list[str], timeout: float = 20) -> None:
         """A new upstream, as an operator reloads one: SIGHUP to the master, which starts a worker on the new

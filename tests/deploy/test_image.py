@@ -28,7 +28,7 @@ import pytest
 import torch
 from txl_server.sessions.redis_server import free_port
 
-from tests.server.conftest import make_byte_model_dir
+from tests.helpers.tiny_models import make_byte_model_dir
 
 from .files import REPO, Dockerfile, Stage, build_context, parse_dockerfile
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client import generate_latest
-from txl_client import _core
+from txl_client import calls
 from txl_server.settings import Settings
 
 from .files import DEPLOY, parse_dockerfile
@@ -290,19 +290,7 @@ def exported_metrics() -> dict[str, set[str]]:
     from txl import BlockPool, TransfoXLLMHeadModel, TxlConfig
     from txl_server.metrics import Metrics
 
-    model = TransfoXLLMHeadModel(
-        TxlConfig(
-            vocab_size=256,
-            cutoffs=[],
-            div_val=1,
-            d_model=16,
-            d_embed=16,
-            n_head=2,
-            d_head=8,
-            d_inner=32,
-            n_layer=1,
-        )
-    )
+    model = TransfoXLLMHeadModel(TxlConfig.tiny(vocab_size=256, cutoffs=[], div_val=1, n_layer=1))
     metrics = Metrics()
     metrics.watch_pool(BlockPool(model.memory_layout(), block_size=16, blocks=8))
     metrics.on_queue(0, 0)
@@ -328,7 +316,7 @@ def test_the_endpoint_picker_reads_metrics_the_server_offers():
     assert {"block_size", "num_gpu_blocks"} <= offered[engine["cacheInfoSpec"]]
     affinity = plugins["session-affinity-scorer"]["parameters"]
     assert affinity["strategy"] == "session_id"
-    assert [s["header"] for s in affinity["sessionIdConfig"]["sources"]] == [_core.SESSION_HEADER.lower()]
+    assert [s["header"] for s in affinity["sessionIdConfig"]["sources"]] == [calls.SESSION_HEADER.lower()]
     for profile in config["schedulingProfiles"]:
         for ref in profile["plugins"]:
             assert ref["pluginRef"] in plugins, ref

@@ -8,7 +8,6 @@ The tests share one cluster and run in order, each leaving it as the next expect
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import threading
@@ -19,12 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-from txl_client import Client, _core
+from txl_client import Client, calls
 from txl_server.sessions.redis_server import free_port
 from txl_server.sessions.service import new_session_id
 
-from tests.reliability.servers import ServerProcess, metric
-from tests.server import conftest as server_fixtures
+from tests.helpers.metrics import metric
+from tests.helpers.server_process import ServerProcess
+from tests.helpers.sse import sse_payloads
 
 from .nginx import Nginx, nginx_binary
 
@@ -32,10 +32,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (.ci/run installs Debian's)"),
 ]
-
-# The server tests' session fixtures: a tiny byte-level model saved for real, and a real Redis.
-tiny_model_dir = server_fixtures.tiny_model_dir
-redis_server = server_fixtures.redis_server
 
 LEASE_TTL_SECONDS = 2  # a killed writer's lease: short, so that the test does not wait the default 10 s
 
@@ -157,14 +153,6 @@ def sessions_on(cluster: Cluster, http: httpx.Client, client: Client, replica: s
     raise AssertionError(f"no {n} sessions hashed to {replica} out of 60")
 
 
-def sse_events(lines: list[str]) -> list[Any]:
-    return [
-        line[6:] if line[6:] == "[DONE]" else json.loads(line[6:])
-        for line in lines
-        if line.startswith("data: ")
-    ]
-
-
 def wait_until_refused(port: int, timeout: float = 10) -> bool:
     """Whether the server on `port` stops accepting connections within `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -206,7 +194,7 @@ def test_a_session_sticks_to_one_replica_and_body_addressed_requests_follow_it(c
                 seen.add(stream.headers["x-txl-replica"])
             # /v1/completions names its session in the body: the SDK's header lets the proxy see it.
             body = {"model": model, "prompt": " And", "max_tokens": 2, "session_id": session.id}
-            headers = _core.Call("POST", "/v1/completions", body).request_headers()
+            headers = calls.Call("POST", "/v1/completions", body).request_headers()
             completion = http.post("/v1/completions", json=body, headers=headers)
             assert completion.status_code == 200, completion.text
             seen.add(completion.headers["x-txl-replica"])
@@ -266,7 +254,7 @@ def test_draining_a_replica_finishes_its_streams_before_it_exits(cluster):
             assert client.get_session(other).id == other
             assert replica_of(http, other) != "r1"
             rest = list(lines)
-        events = sse_events(head + rest)
+        events = sse_payloads(head + rest)
         assert events[-1] == "[DONE]" and events[-2]["type"] == "done", (events[-3:], victim.log())
         assert sum(e["type"] == "token" for e in events[:-1]) == max_tokens
         assert events[-2]["usage"]["completion_tokens"] == max_tokens

@@ -9,7 +9,7 @@ import re
 import subprocess
 
 import pytest
-from txl_client import _core
+from txl_client import calls
 from txl_server.api.completions.router import router as completions_router
 from txl_server.api.sessions.router import router as sessions_router
 from txl_server.sessions.service import SessionService, new_session_id
@@ -57,7 +57,7 @@ def test_every_session_route_hashes_on_its_id_and_the_others_on_the_request():
 def test_body_addressed_requests_hash_on_the_header_the_sdk_sends():
     assert "/v1/completions" in {r.path for r in completions_router.routes}
     for body in ({"session_id": SESSION_ID}, {"previous_response_id": f"resp_{SESSION_ID}_12"}):
-        header = _core.Call("POST", "/v1/completions", body).request_headers()[_core.SESSION_HEADER]
+        header = calls.Call("POST", "/v1/completions", body).request_headers()[calls.SESSION_HEADER]
         assert session_key("/v1/completions", header=header) == SESSION_ID
     # Anything else in the header is not a session: the request spreads like any other.
     for header in ("", "short", SESSION_ID + "x", "a" * 31 + "/", SESSION_ID.replace("-", ".")):

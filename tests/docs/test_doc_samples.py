@@ -30,8 +30,7 @@ import pytest
 from txl_client import Client
 
 from tests.clients.conftest import server_settings
-from tests.server.conftest import redis_server, tiny_model_dir  # noqa: F401 - session fixtures
-from tests.server.live_server import LiveServer
+from tests.helpers.live_server import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = ["docs/clients.md", "docs/api.md"]
@@ -79,7 +78,7 @@ def samples(page: str) -> list[Sample]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):  # noqa: F811 - the imported session fixtures
+def server(tiny_model_dir, redis_server):
     # 128-token segments: the tiny model reads the samples' longer texts in a few seconds.
     settings = server_settings(
         tiny_model_dir, redis_server.url, api_keys=API_KEY, model_id="txl-books-byte",

@@ -1,4 +1,5 @@
-"""Builds reference models with HF transformers 4.35.2 (the test oracle) and saves them as users have them."""
+"""The test oracle: reference models and tokenizers of HF transformers 4.35.2, built at random and saved as users
+have them. A test that needs one is skipped where transformers is not installed."""
 
 from __future__ import annotations
 
@@ -9,46 +10,43 @@ from typing import Any
 import pytest
 import torch
 
-transformers = pytest.importorskip(
-    "transformers", reason="the HF reference (transformers==4.35.2) is not installed"
-)
-warnings.filterwarnings("ignore", module="transformers")
+from tests.helpers.tiny_models import randomize
+
+# The reference model's shape, in HF's names (the txl config's too): adaptive, with two tail clusters; and
+# dropout on, so that a reference left in training mode would show.
+HF_VOCABULARY = dict(vocab_size=97, cutoffs=[17, 45], div_val=2)
+HF_SIZES = dict(d_model=32, d_embed=32, n_head=4, d_head=8, d_inner=48, n_layer=3)
+HF_MEMORY = dict(mem_len=12, tgt_len=8, clamp_len=1000, same_length=False, dropout=0.1)
+
+
+def transformers() -> Any:
+    """The transformers module, quiet; skips the test where it is not installed."""
+    module = pytest.importorskip(
+        "transformers", reason="the HF reference (transformers==4.35.2) is not installed"
+    )
+    warnings.filterwarnings("ignore", module="transformers")
+    return module
 
 
 def hf_model(seed: int = 0, weight_scale: float = 0.2, **config: Any):
     """A random HF TransfoXLLMHeadModel in eval mode. Weights are drawn larger than HF's init so that
     a wrong term in any layer moves the log-probabilities well beyond the parity tolerance."""
-    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
-
-    base: dict[str, Any] = dict(
-        vocab_size=97,
-        cutoffs=[17, 45],
-        d_model=32,
-        d_embed=32,
-        n_head=4,
-        d_head=8,
-        d_inner=48,
-        div_val=2,
-        n_layer=3,
-        mem_len=12,
-        tgt_len=8,
-        clamp_len=1000,
-        same_length=False,
-        dropout=0.1,
-    )
-    base.update(config)
+    hf = transformers()
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = TransfoXLLMHeadModel(TransfoXLConfig(**base)).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "layer_norm.weight" in name:
-                param.copy_(1 + weight_scale * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(weight_scale * torch.randn(param.shape, generator=generator))
+        shape = {**HF_VOCABULARY, **HF_SIZES, **HF_MEMORY, **config}
+        model = hf.TransfoXLLMHeadModel(hf.TransfoXLConfig(**shape)).eval()
+    randomize(model, seed=seed, weight_scale=weight_scale)
     return model
+
+
+def hf_tokenizer(**kwargs: Any):
+    """HF's TransfoXLTokenizer, made with `kwargs`."""
+    hf = transformers()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return hf.TransfoXLTokenizer(**kwargs)
 
 
 def save_hf(model, path: Path, *, safe: bool) -> Path:

@@ -9,7 +9,7 @@ import torch
 import txl
 from safetensors.torch import load_file, save_file
 
-from .helpers import saved_tiny_model, tiny_model
+from tests.helpers.tiny_models import saved_tiny_model, tiny_model
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from txl.kernels.plan_marks import cpu_plan_marks
 from txl.paged import BlockPool, BlockTable, PagedRow, plan_row
 from txl.window import WindowRule, keeps_after, windows_at
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 BLOCK = 4
 

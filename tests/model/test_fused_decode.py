@@ -13,7 +13,7 @@ from txl import fused_decode
 from txl.kernels import reference_path
 from txl.kernels.decode_layer import cpu_decode_layer
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 needs_kernel = pytest.mark.skipif(
     cpu_decode_layer() is None, reason="no C compiler here: the native decode layer could not be built"

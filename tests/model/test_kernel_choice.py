@@ -6,6 +6,7 @@ timer, so that these tests check the choice logic on any machine, not the timing
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -26,14 +27,7 @@ from txl.kernel_choice import (
 AVX2 = Machine(
     cpu="AMD EPYC", vector="AVX2 avx2", onednn_isa="", mkl_isa="", bfloat16=False, torch=torch.__version__
 )
-AVX512 = Machine(
-    cpu="AMD EPYC",
-    vector="AVX512 avx2 avx512f avx512_bf16",
-    onednn_isa="",
-    mkl_isa="",
-    bfloat16=True,
-    torch=torch.__version__,
-)
+AVX512 = dataclasses.replace(AVX2, vector="AVX512 avx2 avx512f avx512_bf16", bfloat16=True)
 needs_onednn = pytest.mark.skipif(not txl.linear.onednn_available(), reason="this torch has no oneDNN")
 needs_native = pytest.mark.skipif(
     txl.linear.cpu_rows_linear() is None, reason="no C compiler here: the native kernel could not be built"

@@ -11,8 +11,9 @@ from txl.kernels import cpu_paged_decode, prefer, reference_path, rows_linear
 from txl.kernels.cpu import build_library, openmp_runtimes
 from txl.kernels.rows_linear import cpu_rows_linear
 
+from tests.helpers.tiny_models import tiny_model
+
 from .decode_cases import dense_reference, random_case
-from .helpers import tiny_model
 
 needs_cpu_kernel = pytest.mark.skipif(
     cpu_paged_decode() is None, reason="no C compiler here: the CPU decode kernel could not be built"

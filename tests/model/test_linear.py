@@ -17,7 +17,7 @@ import pytest
 import torch
 import txl.linear
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 AVX2_ERROR = "mkldnn_linear_pointwise: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
@@ -158,7 +158,7 @@ def test_a_process_limited_to_avx2_runs_a_bfloat16_model():
     """oneDNN's own switch makes this CPU an AVX2-only one: the probe says so and the model runs."""
     script = (
         "import torch, txl.linear\n"
-        "from tests.model.helpers import tiny_model\n"
+        "from tests.helpers.tiny_models import tiny_model\n"
         "model = tiny_model(seed=2).to(torch.bfloat16)\n"
         "with torch.inference_mode():\n"
         "    hidden, _ = model(torch.arange(16).view(1, 16), model.empty_memory())\n"

@@ -7,7 +7,7 @@ import torch
 import txl
 from txl.paged import peak_blocks, resting_blocks
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 SEQ = 40
 

@@ -12,7 +12,7 @@ import txl
 from txl.paged import BlockPool, PagedRow
 from txl.window import WindowRule
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 VOCAB = 64
 

@@ -20,7 +20,7 @@ from txl.kernels import prefill, prefill_kernel, reference_path
 from txl.kernels.cpu import openmp_runtimes
 from txl.kernels.prefill import cpu_prefill_attention
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 needs_kernel = pytest.mark.skipif(
     cpu_prefill_attention() is None, reason="no C compiler here: the prefill attention could not be built"

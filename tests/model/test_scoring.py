@@ -7,7 +7,7 @@ import math
 import torch
 from txl.scoring import score_tokens
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 
 def test_target_log_probs_equal_the_full_distribution():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 
 def test_masked_adaptive_embedding_equals_the_per_cluster_one():

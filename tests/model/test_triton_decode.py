@@ -5,34 +5,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from txl.kernels import triton_decode
 from txl.kernels.triton_decode import PARTITION_KEYS, plan_launch, supports_block_size
 
+from tests.helpers.interpreted import run_interpreted
+
 from .decode_cases import dense_reference, random_case
 
 needs_triton = pytest.mark.skipif(triton_decode.triton is None, reason="triton is not installed")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _interpreted(*arguments: str) -> dict:
     """Runs tests/model/triton_interpreted.py in a process of its own (Triton reads the switch when imported)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.model.triton_interpreted", *arguments],
-        cwd=ROOT,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
+    done = run_interpreted("tests.model.triton_interpreted", *arguments, timeout=300, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import warnings
 import zipfile
 from collections import Counter, OrderedDict
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 from txl.tokenizers import load_tokenizer
 from txl.tokenizers.vocab_pickle import UnsafePickleError, VocabFileError
 from txl.tokenizers.word import WordTokenizer, convert_hf_vocab
+
+from tests.model.hf_oracle import hf_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,15 +33,6 @@ PROBES = [
     'He said "no" -- twice <unk> and <eos> here; Mr. Smith\'s e-mail costs $5.',
     "Lobsters (Homarus) are BLUE, not red: 1,000.5 of them!",
 ]
-
-
-def hf_tokenizer(**kwargs):
-    transformers = pytest.importorskip(
-        "transformers", reason="the HF reference (transformers==4.35.2) is not installed"
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.TransfoXLTokenizer(**kwargs)
 
 
 @pytest.fixture(scope="module")

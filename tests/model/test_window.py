@@ -10,7 +10,7 @@ import torch
 import txl
 from txl.window import UNBOUNDED, WindowRule
 
-from .helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 VOCAB = 64
 

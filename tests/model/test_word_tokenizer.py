@@ -20,6 +20,8 @@ from txl.tokenizers import TokenizerError, load_tokenizer, save_tokenizer
 from txl.tokenizers.added import AddedToken
 from txl.tokenizers.word import WordTokenizer, convert_hf_vocab
 
+from tests.model.hf_oracle import hf_tokenizer
+
 ROOT = Path(__file__).resolve().parents[2]
 # Vendored copies (tests/data, see its README) unless TXL_DATA_DIR points at the full shared data folder.
 DATA = Path(os.environ.get("TXL_DATA_DIR", ROOT / "tests" / "data"))
@@ -41,15 +43,6 @@ def symbols(tok: WordTokenizer, ids: Sequence[int]) -> list[str]:
 
 def ids_of(tok: WordTokenizer, syms: Sequence[str]) -> list[int]:
     return [tok.id_of(s) for s in syms]
-
-
-def hf_tokenizer(**kwargs):
-    transformers = pytest.importorskip(
-        "transformers", reason="the HF reference (transformers==4.35.2) is not installed"
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.TransfoXLTokenizer(**kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,9 @@ from txl import nucleus
 from txl.kernels import prefer, triton_decode, triton_sampling
 from txl.kernels.triton_decode import LaunchPlan, plan_launch, tile_keys
 
+from tests.helpers.tiny_models import tiny_model
+
 from .decode_cases import Case, dense_reference, random_case
-from .helpers import tiny_model
 from .test_kernels import _decode_both_ways
 from .test_sampling import _rows_of_every_kind, _sorted_thresholds
 

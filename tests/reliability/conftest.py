@@ -1,4 +1,5 @@
-"""Reliability suite fixtures: a tiny model, a real Redis, real server processes, and the figures file.
+"""Reliability suite fixtures: real server processes (on the session fixtures' tiny model and real Redis), and the
+figures file.
 
 Every test that measures something records it with `figures.record(section, {...})`; at the end of the run the
 figures are merged into `artifacts/reliability.json` (override with TXL_RELIABILITY_JSON), from which
@@ -19,11 +20,8 @@ from typing import Any
 
 import pytest
 import torch
-from txl_server.sessions.redis_server import EmbeddedRedis
 
-from tests.server.conftest import make_byte_model_dir
-
-from .servers import REPO, ServerProcess
+from tests.helpers.server_process import REPO, ServerProcess, process_env
 
 # Long keys, so that "a wrong key sharing a long prefix with a real one" means something in the timing test.
 KEY_A = "txl-a-" + secrets.token_hex(28)
@@ -126,35 +124,17 @@ def figures(request) -> Any:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return make_byte_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
-
-
-@pytest.fixture(scope="session")
-def redis(tmp_path_factory):
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
 def logs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
 @pytest.fixture
-def make_server(tiny_model_dir, redis, logs_dir):
+def make_server(tiny_model_dir, redis_server, logs_dir):
     """Starts server processes on the shared Redis (a fresh key prefix each) and stops them after the test."""
     started: list[ServerProcess] = []
 
     def make(**env: str) -> ServerProcess:
-        values = {
-            "TXL_MODEL": str(tiny_model_dir),
-            "TXL_REDIS_URL": redis.url,
-            "TXL_REDIS_PREFIX": f"rel-{uuid.uuid4().hex[:8]}:",
-            **env,
-        }
+        values = {**process_env(tiny_model_dir, redis_server.url, "rel"), **env}
         server = ServerProcess(logs_dir / f"server-{uuid.uuid4().hex[:8]}.log", **values)
         started.append(server)
         return server.start()
@@ -165,13 +145,11 @@ def make_server(tiny_model_dir, redis, logs_dir):
 
 
 @pytest.fixture(scope="session")
-def api_server(tiny_model_dir, redis, logs_dir):
+def api_server(tiny_model_dir, redis_server, logs_dir):
     """One server with four tenants (KEY_A to KEY_D) and small limits, shared by the functional tests."""
     server = ServerProcess(
         logs_dir / "api-server.log",
-        TXL_MODEL=str(tiny_model_dir),
-        TXL_REDIS_URL=redis.url,
-        TXL_REDIS_PREFIX=f"api-{uuid.uuid4().hex[:8]}:",
+        **process_env(tiny_model_dir, redis_server.url, "api"),
         TXL_API_KEYS=f"{KEY_A},{KEY_B},{KEY_C},{KEY_D}",
         **API_LIMITS,
     )

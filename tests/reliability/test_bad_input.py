@@ -20,7 +20,10 @@ import httpx
 import pytest
 from txl_server.sessions.redis_server import free_port
 
-from .servers import OPENAI_INVALID, REPO, error_of, sse_payloads
+from tests.helpers.server_process import REPO
+from tests.helpers.sse import sse_payloads
+
+from .servers import OPENAI_INVALID, error_of
 
 JSON = {"Content-Type": "application/json"}
 

@@ -17,8 +17,11 @@ import httpx
 import pytest
 from txl_server.sessions.redis_server import EmbeddedRedis, free_port
 
+from tests.helpers.metrics import metric
+from tests.helpers.server_process import ServerProcess, kill_mid_stream, process_env
+
 from .conftest import KEY_A
-from .servers import ServerProcess, error_of, metric, session_bytes, stream_tokens
+from .servers import error_of, session_bytes, stream_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -212,12 +215,10 @@ async def _redis_restart_scenario(server: ServerProcess, redis: EmbeddedRedis) -
 
 
 def test_sigkilled_server_restarts_and_every_committed_session_continues_exactly(
-    tiny_model_dir, redis, logs_dir, figures
+    tiny_model_dir, redis_server, logs_dir, figures
 ):
     env = {
-        "TXL_MODEL": str(tiny_model_dir),
-        "TXL_REDIS_URL": redis.url,
-        "TXL_REDIS_PREFIX": f"kill-{uuid.uuid4().hex[:6]}:",
+        **process_env(tiny_model_dir, redis_server.url, "kill"),
         "TXL_PERSISTENCE": "always",
         "TXL_LEASE_TTL_SECONDS": "2",
     }
@@ -242,13 +243,7 @@ def test_sigkilled_server_restarts_and_every_committed_session_continues_exactly
                 ]  # left untouched, for after the crash
                 sessions[sid] = (meta, expected, twin)
             victim = next(iter(sessions))
-            with client.stream(
-                "POST", f"/v1/sessions/{victim}/generate", json={"max_tokens": 4000, "stream": True}
-            ) as response:
-                for i, _ in enumerate(response.iter_lines()):
-                    if i == 8:
-                        first.kill()  # mid-stream: this step never commits
-                        break
+            kill_mid_stream(first, client, victim, after_lines=8)  # this step never commits
     finally:
         first.kill()
     assert first.process is not None and first.process.returncode == -9
@@ -299,15 +294,9 @@ LIMIT = 8  # concurrency limit of the server for the disconnect tests
 
 
 @pytest.fixture(scope="module")
-def limited_server(tiny_model_dir, redis, logs_dir):
-    server = ServerProcess(
-        logs_dir / "limited.log",
-        TXL_MODEL=str(tiny_model_dir),
-        TXL_REDIS_URL=redis.url,
-        TXL_REDIS_PREFIX=f"limited-{uuid.uuid4().hex[:6]}:",
-        TXL_MAX_CONCURRENT_REQUESTS=str(LIMIT),
-    )
-    with server:
+def limited_server(tiny_model_dir, redis_server, logs_dir):
+    env = process_env(tiny_model_dir, redis_server.url, "limited")
+    with ServerProcess(logs_dir / "limited.log", **env, TXL_MAX_CONCURRENT_REQUESTS=str(LIMIT)) as server:
         yield server
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis as redis_client
 
-from .servers import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ async def _create_and_delete(server: ServerProcess, n: int, offset: int) -> int:
     return failures
 
 
-def test_creating_and_deleting_sessions_leaks_no_memory_and_no_redis_keys(make_server, redis, figures):
+def test_creating_and_deleting_sessions_leaks_no_memory_and_no_redis_keys(make_server, redis_server, figures):
     prefix = f"leak-{uuid.uuid4().hex[:6]}:"
     # No prefix cache: what it keeps (up to its budget) would read as growth here; its own bounds are tested apart.
     server = make_server(TXL_REDIS_PREFIX=prefix, TXL_PERSISTENCE="always", TXL_PREFIX_CACHE_BYTES="0")
@@ -63,7 +63,7 @@ def test_creating_and_deleting_sessions_leaks_no_memory_and_no_redis_keys(make_s
     time.sleep(0.5)
     after = server.rss_bytes()
 
-    store = redis_client.Redis.from_url(redis.url)
+    store = redis_client.Redis.from_url(redis_server.url)
     try:
         keys = [key.decode() for key in store.scan_iter(match=f"{prefix}*", count=1000)]
         # The running server's own heartbeat (r:{host}:{port}) is not a session's: one key, whatever the load.

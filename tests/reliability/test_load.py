@@ -24,7 +24,6 @@ import math
 import os
 import random
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .servers import BUNDLED_MODEL, ServerProcess, metric, percentile, session_bytes
+from tests.helpers.metrics import metric
+from tests.helpers.server_process import ServerProcess, process_env
+
+from .servers import BUNDLED_MODEL, percentile, session_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -272,7 +274,7 @@ def _verify_sessions(server: ServerProcess, sessions: list[Owned]) -> list[str]:
 
 
 def test_sixty_four_streaming_clients_against_a_limit_of_forty_eight(
-    tiny_model_dir, redis, logs_dir, figures
+    tiny_model_dir, redis_server, logs_dir, figures
 ):
     seconds = float(os.environ.get("TXL_LOAD_SECONDS", "60"))
     bundled = (BUNDLED_MODEL / "config.json").exists()
@@ -284,9 +286,7 @@ def test_sixty_four_streaming_clients_against_a_limit_of_forty_eight(
     budgets = {"device": (LIMIT + 8) * working, "host": 2 * compact}
     server = ServerProcess(
         logs_dir / "load.log",
-        TXL_MODEL=str(model_dir),
-        TXL_REDIS_URL=redis.url,
-        TXL_REDIS_PREFIX=f"load-{uuid.uuid4().hex[:6]}:",
+        **process_env(model_dir, redis_server.url, "load"),
         TXL_MAX_CONCURRENT_REQUESTS=str(LIMIT),
         TXL_DEVICE_MEMORY_BYTES=str(budgets["device"]),
         TXL_HOST_MEMORY_BYTES=str(budgets["host"]),

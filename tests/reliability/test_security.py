@@ -16,8 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.metrics import metric
+from tests.helpers.server_process import REPO
+from tests.helpers.sse import sse_payloads
+
 from .conftest import KEY_A
-from .servers import OPENAI_ROUTES, REPO, error_of, metric, sse_payloads
+from .servers import OPENAI_ROUTES, error_of
 
 # ---------------------------------------------------------------------------------------------- tenants
 

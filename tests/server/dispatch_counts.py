@@ -20,7 +20,7 @@ from txl_server.engine import graphs as graphs_module
 from txl_server.engine.rows import DecodeRow
 from txl_server.engine.runner import ModelRunner
 
-from ..model.helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique_dim", "_unique2"}
 PHASES = ("before", "body", "after")

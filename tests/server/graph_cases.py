@@ -16,7 +16,7 @@ from txl_server.engine.graphs import DecodeGraphs
 from txl_server.engine.rows import DecodeRow
 from txl_server.engine.runner import ModelRunner
 
-from ..model.helpers import tiny_model
+from tests.helpers.tiny_models import tiny_model
 
 PARAMS = [
     SamplingParams(temperature=0),

@@ -11,36 +11,25 @@ import httpx
 import pytest
 from txl_server.settings import Persistence, Settings
 
-from .live_server import LiveServer, client_of, serve
+from tests.helpers.live_server import LiveServer, client_fixture, live_server_fixture
+from tests.helpers.sse import sse_events
 
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(
-        tiny_model_dir,
-        redis_server.url,
-        "api",
-        api_keys=f"{KEY_A},{KEY_B}",
-        max_body_bytes=64 * 1024,
-        max_text_chars=8 * 1024,
-        max_tokens=256,
-        max_stop_strings=2,
-        max_stop_chars=8,
-        max_metadata_bytes=256,
-        max_sessions_per_tenant=50,
-    )
-
-
-@pytest.fixture
-def a(server):
-    yield from client_of(server, KEY_A)
-
-
-@pytest.fixture
-def b(server):
-    yield from client_of(server, KEY_B)
+server = live_server_fixture(
+    "api",
+    api_keys=f"{KEY_A},{KEY_B}",
+    max_body_bytes=64 * 1024,
+    max_text_chars=8 * 1024,
+    max_tokens=256,
+    max_stop_strings=2,
+    max_stop_chars=8,
+    max_metadata_bytes=256,
+    max_sessions_per_tenant=50,
+)
+a = client_fixture(KEY_A)
+b = client_fixture(KEY_B)
 
 
 OPENAI_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models")
@@ -58,15 +47,6 @@ def kind_of(response: httpx.Response) -> str:
     """What went wrong: the error's type, or on the OpenAI routes its code (the type is OpenAI's category)."""
     error = error_of(response)
     return error["code"] if "code" in error else error["type"]
-
-
-def sse_events(response: httpx.Response) -> list:
-    events = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
 
 
 def create(client, **body) -> dict:

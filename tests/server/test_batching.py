@@ -14,7 +14,7 @@ from txl_server.engine.worker import WorkerObserver
 from txl_server.sessions.store.blocks import BlockIndex, snapshot
 from txl_server.settings import Persistence
 
-from .runtimes import running
+from tests.helpers.runtimes import running
 
 OWNER = "tenant-b"
 TEXTS = [

@@ -16,21 +16,15 @@ import uuid
 import pytest
 from txl_server.engine.state import ModelState
 
-from .gate import Gate
-from .live_server import client_of, serve
+from tests.helpers.gate import Gate
+from tests.helpers.live_server import client_fixture, live_server_fixture
 
 KEY = "key-disconnect"
 TEXT = "It was the best of times, it was the worst of times. " * 20  # ~135 segments of the tiny model
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(tiny_model_dir, redis_server.url, "gone", api_keys=KEY)
-
-
-@pytest.fixture
-def client(server):
-    yield from client_of(server, KEY)
+server = live_server_fixture("gone", api_keys=KEY)
+client = client_fixture(KEY)
 
 
 def metric(text: str, name: str) -> float:

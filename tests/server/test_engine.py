@@ -20,7 +20,7 @@ from txl_server.sessions.service import GenerateOutcome, new_session_id
 from txl_server.sessions.state_cache import DEVICE, HOST
 from txl_server.settings import Persistence
 
-from .runtimes import running
+from tests.helpers.runtimes import leave_after, running
 
 OWNER = "tenant-a"
 
@@ -208,12 +208,7 @@ async def test_cancelled_generation_leaves_the_session_unchanged(runtime):
     stream = service.generate(
         OWNER, meta.id, text=" Some", max_tokens=200, sampling=SamplingParams(temperature=0)
     )
-    received = 0
-    async for event in stream:
-        received += 1
-        if received == 3:
-            break
-    await stream.aclose()
+    await leave_after(stream, 3)
     after = await check_cache_matches_redis(service, meta.id)
     assert (after.version, after.tokens, after.mem_tokens) == (meta.version, meta.tokens, meta.mem_tokens)
     # The memory is the one before the request: the same generation from here equals a fresh fork's.

@@ -14,7 +14,8 @@ from txl_server.errors import Overloaded
 from txl_server.runtime import Runtime
 from txl_server.settings import Persistence
 
-from .runtimes import running
+from tests.helpers.runtimes import running
+
 from .test_engine import OWNER, generate
 
 PROMPTS = [f"Session {i} begins with a line of its own, number {i}." for i in range(6)]

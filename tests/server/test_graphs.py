@@ -8,10 +8,6 @@ captured and replayed (those tests are skipped elsewhere)."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +24,9 @@ from txl_server.engine.graphs import DecodeGraphs, buckets
 from txl_server.engine.runner import ModelRunner
 from txl_server.runtime import Runtime
 
-from ..model.helpers import tiny_model
+from tests.helpers.interpreted import run_interpreted
+from tests.helpers.tiny_models import tiny_model
+
 from .graph_cases import GRID, MEM_LEN, compare, decode_rows, graphs_over, max_positions
 
 KERNELS = [
@@ -57,15 +55,7 @@ def test_static_decode_buffers_give_the_eager_results(kernel, same_length):
 @pytest.mark.skipif(triton_kernel.triton is None, reason="triton is not installed")
 def test_static_decode_buffers_with_the_triton_kernel_give_the_eager_results():
     """The Triton kernel under its interpreter (a process of its own: Triton reads the switch when imported)."""
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.server.graph_cases", "triton"],
-        cwd=root,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_interpreted("tests.server.graph_cases", "triton", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-5
 

@@ -9,24 +9,16 @@ import pytest
 from txl.sampling import SamplingParams
 from txl_server.settings import Persistence, Settings
 
-from .live_server import LiveServer, serve
-from .runtimes import running
+from tests.helpers.live_server import LiveServer, client_fixture, live_server_fixture
+from tests.helpers.runtimes import running
+
 from .test_engine import OWNER, generate
 
 GREEDY = {"max_tokens": 24, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(
-        tiny_model_dir, redis_server.url, "history", persistence=Persistence.ALWAYS, keep_versions=4
-    )
-
-
-@pytest.fixture
-def http(server):
-    with server.client() as client:
-        yield client
+server = live_server_fixture("history", persistence=Persistence.ALWAYS, keep_versions=4)
+http = client_fixture()
 
 
 def _create(http, text: str) -> dict:

@@ -8,17 +8,14 @@ import json
 import threading
 import time
 
-import pytest
 import redis
 
-from .live_server import serve
+from tests.helpers.live_server import live_server_fixture
 
 CLAIM_SECONDS = 1  # TXL_LEASE_TTL_SECONDS, rounded up to whole seconds
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(tiny_model_dir, redis_server.url, "claims", lease_ttl_seconds=CLAIM_SECONDS)
+server = live_server_fixture("claims", lease_ttl_seconds=CLAIM_SECONDS)
 
 
 def idempotency_record(server, key: str) -> tuple[dict | None, int]:

@@ -13,23 +13,12 @@ import redis
 from txl_server.errors import Conflict
 from txl_server.sessions.request_queue import RequestQueues
 
-from .live_server import LiveServer, client_of, serve
+from tests.helpers.live_server import LiveServer, client_fixture, live_server_fixture
 
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    # A wait long enough for 20 small steps on a loaded 2-core machine; the default is a few seconds.
-    yield from serve(tiny_model_dir, redis_server.url, "lease", lease_wait_seconds=30)
-
-
-@pytest.fixture(scope="module")
-def impatient(tiny_model_dir, redis_server):
-    yield from serve(tiny_model_dir, redis_server.url, "lease0", lease_wait_seconds=0.3)
-
-
-@pytest.fixture
-def client(server):
-    yield from client_of(server)
+# A wait long enough for 20 small steps on a loaded 2-core machine; the default is a few seconds.
+server = live_server_fixture("lease", lease_wait_seconds=30)
+impatient = live_server_fixture("lease0", lease_wait_seconds=0.3)
+client = client_fixture()
 
 
 def hold_lease(server: LiveServer, redis_url: str, session_id: str, ms: int) -> None:

@@ -11,8 +11,9 @@ import time
 import httpx
 import pytest
 
-from .gate import Gate
-from .live_server import client_of, serve
+from tests.helpers.gate import Gate
+from tests.helpers.live_server import client_fixture, live_server_fixture
+from tests.helpers.sse import sse_events
 
 KEY = "key-long-work"
 TEXT = (
@@ -20,29 +21,14 @@ TEXT = (
 )  # 212 tokens: 27 segments of the tiny model
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(tiny_model_dir, redis_server.url, "long", api_keys=KEY)
-
-
-@pytest.fixture
-def client(server):
-    yield from client_of(server, KEY)
-
-
-def events_of(response: httpx.Response) -> list:
-    events = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
+server = live_server_fixture("long", api_keys=KEY)
+client = client_fixture(KEY)
 
 
 def streamed(client: httpx.Client, path: str, **kwargs) -> tuple[int, list]:
     with client.stream("POST", path, **kwargs) as response:
         assert response.headers["content-type"].startswith("text/event-stream"), response.read()
-        return response.status_code, events_of(response)
+        return response.status_code, sse_events(response)
 
 
 def check_progress(events: list, total: int) -> dict:

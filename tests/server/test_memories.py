@@ -15,27 +15,19 @@ import pytest
 from txl_server.api.shared.auth import ANONYMOUS
 from txl_server.settings import Persistence, Settings
 
-from .gate import Gate
-from .live_server import LiveServer, serve
+from tests.helpers.gate import Gate
+from tests.helpers.live_server import LiveServer, client_fixture, live_server_fixture
+from tests.helpers.server_process import ServerProcess, process_env
+
 from .test_disconnect import KEY, abandon, metric, send_and_leave, wait_until
-from .test_replicas import ServerProcess
 
 DOC = "The lighthouse keeper wrote in his log every evening, whatever the weather. " * 14  # ~130 segments
 QUESTION = " What did he write on the last night?"
 GREEDY = {"max_tokens": 24, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(
-        tiny_model_dir, redis_server.url, "memories", persistence=Persistence.ALWAYS, api_keys=KEY
-    )
-
-
-@pytest.fixture
-def http(server):
-    with server.client(KEY) as client:
-        yield client
+server = live_server_fixture("memories", persistence=Persistence.ALWAYS, api_keys=KEY)
+http = client_fixture(KEY)
 
 
 def _memory(http, text: str = DOC, **body) -> dict:
@@ -289,18 +281,18 @@ def test_memories_survive_a_restart_and_serve_another_replica(tiny_model_dir, re
 
 
 @pytest.mark.slow
-def test_a_memory_outlives_its_server_process(tiny_model_dir, redis_server):
+def test_a_memory_outlives_its_server_process(tiny_model_dir, redis_server, tmp_path):
     """A real process killed (no shutdown) after making a memory: a new process on the same Redis starts sessions
     from it exactly. Persistence "none": memories are in Redis whatever the sessions' mode."""
-    prefix = f"memories-process-{uuid.uuid4().hex[:6]}:"
-    first = ServerProcess(tiny_model_dir, redis_server.url, prefix, TXL_PERSISTENCE="none")
+    env = {**process_env(tiny_model_dir, redis_server.url, "memories-process"), "TXL_PERSISTENCE": "none"}
+    first = ServerProcess(tmp_path / "first.log", **env, TXL_LEASE_TTL_SECONDS="2").start()
     try:
         with first.client() as http:
             memory = _memory(http)["id"]
             expected = _read_it_all(http, QUESTION)
     finally:
         first.kill()
-    second = ServerProcess(tiny_model_dir, redis_server.url, prefix, TXL_PERSISTENCE="none")
+    second = ServerProcess(tmp_path / "second.log", **env, TXL_LEASE_TTL_SECONDS="2").start()
     try:
         with second.client() as http:
             got = _continuation(http, _session(http, memory=memory, text=QUESTION)["id"])

@@ -3,25 +3,18 @@ latency metrics for completions, and /v1/chat/completions with a chat template, 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from txl_server.api.shared.chat_template import ChatMessage, ChatTemplate
 from txl_server.settings import TRANSCRIPT_TEMPLATE, Settings
 
-from .live_server import client_of, serve
+from tests.helpers.live_server import client_fixture, live_server_fixture
+from tests.helpers.sse import DONE, sse_events
 
 KEY = "key-openai"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(tiny_model_dir, redis_server.url, "openai", api_keys=KEY, chat_template="transcript")
-
-
-@pytest.fixture
-def client(server):
-    yield from client_of(server, KEY)
+server = live_server_fixture("openai", api_keys=KEY, chat_template="transcript")
+client = client_fixture(KEY)
 
 
 @pytest.fixture
@@ -31,11 +24,7 @@ def openai_client(server):
 
 
 def sse_chunks(response) -> list[dict]:
-    chunks = []
-    for line in response.iter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            chunks.append(json.loads(line[len("data: ") :]))
-    return chunks
+    return [event for event in sse_events(response) if event != DONE]
 
 
 def metric(text: str, name: str) -> float:

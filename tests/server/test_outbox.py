@@ -10,7 +10,8 @@ import threading
 from txl.sampling import SamplingParams
 from txl_server.engine.jobs import DoneEvent, Job, Outbox, TokenEvent
 
-from .runtimes import running
+from tests.helpers.runtimes import running
+
 from .test_engine import OWNER, generate
 
 

@@ -11,7 +11,8 @@ from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.sessions.service import GenerateOutcome
 
-from .runtimes import running
+from tests.helpers.runtimes import leave_after, running
+
 from .test_engine import OWNER
 
 REQUESTS = [
@@ -80,12 +81,7 @@ async def test_a_generation_cancelled_mid_flight_leaves_its_session_and_the_othe
                 service.generate(OWNER, other.id, max_tokens=60, sampling=SamplingParams(temperature=0))
             )
         )
-        seen = 0
-        async for _ in stream:
-            seen += 1
-            if seen == 5:
-                break
-        await stream.aclose()
+        await leave_after(stream, 5)
         ids = await survivor
         assert len(ids) == 60
         after = await service.get(OWNER, victim.id)

@@ -12,8 +12,9 @@ from txl.sampling import SamplingParams
 from txl_server.engine.worker import WorkerObserver
 from txl_server.settings import Persistence
 
-from .live_server import serve
-from .runtimes import running
+from tests.helpers.live_server import live_server_fixture
+from tests.helpers.runtimes import running
+
 from .test_engine import OWNER, generate
 
 DOCUMENT = "The lighthouse stood on the northern rock, and every night its keeper climbed the stair. " * 3
@@ -99,9 +100,7 @@ async def test_sixteen_identical_prompts_at_once_are_read_once(make_settings):
         await rt.stop()
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(tiny_model_dir, redis_server.url, "prefix")
+server = live_server_fixture("prefix")
 
 
 def test_openai_usage_reports_cached_prompt_tokens_and_metrics_count_them(server):

@@ -14,28 +14,20 @@ from txl_server.api.replica import replica_name
 from txl_server.metrics import Metrics
 from txl_server.settings import Settings
 
-from ..reliability.servers import metric
-from .live_server import client_of, serve
+from tests.helpers.live_server import client_fixture, live_server_fixture
+from tests.helpers.metrics import metric
 
 REPLICA = "gpu-host-7.replica-2"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(
-        tiny_model_dir,
-        redis_server.url,
-        "replica",
-        replica_id=REPLICA,
-        max_body_bytes=4096,
-        block_size=8,
-        prefix_cache_bytes=0,  # what the pool holds is the sessions' memories alone
-    )
-
-
-@pytest.fixture
-def client(server):
-    yield from client_of(server)
+server = live_server_fixture(
+    "replica",
+    replica_id=REPLICA,
+    max_body_bytes=4096,
+    block_size=8,
+    prefix_cache_bytes=0,  # what the pool holds is the sessions' memories alone
+)
+client = client_fixture()
 
 
 def test_every_response_names_its_replica(server, client, monkeypatch):

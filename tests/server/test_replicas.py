@@ -2,64 +2,29 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-import uuid
+from pathlib import Path
 
-import httpx
 import pytest
-from txl_server.sessions.redis_server import EmbeddedRedis, free_port
+from txl_server.sessions.redis_server import EmbeddedRedis
+
+from tests.helpers.server_process import ServerProcess, kill_mid_stream
+from tests.helpers.servers import redis_prefix
 
 pytestmark = pytest.mark.slow
 
 
-class ServerProcess:
-    def __init__(self, model_dir, redis_url, prefix, **env):
-        self.port = free_port()
-        self.env = {
-            **os.environ,
-            "TXL_MODEL": str(model_dir),
-            "TXL_REDIS_URL": redis_url,
-            "TXL_REDIS_PREFIX": prefix,
-            "TXL_PERSISTENCE": "always",
-            "TXL_LEASE_TTL_SECONDS": "2",
-            "TXL_LOG_LEVEL": "warning",
-            **env,
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "txl_server", "--port", str(self.port)],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(self.process.stderr.read().decode())
-            try:
-                if httpx.get(self.url + "/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not become ready")
-
-    def client(self):
-        return httpx.Client(base_url=self.url, timeout=30)
-
-    def kill(self):
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=20)
+def replica(log_path: Path, model_dir: Path, redis_url: str, prefix: str) -> ServerProcess:
+    """A started server process that serves the sessions kept under `prefix` in the Redis at `redis_url`."""
+    return ServerProcess(
+        log_path,
+        TXL_MODEL=str(model_dir),
+        TXL_REDIS_URL=redis_url,
+        TXL_REDIS_PREFIX=prefix,
+        TXL_PERSISTENCE="always",
+        TXL_LEASE_TTL_SECONDS="2",
+    ).start()
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +34,9 @@ def shared_redis(tmp_path_factory):
 
 
 @pytest.fixture
-def replicas(tiny_model_dir, shared_redis):
-    prefix = f"rep-{uuid.uuid4().hex[:6]}:"
-    servers = [ServerProcess(tiny_model_dir, shared_redis.url, prefix) for _ in range(2)]
+def replicas(tiny_model_dir, shared_redis, tmp_path):
+    prefix = redis_prefix("rep")
+    servers = [replica(tmp_path / f"{i}.log", tiny_model_dir, shared_redis.url, prefix) for i in range(2)]
     yield servers
     for server in servers:
         server.stop()
@@ -146,13 +111,7 @@ def test_killing_a_replica_mid_step_leaves_every_committed_session_to_the_other(
         committed[session["id"]] = (step["session"]["version"], twin["id"])
     victim = next(iter(committed))
     # A long stream on A, killed after its first tokens: that step never commits.
-    with a.stream(
-        "POST", f"/v1/sessions/{victim}/generate", json={"max_tokens": 4000, "stream": True}
-    ) as response:
-        for i, _ in enumerate(response.iter_lines()):
-            if i == 4:
-                server_a.kill()
-                break
+    kill_mid_stream(server_a, a, victim, after_lines=4)
     for session_id, (version, twin) in committed.items():
         assert b.get(f"/v1/sessions/{session_id}").json()["version"] == version
         deadline = time.monotonic() + 15  # the dead writer's lease expires after its TTL
@@ -178,7 +137,7 @@ def test_export_then_import_into_another_deployment_continues_identically(replic
     expected = generate(a, fork["id"], max_tokens=20)
 
     with EmbeddedRedis(tmp_path / "elsewhere") as other_redis:
-        other = ServerProcess(tiny_model_dir, other_redis.url, "other:")
+        other = replica(tmp_path / "other.log", tiny_model_dir, other_redis.url, "other:")
         try:
             with other.client() as c:
                 imported = c.post(

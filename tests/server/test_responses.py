@@ -18,9 +18,10 @@ from txl_server.errors import Conflict
 from txl_server.sessions.store.responses import ResponseRecord, parse_response_id, response_id
 from txl_server.settings import TRANSCRIPT_TEMPLATE, Persistence
 
-from .conftest import make_byte_model_dir
-from .live_server import serve
-from .runtimes import running
+from tests.helpers.live_server import client_fixture, live_server_fixture, serve
+from tests.helpers.runtimes import running
+from tests.helpers.tiny_models import make_byte_model_dir
+
 from .test_engine import OWNER, generate
 
 openai = pytest.importorskip("openai")
@@ -44,17 +45,14 @@ def text_model_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def server(text_model_dir, redis_server):
-    yield from serve(
-        text_model_dir,
-        redis_server.url,
-        "responses",
-        api_keys=f"{KEY_A},{KEY_B}",
-        chat_template="transcript",
-        persistence=Persistence.ALWAYS,
-        keep_versions=KEEP,
-    )
+server = live_server_fixture(
+    "responses",
+    model="text_model_dir",
+    api_keys=f"{KEY_A},{KEY_B}",
+    chat_template="transcript",
+    persistence=Persistence.ALWAYS,
+    keep_versions=KEEP,
+)
 
 
 @pytest.fixture
@@ -62,10 +60,7 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=0)
 
 
-@pytest.fixture
-def http(server):
-    with server.client(KEY_A) as client:
-        yield client
+http = client_fixture(KEY_A)
 
 
 def _create(client, text: str, **kwargs):

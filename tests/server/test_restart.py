@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from txl_server.sessions.redis_server import lock_data_dir
 
-from .server_process import ServerProcess
+from tests.helpers.server_process import standalone
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -53,7 +53,7 @@ def check_sessions(client, made: set[str]) -> tuple[set[str], dict[str, str]]:
 def test_every_listed_session_steps_after_a_graceful_restart_and_a_kill(mode, tiny_model_dir, tmp_path):
     data_home = tmp_path / "data"
     kept_in = data_home / "txl-serve" / "redis" / "tiny-byte"
-    server = ServerProcess(
+    server = standalone(
         tiny_model_dir, tmp_path / "server.log", XDG_DATA_HOME=str(data_home), TXL_PERSISTENCE=mode, **BUDGETS
     )
     try:
@@ -100,13 +100,13 @@ def test_every_listed_session_steps_after_a_graceful_restart_and_a_kill(mode, ti
                 assert not shown and fresh <= crashed
         assert server.terminate() == 0
     finally:
-        server.ensure_stopped()
+        server.kill()
     lock_data_dir(kept_in, wait_seconds=5).close()  # no redis-server left behind, even after the kill
 
 
 def test_ephemeral_sessions_are_throw_away_and_say_so(tiny_model_dir, tmp_path):
     data_home = tmp_path / "data"
-    server = ServerProcess(
+    server = standalone(
         tiny_model_dir, tmp_path / "server.log", XDG_DATA_HOME=str(data_home), TXL_EPHEMERAL="1"
     )
     try:
@@ -123,5 +123,5 @@ def test_ephemeral_sessions_are_throw_away_and_say_so(tiny_model_dir, tmp_path):
         assert server.terminate() == 0
         assert "the throw-away sessions were deleted" in server.log()
     finally:
-        server.ensure_stopped()
+        server.kill()
     assert not Path(said.group(1)).exists() and not data_home.exists()

@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,9 +23,11 @@ from txl_server.engine.graphs import DecodeGraphs, top_k_bucket, top_k_buckets
 from txl_server.engine.rows import DecodeRow
 from txl_server.engine.runner import ModelRunner
 
-from ..model.helpers import tiny_model
+from tests.helpers.interpreted import run_interpreted
+from tests.helpers.runtimes import running
+from tests.helpers.tiny_models import tiny_model
+
 from .graph_cases import decode_rows, graphs_over
-from .runtimes import running
 from .test_engine import OWNER, generate
 
 PROMPTS = ["The sea was", "1234567890 abcdefghij", "a"]
@@ -222,15 +220,7 @@ def test_the_switches_in_every_combination_serve_the_same_tokens(tiny_model_dir)
     own: Triton reads the switch when imported) and the graphs' static buffers."""
     if triton_decode.triton is None:
         pytest.skip("triton is not installed")
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.server.switch_cases", str(tiny_model_dir)],
-        cwd=root,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    done = run_interpreted("tests.server.switch_cases", str(tiny_model_dir), timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(lines) == 4

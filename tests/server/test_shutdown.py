@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from .server_process import ServerProcess
+from tests.helpers.server_process import ServerProcess, standalone
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,7 +61,7 @@ def start_stream(server: ServerProcess, client: httpx.Client, body: dict) -> tup
 def test_a_shutdown_lets_steps_finish_then_ends_open_streams_and_commits_nothing_half_done(
     tiny_model_dir, tmp_path
 ):
-    server = ServerProcess(
+    server = standalone(
         tiny_model_dir,
         tmp_path / "server.log",
         XDG_DATA_HOME=str(tmp_path / "data"),
@@ -101,11 +101,11 @@ def test_a_shutdown_lets_steps_finish_then_ends_open_streams_and_commits_nothing
             assert step.status_code == 200
         assert server.terminate() == 0
     finally:
-        server.ensure_stopped()
+        server.kill()
 
 
 def test_a_second_ctrl_c_stops_the_running_requests_at_once(tiny_model_dir, tmp_path):
-    server = ServerProcess(
+    server = standalone(
         tiny_model_dir, tmp_path / "server.log", TXL_EPHEMERAL="1", TXL_SHUTDOWN_GRACE_SECONDS="120", **LIMITS
     )
     try:
@@ -131,4 +131,4 @@ def test_a_second_ctrl_c_stops_the_running_requests_at_once(tiny_model_dir, tmp_
         log = server.log()
         assert "stopping the running requests now" in log and "Traceback" not in log, log
     finally:
-        server.ensure_stopped()
+        server.kill()

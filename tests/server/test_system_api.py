@@ -4,25 +4,17 @@ failing after a device error that poisons the context (simulated), on a real ser
 from __future__ import annotations
 
 import openai
-import pytest
 import torch
 
-from .live_server import client_of, serve
+from tests.helpers.live_server import client_fixture, live_server_fixture, serve
+
 from .test_api import error_of
 
 KEY = "key-system"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
-    yield from serve(
-        tiny_model_dir, redis_server.url, "system", api_keys=KEY, cuda_graphs=True, max_batch_size=4
-    )
-
-
-@pytest.fixture
-def client(server):
-    yield from client_of(server, KEY)
+server = live_server_fixture("system", api_keys=KEY, cuda_graphs=True, max_batch_size=4)
+client = client_fixture(KEY)
 
 
 def test_ready_says_what_serves(client):

@@ -11,8 +11,8 @@ See docs/clients.md for the full tour (streaming, errors, retries, the `txl` com
 """
 
 from ._version import __version__
-from .async_client import AsyncClient, AsyncGenerateStream
-from .client import Client, GenerateStream
+from .async_client import AsyncClient
+from .client import Client
 from .errors import (
     Conflict,
     Gone,
@@ -29,11 +29,13 @@ from .errors import (
     Unavailable,
     VersionNotFound,
 )
-from .memories import AsyncMemories, Memories, Memory
+from .memories import AsyncMemories, Memories
+from .streams import AsyncGenerateStream, GenerateStream
 from .types import (
     AppendResult,
     GenerateResult,
     Health,
+    Memory,
     ModelCard,
     Progress,
     ScoreProgress,

@@ -21,6 +21,21 @@ class TxlError(Exception):
     type: str = "error"
     code: str | None = None  # the error's `code`, where the server names the case (e.g. version_not_found)
 
+    def __init_subclass__(
+        cls, *, status: int | None = None, type: str | None = None, code: str | None = None, **kwargs: Any
+    ) -> None:
+        """A class for one of the server's errors names its `type` (or the `code` of a case within a type),
+        and the HTTP status it comes with; it is then what `error_from_body` makes of that error."""
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if type is not None:
+            cls.type = type
+            BY_TYPE[type] = cls
+        if code is not None:
+            cls.code = code
+            BY_CODE[code] = cls
+
     def __init__(
         self,
         message: str,
@@ -47,65 +62,53 @@ class TxlError(Exception):
         return f"{code}{self.type}: {self.message}{where}"
 
 
-class InvalidRequest(TxlError):
+BY_TYPE: dict[str, type[TxlError]] = {}  # the class of each error `type` the server sends
+BY_CODE: dict[str, type[TxlError]] = {}  # a `code` names a case within a type; it wins over the type
+
+
+class InvalidRequest(TxlError, status=400, type="invalid_request"):
     """400 or 422: the request is malformed or a value is out of range; `param` names it."""
 
-    status, type = 400, "invalid_request"
 
-
-class IdempotencyKeyReused(InvalidRequest):
+class IdempotencyKeyReused(InvalidRequest, status=422, type="idempotency_key_reused"):
     """422: an Idempotency-Key sent again with a different request (a key names one request: use a new one)."""
 
-    status, type = 422, "idempotency_key_reused"
+
+class Unauthorized(TxlError, status=401, type="unauthorized"):
+    """401 (or 403): no API key, or not one the server knows."""
 
 
-class Unauthorized(TxlError):
-    status, type = 401, "unauthorized"
-
-
-class NotFound(TxlError):
+class NotFound(TxlError, status=404, type="not_found"):
     """No such session (or route). Also a session of another tenant: the server does not reveal it."""
 
-    status, type = 404, "not_found"
 
-
-class VersionNotFound(NotFound):
+class VersionNotFound(NotFound, code="version_not_found"):
     """A session version that does not exist or is no longer kept (its message names the oldest kept one)."""
 
-    code = "version_not_found"
 
-
-class Conflict(TxlError):
+class Conflict(TxlError, status=409, type="conflict"):
     """Another step on the same session is in progress (one writer per session). Retried, honouring
     Retry-After, with `retry_conflicts=True`."""
 
-    status, type = 409, "conflict"
 
-
-class Gone(TxlError):
+class Gone(TxlError, status=410, type="gone"):
     """The session exists but the server dropped its memory (no persistence and no room)."""
 
-    status, type = 410, "gone"
+
+class PayloadTooLarge(TxlError, status=413, type="payload_too_large"):
+    """413: the request's body is larger than the server takes."""
 
 
-class PayloadTooLarge(TxlError):
-    status, type = 413, "payload_too_large"
-
-
-class Overloaded(TxlError):
+class Overloaded(TxlError, status=429, type="overloaded"):
     """429: too many requests in flight. `retry_after` is the server's Retry-After, in seconds."""
 
-    status, type = 429, "overloaded"
 
-
-class Unavailable(TxlError):
+class Unavailable(TxlError, status=503, type="unavailable"):
     """503 (or a gateway's 502/504): a dependency of the server is down; nothing was changed."""
 
-    status, type = 503, "unavailable"
 
-
-class InternalError(TxlError):
-    status, type = 500, "internal"
+class InternalError(TxlError, status=500, type="internal"):
+    """500: the server failed."""
 
 
 class TxlConnectionError(TxlError, builtins.ConnectionError):
@@ -128,25 +131,8 @@ class TxlTimeoutError(TxlConnectionError, builtins.TimeoutError):
     type = "timeout"
 
 
-_BY_TYPE: dict[str, type[TxlError]] = {
-    cls.type: cls
-    for cls in (
-        InvalidRequest,
-        IdempotencyKeyReused,
-        Unauthorized,
-        NotFound,
-        Conflict,
-        Gone,
-        PayloadTooLarge,
-        Overloaded,
-        Unavailable,
-        InternalError,
-    )
-}
-# A `code` names a case within a type; it wins over the type where a class stands for it.
-_BY_CODE: dict[str, type[TxlError]] = {"version_not_found": VersionNotFound}
-
-_BY_STATUS: dict[int, type[TxlError]] = {
+# The class of an error body that is not the server's (a proxy's page), by its HTTP status.
+BY_STATUS: dict[int, type[TxlError]] = {
     400: InvalidRequest,
     401: Unauthorized,
     403: Unauthorized,
@@ -179,16 +165,16 @@ def error_from_body(
         kind = str(error.get("type") or "")
         code = error.get("code") if isinstance(error.get("code"), str) else None
         cls = (
-            _BY_CODE.get(code or "")
-            or _BY_TYPE.get(kind)
-            or (_BY_STATUS.get(status) if status else None)
+            BY_CODE.get(code or "")
+            or BY_TYPE.get(kind)
+            or (BY_STATUS.get(status) if status else None)
             or _fallback(status)
         )
         param = error.get("param")
         message = error["message"]
     else:
         kind, code = "", None
-        cls = (_BY_STATUS.get(status) if status else None) or _fallback(status)
+        cls = (BY_STATUS.get(status) if status else None) or _fallback(status)
         param = None
         message = f"HTTP {status}" if status else "unknown error"
     kwargs: dict[str, Any] = {

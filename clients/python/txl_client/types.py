@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Model(BaseModel):
@@ -103,3 +103,20 @@ class ModelCard(_Model):
 
 class Health(_Model):
     status: str
+
+
+class Memory(_Model):
+    """A preloaded memory: a document the server has read once, that sessions start from (`client.memories`)."""
+
+    id: str  # "mem_..."
+    object: Literal["memory"] = "memory"
+    name: str | None = None
+    tokens: int  # tokens the document became
+    bytes: int  # UTF-8 bytes of the document
+    mem_tokens: int  # positions its memory holds (the same for any long document)
+    mem_len: int
+    model: str
+    created_at: int
+    updated_at: int
+    expires_at: int  # fixed: using the memory does not extend it (update(ttl_seconds=...) does)
+    metadata: dict[str, Any] = Field(default_factory=dict)

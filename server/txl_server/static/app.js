@@ -433,45 +433,25 @@ async function loadMemories(select) {
   picker.value = state.memories.some((m) => m.id === wanted) ? wanted : "";
 }
 
+// A new memory's name: the loaded file's, else the document's first words.
+function memoryName(text) {
+  return state.documentName || text.trim().split(/\s+/).slice(0, 6).join(" ").slice(0, 60);
+}
+
 async function saveMemory() {
-  if (state.scoring) return;
-  showError(null);
-  const text = $("doc").value;
-  if (!text) {
-    showError(new Error("paste or drop a document first"));
-    return;
-  }
-  state.scoring = true;
-  $("score").disabled = $("save-memory").disabled = true;
-  const progress = $("score-progress");
-  progress.hidden = false;
-  progress.value = 0;
-  $("score-status").textContent = "reading…";
-  try {
-    const name = state.documentName || text.trim().split(/\s+/).slice(0, 6).join(" ").slice(0, 60);
-    const response = await api("POST", "v1/memories", { text, name, stream: true });
-    let memory = null;
-    await readEvents(response, (event) => {
-      if (event.type === "progress") {
-        progress.max = Math.max(1, event.tokens_total);
-        progress.value = event.tokens_done;
-        $("score-status").textContent = `read ${event.tokens_done.toLocaleString()} / ${event.tokens_total.toLocaleString()} tokens`;
-      } else if (event.type === "result") {
-        memory = event;
-      }
-    });
-    if (!memory) throw new Error("the stream ended before the memory was made");
-    await loadMemories(memory.id);
-    newSession();
-    $("score-status").textContent = `saved as memory ${memoryLabel(memory)}: new sessions start from it`;
-  } catch (error) {
-    $("score-status").textContent = "";
-    showError(error);
-  } finally {
-    state.scoring = false;
-    $("score").disabled = $("save-memory").disabled = false;
-    progress.hidden = true;
-  }
+  await streamDocument({
+    buttons: ["score", "save-memory"],
+    status: "reading…",
+    path: "v1/memories",
+    body: (text) => ({ text, name: memoryName(text), stream: true }),
+    progressText: (done, total) => `read ${done} / ${total} tokens`,
+    missing: "the stream ended before the memory was made",
+    finish: async (memory) => {
+      await loadMemories(memory.id);
+      newSession();
+      $("score-status").textContent = `saved as memory ${memoryLabel(memory)}: new sessions start from it`;
+    },
+  });
 }
 
 async function restoreSession() {
@@ -570,6 +550,29 @@ function formatNumber(value, digits) {
 }
 
 async function score() {
+  await streamDocument({
+    buttons: ["score"],
+    status: "scoring…",
+    path: "v1/score",
+    body: (text) => ({ text, token_logprobs: true, stream: true }),
+    progressText: (done, total) => `${done} / ${total} tokens`,
+    missing: "the stream ended before the result arrived",
+    finish: (result, text) => {
+      $("stat-tokens").textContent = formatNumber(result.tokens, 0);
+      $("stat-bytes").textContent = formatNumber(result.bytes, 0);
+      $("stat-perplexity").textContent = formatNumber(result.perplexity, 3);
+      $("stat-bpb").textContent = formatNumber(result.bits_per_byte, 4);
+      renderHeatmap(result, text);
+      $("score-results").hidden = false;
+      $("score-status").textContent = "done";
+    },
+  });
+}
+
+// Sends the document in the box on a streamed request (to score it, or to read it into a memory), one such request
+// at a time: the progress bar and the status line follow the server's reading, `buttons` stay disabled meanwhile,
+// and `finish(result, text)` gets the stream's result event; an error is shown instead.
+async function streamDocument({ buttons, status, path, body, progressText, missing, finish }) {
   if (state.scoring) return;
   showError(null);
   const text = $("doc").value;
@@ -578,37 +581,31 @@ async function score() {
     return;
   }
   state.scoring = true;
-  $("score").disabled = true;
+  for (const id of buttons) $(id).disabled = true;
   const progress = $("score-progress");
   progress.hidden = false;
   progress.value = 0;
-  $("score-status").textContent = "scoring…";
+  $("score-status").textContent = status;
   try {
-    const response = await api("POST", "v1/score", { text, token_logprobs: true, stream: true });
+    const response = await api("POST", path, body(text));
     let result = null;
     await readEvents(response, (event) => {
       if (event.type === "progress") {
         progress.max = Math.max(1, event.tokens_total);
         progress.value = event.tokens_done;
-        $("score-status").textContent = `${event.tokens_done.toLocaleString()} / ${event.tokens_total.toLocaleString()} tokens`;
+        $("score-status").textContent = progressText(event.tokens_done.toLocaleString(), event.tokens_total.toLocaleString());
       } else if (event.type === "result") {
         result = event;
       }
     });
-    if (!result) throw new Error("the stream ended before the result arrived");
-    $("stat-tokens").textContent = formatNumber(result.tokens, 0);
-    $("stat-bytes").textContent = formatNumber(result.bytes, 0);
-    $("stat-perplexity").textContent = formatNumber(result.perplexity, 3);
-    $("stat-bpb").textContent = formatNumber(result.bits_per_byte, 4);
-    renderHeatmap(result, text);
-    $("score-results").hidden = false;
-    $("score-status").textContent = "done";
+    if (!result) throw new Error(missing);
+    await finish(result, text);
   } catch (error) {
     $("score-status").textContent = "";
     showError(error);
   } finally {
     state.scoring = false;
-    $("score").disabled = false;
+    for (const id of buttons) $(id).disabled = false;
     progress.hidden = true;
   }
 }

@@ -14,8 +14,9 @@ import sys
 from ..client import Client
 from ..errors import TxlError
 from ..types import Session
-from . import add_sampling, make_client, sampling_kwargs
-from .remote import describe
+from .connection import make_client
+from .output import describe
+from .sampling import add_sampling, sampling_kwargs
 
 HELP = "commands: /fork (switch to a fork)  /reset (new session)  /info (session details)  /help  /quit"
 

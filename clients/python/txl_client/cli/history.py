@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 
-from . import make_client
-from .remote import describe
+from .connection import make_client
+from .output import describe, when
 
 TAIL_WIDTH = 40
 
@@ -44,8 +43,7 @@ def sessions_history(args: argparse.Namespace) -> int:
         return 0
     print(f"{'version':>7}  {'kind':<8} {'tokens':>8}  {'when':<23}  text (end)")
     for v in versions:
-        when = datetime.fromtimestamp(v.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        print(f"{v.version:>7}  {v.kind:<8} {v.tokens:>8}  {when:<23}  {_tail(v.text_tail)}")
+        print(f"{v.version:>7}  {v.kind:<8} {v.tokens:>8}  {when(v.created_at):<23}  {_tail(v.text_tail)}")
     return 0
 
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import EXIT_FAILED, UsageError
+from .exits import EXIT_FAILED, UsageError
 
 INSTALL_HINT = "install the server with `pip install 'txl-serve[server]'` (or `bash scripts/install.sh`)"
 

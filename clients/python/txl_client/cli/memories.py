@@ -1,16 +1,18 @@
-"""Commands for preloaded memories: `txl memories add FILE | ls | show ID | rm ID...`, and
-`txl sessions new [TEXT] [--memory ID]` (a session that starts from one)."""
+"""Commands for preloaded memories: `txl memories add FILE | ls | show ID | rm ID...`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from ..memories import Memory
-from . import UsageError, make_client
-from .remote import ProgressBar, _read_document, _when, add_progress, describe
+from ..types import Memory
+from .actions import add_ls_show_rm
+from .connection import make_client
+from .documents import read_document
+from .exits import UsageError
+from .output import print_list, print_made, when
+from .progress import ProgressBar, add_progress, shows_progress
 
 
 def add_memories(parser: argparse.ArgumentParser, connection: argparse.ArgumentParser) -> None:
@@ -24,17 +26,14 @@ def add_memories(parser: argparse.ArgumentParser, connection: argparse.ArgumentP
     add.add_argument("--json", action="store_true", help="print the memory as JSON")
     add_progress(add, "how far the server is in reading the document")
     add.set_defaults(run=memories_add)
-    ls = actions.add_parser("ls", help="list memories", parents=[connection])
-    ls.add_argument("--json", action="store_true", help="print JSON")
-    ls.set_defaults(run=memories_ls)
-    show = actions.add_parser("show", help="show one memory as JSON", parents=[connection])
-    show.add_argument("memory_id", metavar="ID")
-    show.set_defaults(run=memories_show)
-    rm = actions.add_parser(
-        "rm", help="delete memories (sessions started from them go on)", parents=[connection]
+    add_ls_show_rm(
+        actions,
+        connection,
+        noun="memory",
+        plural="memories",
+        runs=(memories_ls, memories_show, memories_rm),
+        rm_help="delete memories (sessions started from them go on)",
     )
-    rm.add_argument("memory_ids", metavar="ID", nargs="+")
-    rm.set_defaults(run=memories_rm)
 
 
 def memories_help(args: argparse.Namespace) -> int:
@@ -42,10 +41,9 @@ def memories_help(args: argparse.Namespace) -> int:
 
 
 def memories_add(args: argparse.Namespace) -> int:
-    text = _read_document(args.file)
+    text = read_document(args.file)
     name = args.name if args.name is not None else (None if str(args.file) == "-" else args.file.name)
-    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
-    bar = ProgressBar(str(args.file), sys.stderr) if show_progress else None
+    bar = ProgressBar(str(args.file), sys.stderr) if shows_progress(args) else None
     with make_client(args) as client:
         try:
             # Always streamed: a long document then reports its progress, which keeps the request from timing
@@ -56,33 +54,20 @@ def memories_add(args: argparse.Namespace) -> int:
         finally:
             if bar is not None:
                 bar.clear()
-    if args.json:
-        print(memory.model_dump_json(indent=2))
-        return 0
-    print(memory.id)
-    print(_describe(memory), file=sys.stderr)
-    return 0
+    return print_made(memory, _describe(memory), as_json=args.json)
 
 
 def _quiet(done: int, total: int) -> None:
     pass
 
 
+MEMORY_ROW = "{id:<{width}} {tokens:>10} {memory:>11}  {expires:<23}  {name}"
+
+
 def memories_ls(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         memories = client.memories.list()
-    if args.json:
-        print(json.dumps([m.model_dump() for m in memories], indent=2))
-        return 0
-    if not memories:
-        print("no memories", file=sys.stderr)
-        return 0
-    width = max(len(m.id) for m in memories)
-    print(f"{'id':<{width}} {'tokens':>10} {'memory':>11}  {'expires':<23}  name")
-    for m in memories:
-        memory = f"{m.mem_tokens}/{m.mem_len}"
-        print(f"{m.id:<{width}} {m.tokens:>10} {memory:>11}  {_when(m.expires_at):<23}  {m.name or ''}")
-    return 0
+    return print_list(memories, MEMORY_ROW, as_json=args.json, none="no memories")
 
 
 def memories_show(args: argparse.Namespace) -> int:
@@ -103,31 +88,5 @@ def _describe(memory: Memory) -> str:
     label = f" ({memory.name})" if memory.name else ""
     return (
         f"memory {memory.id}{label}: {memory.tokens} tokens read, memory {memory.mem_tokens}/{memory.mem_len}, "
-        f"expires {_when(memory.expires_at)}"
+        f"expires {when(memory.expires_at)}"
     )
-
-
-# ---------------------------------------------------------------------------------------------- sessions new
-
-
-def add_session_new(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "text", nargs="?", default="", help='text the session starts with ("-": standard input)'
-    )
-    parser.add_argument(
-        "--memory", metavar="ID", help="start from this memory (as if its document came first)"
-    )
-    parser.add_argument("--json", action="store_true", help="print the session as JSON")
-    parser.set_defaults(run=sessions_new)
-
-
-def sessions_new(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.text == "-" else args.text
-    with make_client(args) as client:
-        session = client.create_session(text, memory=args.memory)
-    if args.json:
-        print(session.model_dump_json(indent=2))
-        return 0
-    print(session.id)
-    print(describe(session), file=sys.stderr)
-    return 0

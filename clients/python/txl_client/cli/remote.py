@@ -1,4 +1,4 @@
-"""Commands that talk to a server: generate, score, sessions."""
+"""`txl generate` and `txl score`: the commands that stream a server's work to the terminal."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ import json
 import math
 import sys
 import textwrap
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import TxlError
-from ..types import ScoreResult, Session
-from . import EXIT_FAILED, UsageError, add_sampling, error_line, make_client, sampling_kwargs
+from ..types import ScoreResult
+from .connection import make_client
+from .documents import read_document
+from .exits import EXIT_FAILED, UsageError, error_line
+from .progress import ProgressBar, add_progress, shows_progress
+from .sampling import add_sampling, sampling_kwargs
 
 # ---------------------------------------------------------------------------------------------- generate
 
@@ -28,27 +30,15 @@ def add_generate(parser: argparse.ArgumentParser) -> None:
     add_sampling(parser, max_tokens=300)
 
 
-def add_progress(parser: argparse.ArgumentParser, what: str) -> None:
-    progress = parser.add_mutually_exclusive_group()
-    progress.add_argument(
-        "--progress",
-        action="store_true",
-        default=None,
-        help=f"always show {what} on stderr (default: on a terminal)",
-    )
-    progress.add_argument("--no-progress", dest="progress", action="store_false", help=f"never show {what}")
-
-
 def generate(args: argparse.Namespace) -> int:
     """Always streams, also for --json: a long prompt then reports its progress, which keeps the request from
     timing out while the server is busy reading it."""
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt and not args.session:
         raise UsageError("give a prompt, or --session ID to continue a session")
-    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     with make_client(args) as client:
         session_id = args.session or client.create_session().id
-        bar = ProgressBar("prompt", sys.stderr) if show_progress else None
+        bar = ProgressBar("prompt", sys.stderr) if shows_progress(args) else None
         try:
             stream = client.generate(
                 session_id,
@@ -101,9 +91,9 @@ def score(args: argparse.Namespace) -> int:
     """Prints each file's result as soon as it has it (whatever stdout is: a file, a pipe), so that a failure on
     a later file loses nothing already scored; --json's list is closed even then."""
     documents = [
-        (str(path), _read_document(path)) for path in args.files
+        (str(path), read_document(path)) for path in args.files
     ]  # every file readable before any work
-    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+    show_progress = shows_progress(args)
     output = JsonList(sys.stdout) if args.json else ScoreTable(sys.stdout)
     try:
         with make_client(args) as client:
@@ -176,100 +166,6 @@ class JsonList:
         self.stream.flush()
 
 
-def _read_document(path: Path) -> str:
-    try:
-        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not UTF-8 text (byte {exc.start})") from exc
-    if not text:
-        raise UsageError(f"{path} is empty")
-    return text
-
-
 def _score_fields(result: ScoreResult) -> dict[str, Any]:
     keys = ("tokens", "bytes", "logprob", "nll", "perplexity", "bits_per_byte")
     return {k: getattr(result, k) for k in keys}
-
-
-class ProgressBar:
-    """One line on a terminal, redrawn at most 10 times a second: `name [#####-----] 50% 1200/2400 tokens`."""
-
-    WIDTH = 30
-
-    def __init__(self, name: str, stream: TextIO) -> None:
-        self.name, self.stream = name, stream
-        self.last = 0.0
-        self.drawn = False
-
-    def update(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done < total and now - self.last < 0.1:
-            return
-        self.last = now
-        filled = self.WIDTH * done // total if total else self.WIDTH
-        percent = 100 * done // total if total else 100
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        self.stream.write(f"\r{self.name} [{bar}] {percent:3d}% {done}/{total} tokens")
-        self.stream.flush()
-        self.drawn = True
-
-    def clear(self) -> None:
-        if self.drawn:
-            self.stream.write("\r\x1b[K" if self.stream.isatty() else "\n")
-            self.stream.flush()
-
-
-# ---------------------------------------------------------------------------------------------- sessions
-
-
-def sessions_help(args: argparse.Namespace) -> int:
-    raise UsageError(
-        "give an action: txl sessions ls | show ID | rm ID... | new | history ID | rewind ID N | fork ID"
-    )
-
-
-def sessions_ls(args: argparse.Namespace) -> int:
-    with make_client(args) as client:
-        sessions = client.list_sessions()
-    if args.json:
-        print(json.dumps([s.model_dump() for s in sessions], indent=2))
-        return 0
-    if not sessions:
-        print("no sessions", file=sys.stderr)
-        return 0
-    width = max(len(s.id) for s in sessions)
-    print(f"{'id':<{width}} {'tokens':>8} {'memory':>11} {'version':>7}  expires")
-    for s in sorted(sessions, key=lambda s: s.created_at):
-        memory = f"{s.mem_tokens}/{s.mem_len}"
-        print(f"{s.id:<{width}} {s.tokens:>8} {memory:>11} {s.version:>7}  {_when(s.expires_at)}")
-    return 0
-
-
-def sessions_show(args: argparse.Namespace) -> int:
-    with make_client(args) as client:
-        print(client.get_session(args.session_id).model_dump_json(indent=2))
-    return 0
-
-
-def sessions_rm(args: argparse.Namespace) -> int:
-    with make_client(args) as client:
-        for session_id in args.session_ids:
-            client.delete_session(session_id)
-            print(f"deleted {session_id}")
-    return 0
-
-
-def describe(session: Session) -> str:
-    return (
-        f"session {session.id}: {session.tokens} tokens, memory {session.mem_tokens}/{session.mem_len}, "
-        f"version {session.version}, model {session.model}, expires {_when(session.expires_at)}"
-        + (f", metadata {json.dumps(session.metadata)}" if session.metadata else "")
-    )
-
-
-def _when(timestamp: int) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,31 @@
+"""A runtime (worker, Redis store, session service) started for the length of a block, and a client of its
+service that goes away."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from txl_server.runtime import Runtime
+from txl_server.settings import Settings
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[Runtime]:
+    runtime = Runtime(settings)
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
+
+
+async def leave_after(stream: AsyncGenerator[Any, None], events: int) -> None:
+    """Reads `events` events of a generation, then closes it, as a client that goes away mid-stream."""
+    seen = 0
+    async for _ in stream:
+        seen += 1
+        if seen == events:
+            break
+    await stream.aclose()
