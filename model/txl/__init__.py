@@ -19,9 +19,10 @@ from .checkpoint import (
     save_pretrained,
 )
 from .config import TxlConfig, UnsupportedConfigError
-from .memory import HiddenMemory, Memory, MemoryLayout, peak_positions
+from .memory import HiddenMemory, Memory, peak_positions
 from .model import TransfoXLLMHeadModel, TransfoXLModel
-from .paged import BlockPool, PoolExhausted
+from .paged.layout import MemoryLayout
+from .paged.pool import BlockPool, PoolExhausted
 from .window import WindowRule
 
 __version__ = "0.1.0"

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from .kernels import DecodeKernel, decode_kernel, prefill_kernel
-from .linear import linear
-from .paged_step import GroupIndices, PagedStep, QueryGroup, StaticDecodeStep
+from .kernels.linear import linear
+from .paged.step import GroupedStep, GroupIndices, QueryGroup
 
 # project_kv(hidden [B, L, D]) -> (keys, values), each [B, H, L, Dh]: a layer's projection of memory hidden states.
 ProjectKV = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -186,9 +186,7 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
 
     # ------------------------------------------------------------------ paged memory (inference)
 
-    def forward_paged(
-        self, x: Tensor, step: PagedStep | StaticDecodeStep, layer: int, pos_table: Tensor
-    ) -> Tensor:
+    def forward_paged(self, x: Tensor, step: GroupedStep, layer: int, pos_table: Tensor) -> Tensor:
         """x [N, D]: this layer's input at every new position of the step's rows -> [N, D].
 
         pos_table: this layer's positional keys [H, P', Dh] for distances P'-1..0 (P' >= step.n_pos).

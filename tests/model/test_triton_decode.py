@@ -92,9 +92,9 @@ def test_per_step_integers_are_not_specialised():
 
 def test_the_launch_is_guarded_by_the_tensors_device():
     """cuda:1 served from a thread whose current device is cuda:0 launches on cuda:1."""
-    guard = triton_decode._device_guard(torch.device("cuda", 1))
+    guard = triton_decode.device_guard(torch.device("cuda", 1))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 1
-    assert isinstance(triton_decode._device_guard(torch.device("cpu")), contextlib.nullcontext)
+    assert isinstance(triton_decode.device_guard(torch.device("cpu")), contextlib.nullcontext)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

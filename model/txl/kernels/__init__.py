@@ -18,16 +18,17 @@ Elsewhere attention takes the torch path. `reference_path()` forces the torch pa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 
 import torch
 from torch import Tensor
 
 from . import triton_decode
-from .cpu import PagedDecodeKernel, cpu_paged_decode
-from .prefill import PrefillAttentionKernel, cpu_prefill_attention
+from .paged_decode import PagedDecodeKernel, cpu_paged_decode
+from .prefill_attention import PrefillAttentionKernel, cpu_prefill_attention
 from .rows import DecodeRows
+from .scoped import scoped
 
 # q [B, H, Dh], bd [H, B, P], keys, values [H, NB, bs, Dh], the rows' tables and windows -> [B, H, Dh] float32
 DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, DecodeRows], Tensor]
@@ -35,17 +36,12 @@ DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, DecodeRows], Tensor]
 _choice: ContextVar[str] = ContextVar("txl_attention_kernel", default="auto")
 
 
-@contextlib.contextmanager
-def prefer(name: str) -> Iterator[None]:
+def prefer(name: str) -> contextlib.AbstractContextManager[None]:
     """Inside this block, decoding attention uses kernel `name`: "torch" (the reference), "cpu", "triton", or
     "auto" (the default: the best one available for the device)."""
     if name not in ("auto", "torch", "cpu", "triton"):
         raise ValueError(f"unknown attention kernel {name!r}")
-    token = _choice.set(name)
-    try:
-        yield
-    finally:
-        _choice.reset(token)
+    return scoped(_choice, name)
 
 
 def reference_path() -> contextlib.AbstractContextManager[None]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .cpu import build_library, shares_torchs_threads
+from .build import LoadedLibrary, load_kernel
 
 SOURCE = Path(__file__).with_name("rows_linear.c")
 MAX_ROWS = 16  # beyond, the products bound it and blocked GEMMs win
@@ -24,16 +24,10 @@ MIN_BYTES_PER_THREAD = 256 * 1024
 
 
 class RowsLinearKernel:
-    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
-        self._functions = {
-            torch.float32: library.txl_rows_linear_f32_threads,
-            torch.bfloat16: library.txl_rows_linear_bf16_threads,
-        }
-        for function in self._functions.values():
-            function.argtypes = _ARGS
-            function.restype = None
-        # Whether a call may split its outputs over torch's thread team (kernels.cpu.shares_torchs_threads).
-        self.threaded = threaded
+    def __init__(self, library: LoadedLibrary) -> None:
+        self._library = library
+        self._functions = library.by_dtype("txl_rows_linear_{}_threads", _ARGS)
+        self.threaded = library.threaded
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions
@@ -43,10 +37,7 @@ class RowsLinearKernel:
         out_features, in_features = weight.shape
         rows = x.reshape(-1, in_features).float().contiguous()  # [R, in], float32 whatever the weight's type
         y = torch.empty(rows.size(0), out_features, dtype=weight.dtype)  # [R, out]
-        threads = 1
-        if self.threaded:
-            most = weight.numel() * weight.element_size() // MIN_BYTES_PER_THREAD
-            threads = max(1, min(torch.get_num_threads(), most))
+        threads = self._library.team(weight.numel() * weight.element_size() // MIN_BYTES_PER_THREAD)
         self._functions[weight.dtype](
             weight.data_ptr(),
             rows.data_ptr(),
@@ -63,7 +54,4 @@ class RowsLinearKernel:
 @functools.cache
 def cpu_rows_linear() -> RowsLinearKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be."""
-    library = build_library(SOURCE, openmp=True)
-    if library is None:
-        return None
-    return RowsLinearKernel(library, shares_torchs_threads(SOURCE.name))
+    return load_kernel(SOURCE, RowsLinearKernel, openmp=True)

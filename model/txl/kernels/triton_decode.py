@@ -233,7 +233,7 @@ def _kernels() -> tuple[Any, Any]:
     return paged_decode_partitions, paged_decode_combine
 
 
-def _device_guard(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The launch runs under the tensors' device: Triton launches on the thread's current device, and a server on
     cuda:1 may call from a thread whose current device is cuda:0."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -274,7 +274,7 @@ def triton_paged_decode(
     partitions_kernel, combine_kernel = _kernels()
     block_d = _next_power_of_2(d_head)
     device = q.device
-    with _device_guard(device):
+    with device_guard(device):
         out = torch.empty((batch, heads, d_head), dtype=torch.float32, device=device)
         if plan.split:
             part_max = torch.empty((batch, heads, plan.partitions), dtype=torch.float32, device=device)

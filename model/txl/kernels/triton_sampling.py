@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .triton_decode import _device_guard, triton
+from .triton_decode import device_guard, triton
 
 if triton is not None:
     import triton.language as tl
@@ -76,7 +76,7 @@ def masses_above(logits: Tensor, normaliser: Tensor, pivots: Tensor) -> Tensor:
     n, vocab = logits.shape
     ways = pivots.size(1)
     parts = -(-vocab // (BLOCK * BLOCKS_PER_PROGRAM))
-    with _device_guard(logits.device):
+    with device_guard(logits.device):
         partial = torch.empty((n, parts, ways), dtype=torch.float32, device=logits.device)
         _kernel()[(n, parts)](
             logits,

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from txl import BlockPool, Memory, PoolExhausted, TransfoXLLMHeadModel
 from txl.kernels import prefer
-from txl.paged import new_blocks
+from txl.paged.rows import new_blocks
 from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 

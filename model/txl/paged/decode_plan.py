@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels.plan_marks import Marks, cpu_plan_marks
-from .paged import BlockPool, BlockTable, PagedRow, RowStep, plan_row
+from ..kernels.plan_marks import Marks, RowEnds, cpu_plan_marks
+from .pool import BlockPool, BlockTable
+from .rows import PagedRow, RowStep, plan_row
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
@@ -81,18 +82,10 @@ class DecodePlan:
         )
 
 
-def _marks(
-    bs: int,
-    starts: np.ndarray,
-    lengths: np.ndarray,
-    widths: np.ndarray,
-    lasts: np.ndarray,
-    fed: np.ndarray,
-    filled: np.ndarray,
-    keeps: np.ndarray,
-) -> Marks:
+def _marks(bs: int, rows: RowEnds, filled: np.ndarray, keeps: np.ndarray) -> Marks:
     """Where each row's new position goes, as array operations (the contract of kernels/plan_marks.c, which
     does it in one call where it can be built); `filled` is the pool's marks, under its lock."""
+    starts, lengths, widths, lasts, fed = rows
     ends = starts + lengths
     tails = ends % bs
     fits = (ends + bs - 1) // bs == widths  # the memory ends in its table's last block (no block past it)
@@ -164,8 +157,8 @@ def plan_decode(
         bounds = np.cumsum(widths)  # where each row's ids end in `flat`
         lasts = np.where(widths > 0, flat[bounds - 1], 0) if flat.size else np.zeros(n, dtype=np.int64)
     native = cpu_plan_marks() if NATIVE else None
-    with pool._lock:
-        marks = (native or _marks)(bs, starts, lengths, widths, lasts, fed, pool._filled, keeps)
+    with pool.fill_marks() as filled:
+        marks = (native or _marks)(bs, RowEnds(starts, lengths, widths, lasts, fed), filled, keeps)
     keeps, drops, planned = marks.keeps, marks.drops, marks.planned
     write_blocks, write_slots = lasts, marks.slots
     keep_alive: list[BlockTable] = []
@@ -174,7 +167,7 @@ def plan_decode(
         fresh_rows = marks.fresh
         if fresh_rows.size:
             fresh = pool.allocate(fresh_rows.size)  # one reference each, which the step's table takes over
-            pool._filled[fresh] = 1
+            pool.set_filled(fresh, 1)
             write_blocks[fresh_rows] = fresh
             widths[fresh_rows] += 1
             # The step's tables: one reference more to the memory's blocks, the fresh block's own.

@@ -21,10 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..window import WindowRule
 from .decode_plan import DecodePlan
-from .paged import NULL_BLOCK, BlockPool, PagedRow, Reservation, RowStep, plan_row
+from .pool import NULL_BLOCK, BlockPool, Reservation
+from .rows import PagedRow, RowStep, plan_row
 from .staging import StagedInputs
-from .window import WindowRule
 
 # Attention scores of one query group on CPU: about an L2 cache's worth (see PagedStep._tiles).
 CPU_SCORE_BYTES = 1 << 20
@@ -83,8 +84,35 @@ class QueryGroup:
         return GroupIndices(head_rows, mask, bd_index)
 
 
-class PagedStep:
-    """The plan of one forward: where each new token's keys and values go, and the query groups."""
+class GroupedStep:
+    """What every step gives the layers: the pool, where each new token's keys and values go (`write_blocks`,
+    `write_slots` [N]), the query groups, and each group's index tensors for the torch path (`indices`)."""
+
+    pool: BlockPool
+    n_pos: int  # distances the positional scores cover
+    write_blocks: Tensor
+    write_slots: Tensor
+    groups: list[QueryGroup]
+    _indices: dict[int, GroupIndices]
+
+    def begin(self) -> None:
+        """A forward over this step starts."""
+
+    def indices(self, group: int) -> GroupIndices:
+        """Group `group`'s index tensors for the torch attention path, derived on first use in a forward."""
+        found = self._indices.get(group)
+        if found is None:
+            found = self._indices[group] = self.groups[group].derive()
+        return found
+
+    def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
+        """Stores this layer's keys/values [N, H, Dh] (and input [N, D]) of the new positions in the pool."""
+        _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
+
+
+class PagedStep(GroupedStep):
+    """The plan of one forward: where each new token's keys and values go, and the query groups. Its groups'
+    inputs never change, so their index tensors are derived once, in its first forward."""
 
     def __init__(
         self,
@@ -183,22 +211,8 @@ class PagedStep:
             (starts + key_lengths - queries).tolist(),
         )
 
-    def begin(self) -> None:
-        """A forward over this step starts (its groups' inputs never change: indices are derived once)."""
 
-    def indices(self, group: int) -> GroupIndices:
-        """Group `group`'s index tensors for the torch attention path, derived on first use."""
-        found = self._indices.get(group)
-        if found is None:
-            found = self._indices[group] = self.groups[group].derive()
-        return found
-
-    def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
-        """Stores this layer's keys/values [N, H, Dh] (and input [N, D]) of the new positions in the pool."""
-        _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
-
-
-class StaticDecodeStep:
+class StaticDecodeStep(GroupedStep):
     """A decoding step (one new token per row) whose inputs live in buffers that never move: what a CUDA graph
     captures. `load` fills them for the rows of one iteration (one non-blocking copy from the host, see
     txl.staging); rows beyond those are padding, which read and write only `scratch_block` (a block no memory
@@ -292,15 +306,6 @@ class StaticDecodeStep:
         """A forward starts: what was derived from the previous rows is dropped (inside a captured graph this runs
         once, at capture, and the derivation it leads to is replayed from the buffers each time)."""
         self._indices = {}
-
-    def indices(self, group: int) -> GroupIndices:
-        found = self._indices.get(group)
-        if found is None:
-            found = self._indices[group] = self.groups[group].derive()
-        return found
-
-    def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
-        _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
 
 
 def _write(

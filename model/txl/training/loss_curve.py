@@ -1,4 +1,4 @@
-"""`python -m txl.loss_curve runs/NAME/log.jsonl out.png`: the training run's loss curve (bits per byte)."""
+"""`python -m txl.training.loss_curve runs/NAME/log.jsonl out.png`: the training run's loss curve (bits per byte)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Training a byte-level Transformer-XL the way the paper does (section 3.2 and appendix).
 
     python scripts/prepare_corpus.py --out runs/corpus
-    python -m txl.train --corpus runs/corpus --out runs/books --minutes 60
+    python -m txl.training.train --corpus runs/corpus --out runs/books --minutes 60
 
 Text is one long byte stream cut into `batch_size` parallel streams. Each step feeds the next `tgt_len` bytes
 of every stream and carries the memory (detached hidden states of the last `mem_len` positions) to the next
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_pretrained, save_pretrained
-from .config import TxlConfig
-from .memory import HiddenMemory
-from .model import TransfoXLLMHeadModel
-from .scoring import score_tokens
-from .tokenizers import ByteTokenizer, save_tokenizer
+from ..checkpoint import load_pretrained, save_pretrained
+from ..config import TxlConfig
+from ..memory import HiddenMemory
+from ..model import TransfoXLLMHeadModel
+from ..scoring import score_tokens
+from ..tokenizers import ByteTokenizer, save_tokenizer
 
 
 @dataclass

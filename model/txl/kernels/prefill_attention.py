@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .cpu import build_library, shares_torchs_threads
+from .build import LoadedLibrary, load_kernel
 from .rows import DecodeRows
 
 SOURCE = Path(__file__).with_name("prefill_attention.c")
@@ -40,15 +40,13 @@ class PrefillRows(DecodeRows, Protocol):
 class PrefillAttentionKernel:
     """Relative attention of a query group over its rows' blocks (see prefill_attention.c for the contract)."""
 
-    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
-        self._function = library.txl_prefill_attention_f32_threads
-        self._function.argtypes = _ARGS
-        # Whether a call may split its items over torch's thread team (see the C file and shares_torchs_threads).
-        self.threaded = threaded
-        self._function.restype = None
-        self._scratch_floats = library.txl_prefill_scratch_floats
-        self._scratch_floats.argtypes = [ctypes.c_int64] * 4
-        self._scratch_floats.restype = ctypes.c_int64
+    def __init__(self, library: LoadedLibrary) -> None:
+        self._library = library
+        self._function = library.function("txl_prefill_attention_f32_threads", _ARGS)
+        self._scratch_floats = library.function(
+            "txl_prefill_scratch_floats", [ctypes.c_int64] * 4, ctypes.c_int64
+        )
+        self.threaded = library.threaded
         # One scratch buffer per thread, kept between calls: the call needs no particular contents in it.
         self._local = threading.local()
 
@@ -82,7 +80,7 @@ class PrefillAttentionKernel:
         if positions.stride(2) != 1 or positions.stride(1) != d_head:
             positions = positions.contiguous()  # each head's [P, Dh] rows in one piece; heads may lie apart
         out = q_content.new_empty(batch * queries, heads, d_head)
-        threads = min(torch.get_num_threads(), heads * batch) if self.threaded else 1
+        threads = self._library.team(heads * batch)
         per_thread = self._scratch_floats(queries, d_head, width * block_size, n_pos)
         scratch = self._scratch(threads * per_thread)
         inputs = [q_content, q_position, rows.token_index, keys, values, table, rows.starts, rows.key_lengths]
@@ -109,7 +107,4 @@ class PrefillAttentionKernel:
 @functools.cache
 def cpu_prefill_attention() -> PrefillAttentionKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be (attention then uses torch)."""
-    library = build_library(SOURCE, openmp=True)
-    if library is None:
-        return None
-    return PrefillAttentionKernel(library, shares_torchs_threads(SOURCE.name))
+    return load_kernel(SOURCE, PrefillAttentionKernel, openmp=True)

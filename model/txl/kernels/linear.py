@@ -30,14 +30,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
 from contextvars import ContextVar
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-from .kernel_choice import (
+from .build import cache_dir
+from .linear_choice import (
     KERNELS,
     NATIVE,
     ONEDNN,
@@ -48,8 +48,8 @@ from .kernel_choice import (
     rows_bucket,
     this_machine,
 )
-from .kernels.cpu import cache_dir
-from .kernels.rows_linear import MAX_ROWS, cpu_rows_linear
+from .rows_linear import MAX_ROWS, cpu_rows_linear
+from .scoped import scoped
 
 _preferred: ContextVar[str | None] = ContextVar("txl_linear_kernel", default=None)
 
@@ -105,17 +105,12 @@ def kernel_choices() -> KernelChoices:
     return KernelChoices(this_machine(cpu_runs_bfloat16()), cache_dir(), forced=forced)
 
 
-@contextlib.contextmanager
-def prefer(kernel: str | None) -> Iterator[None]:
+def prefer(kernel: str | None) -> contextlib.AbstractContextManager[None]:
     """Inside this block, linear layers use `kernel` ("plain", "onednn" or "native") wherever it can run, plain
     elsewhere; None: the measured choice (tests compare kernels; benchmarks measure each)."""
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r} (known: {', '.join(KERNELS)})")
-    token = _preferred.set(kernel)
-    try:
-        yield
-    finally:
-        _preferred.reset(token)
+    return scoped(_preferred, kernel)
 
 
 def preferred() -> str | None:
