@@ -2,7 +2,7 @@
 
 The paper's memory is the previous segments' hidden states, one `[mem_len, d_model]` block per layer, which every
 step projects again into keys and values. Serving many steps over a long memory, that re-projection is most of the
-work (about 82% of HF's decode time at mem_len 1,600), so `Memory` stores what attention reads: per layer, the
+work (docs/model.md), so `Memory` stores what attention reads: per layer, the
 projected keys and values of the last `mem_len` positions. Projection is per position, so the two are the same
 function.
 

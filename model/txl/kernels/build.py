@@ -50,7 +50,7 @@ def _cpu_flags() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels (and measured linear kernel choices, txl.kernel_choice) are kept."""
+    """Where compiled kernels (and measured linear kernel choices, txl.kernels.linear_choice) are kept."""
     root = os.environ.get("TXL_KERNEL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "txl", "kernels"
     )

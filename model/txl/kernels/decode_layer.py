@@ -1,8 +1,8 @@
 """A whole decoder layer for decoding rows in one native call (`decode_layer.c`), float32 on the CPU.
 
 Why: at one row, a layer's torch path is about forty small operations (projections, bias adds, the positional
-product, index copies, LayerNorms), each a Python call and a dispatch of 1-3 µs, around four weight reads. On the
-bundled model that overhead was half of a token's time. The call here reads each weight once and every row's
+product, index copies, LayerNorms), each a Python call and a dispatch, around four weight reads: on a small model
+that overhead is a large share of a token's time (docs/model.md). The call here reads each weight once and every row's
 memory once, as the native linear and attention kernels do, with nothing in between.
 """
 

@@ -1,6 +1,6 @@
 """Where each row of a decoding step puts its new position, in one native call (plan_marks.c's contract).
 
-`txl.decode_plan.plan_decode` decides it with some forty small array operations when this is not available (no C
+`txl.paged.decode_plan.plan_decode` decides it with some forty small array operations when this is not available (no C
 compiler, `TXL_CPU_KERNELS=0`); each costs a microsecond or more whatever the rows, and with the model's step
 just run they cost more (its caches are cold). Both ways give what `plan_row` gives row by row
 (tests/model/test_decode_plan.py runs every case both ways).

@@ -1,12 +1,11 @@
 """Attention of a prompt segment's queries in one native call per layer (`prefill_attention.c`), float32 on the CPU.
 
-Why: a 128-token segment of the bundled model over a memory of 512 spent 11 of its 24 ms in torch's three attention
-products a layer (content, positional, values), at about 105 GFLOP/s on one thread of the AMD EPYC measured here:
-MKL runs AVX2 code on it. The register-tiled loops of the call, built with -march=native, ran those products at
-about 240 (as fast as oneDNN's packed products there; 128 against MKL's 106 when built for AVX2 alone). Between
-them the call makes one pass per query where torch made four over the [H, T, L] scores (copying the shifted
-positional scores, adding them, masking, the softmax), gathers only the slots some query sees, and skips the tiles
-of the products that no query sees.
+Why: a prompt segment's attention on a CPU spends much of its time in torch's three attention products a layer
+(content, positional, values), which run at MKL's float32 rate: on CPUs where MKL runs AVX2 code, well below what
+the CPU can do. The register-tiled loops of the call, built with -march=native, run them as fast as oneDNN's
+packed products (docs/model.md). Between them the call makes one pass per query where torch made four over the
+[H, T, L] scores (copying the shifted positional scores, adding them, masking, the softmax), gathers only the
+slots some query sees, and skips the tiles of the products that no query sees.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ _ARGS += [ctypes.c_void_p, ctypes.c_int64]
 
 class PrefillRows(DecodeRows, Protocol):
     """What the call reads of a query group besides the pool: its rows' tables and windows [B, T], and each query's
-    token (`txl.paged_step.QueryGroup` is one)."""
+    token (`txl.paged.step.QueryGroup` is one)."""
 
     @property
     def token_index(self) -> Tensor: ...

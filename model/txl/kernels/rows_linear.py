@@ -1,8 +1,8 @@
 """A linear layer over a few rows on the CPU that reads each weight once, as one stream (`rows_linear.c`).
 
 Why native code: at one row a linear layer is a pass over its weight, and torch's kernels (MKL's gemv, oneDNN's
-inner product) read the bundled model's small matrices at 9-12 GB/s on an AMD EPYC, one thread, where a sum over
-the same bytes reads 30 GB/s; this loop reads them at 20-26 GB/s. One of the candidates `txl.linear` measures.
+inner product) read small matrices well below the rate a plain sum over the same bytes reaches; this loop reads
+them at close to it (docs/model.md). One of the candidates `txl.kernels.linear` measures.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ _NO_IDS = np.zeros(0, dtype=np.int64)
 @dataclass(frozen=True)
 class RowArrays:
     """The rows a plan leaves (its `results`), as the next plan of the same rows reads them: a decoding batch
-    goes on with the same rows step after step, and reading them back from 64 row objects was a fifth of the
-    planning. Numbers only: block ids here hold no reference to their blocks."""
+    goes on with the same rows step after step, and reading them back from every row object was a large share of
+    the planning (docs/model.md). Numbers only: block ids here hold no reference to their blocks."""
 
     starts: np.ndarray  # [n] offset of each row's first position in its first block
     lengths: np.ndarray  # [n] positions held
@@ -175,7 +175,7 @@ def plan_decode(
             memory_ids = [ids[i] for i in extended]
             pool.incref(np.concatenate(memory_ids))
             # Each is its memory's ids and the fresh block: views of one array made in one concatenation
-            # (np.append row by row took twice as long).
+            # (np.append row by row is slower).
             pieces: list[np.ndarray] = []
             for j, old in enumerate(memory_ids):
                 pieces += (old, fresh[j : j + 1])
@@ -195,7 +195,7 @@ def plan_decode(
             write_slots[i] = position % bs
     if planned:  # their tables changed in any way
         widths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
-    if previous is not None or planned or fresh_rows.size:  # one concatenation (np.insert cost 3x as much)
+    if previous is not None or planned or fresh_rows.size:  # one concatenation (np.insert costs more)
         flat = np.concatenate(ids)
     # The memory after the step: the last `keep` positions, without the blocks before them.
     dropping = marks.dropping

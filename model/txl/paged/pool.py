@@ -42,7 +42,7 @@ class PoolExhausted(RuntimeError):
 
 
 # Tables of up to this many blocks count their references one by one: a decoding step drops or extends a few
-# short tables, and for them `np.add.at` and its masks cost twice what a loop over the ids does.
+# short tables, and for them `np.add.at` and its masks cost more than a loop over the ids does.
 SMALL_TABLE = 8
 
 
@@ -83,7 +83,7 @@ class BlockPool:
         self._incarnations = np.zeros(blocks, dtype=np.int64)
         # A min-heap: the lowest free ids are handed out first, so that memories allocated after others were freed
         # get ascending, mostly adjacent blocks. A stack handed a freed batch back in reverse order, and reading a
-        # row's blocks backwards through memory made 64 decoding sessions a fifth slower on every other round.
+        # row's blocks backwards through memory slowed a large decoding batch (docs/model.md).
         self._free = list(range(1, blocks))
         self._reserved = 0
         self._zero_later: list[np.ndarray] | None = None  # ids allocated inside zeroing_together()

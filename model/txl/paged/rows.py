@@ -19,7 +19,8 @@ from .pool import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, Reservation
 
 
 # Immutable by contract, not `frozen`: a decoding step makes one per row, and a frozen dataclass's __init__ (one
-# object.__setattr__ per field) took 3x as long, a tenth of the host's time around a 64-row graph.
+# object.__setattr__ per field) costs several times as much, a visible share of the host's time around a large
+# decoding graph (docs/model.md).
 @dataclass(slots=True, unsafe_hash=True)
 class PagedRow:
     """One sequence's memory: positions [start, start + length) of the concatenated blocks of `table`, the last

@@ -71,7 +71,7 @@ class QueryGroup:
         was given (indices computed once, at capture, would keep pointing at the warm-up's rows)."""
         device = self.table.device
         # index_select along the first dimension copies whole contiguous rows (a block of one head) at full
-        # bandwidth; along the blocks dimension of [H, n_blocks, bs, Dh] it was 5x slower.
+        # bandwidth; along the blocks dimension of [H, n_blocks, bs, Dh] it was several times slower.
         heads = torch.arange(self.n_head, device=device)[:, None] * self.n_blocks
         head_rows = (heads + self.table.reshape(1, -1)).reshape(-1)  # [H*B*S]
         query = torch.arange(self.queries, device=device)[None, :, None]  # [1, T, 1]
@@ -160,9 +160,9 @@ class PagedStep(GroupedStep):
     def _tiles(self, members: list[int], queries: int, device: torch.device) -> list[list[int]]:
         """Splits a group on CPU so that each part's attention scores [H, B, T, L] stay within CPU_SCORE_BYTES:
         the scores are written, masked, normalised and read back, and beyond the cache those passes run at memory
-        speed (`python -m bench batching`: 4 segments of 128 at mem 512 in one unsplit forward took up to 1.6x as
-        long as one by one, in parts 0.9x). A GPU takes the group whole: its scores never leave for host memory,
-        and fewer launches count."""
+        speed (`python -m bench batching` measures a group whole, in parts and one by one: docs/benchmarks/
+        batching.md). A GPU takes the group whole: its scores never leave for host memory, and fewer launches
+        count."""
         if device.type != "cpu" or queries == 1 or len(members) == 1:
             return [members]  # decoding rows: a query's scores are one row of keys, never a large tensor
         bs = self.pool.block_size
@@ -215,7 +215,7 @@ class PagedStep(GroupedStep):
 class StaticDecodeStep(GroupedStep):
     """A decoding step (one new token per row) whose inputs live in buffers that never move: what a CUDA graph
     captures. `load` fills them for the rows of one iteration (one non-blocking copy from the host, see
-    txl.staging); rows beyond those are padding, which read and write only `scratch_block` (a block no memory
+    txl.paged.staging); rows beyond those are padding, which read and write only `scratch_block` (a block no memory
     holds). Everything derived from the buffers is derived inside the forward (`begin`, `indices`), so that a
     captured graph derives it again from each replay's rows."""
 
@@ -235,7 +235,7 @@ class StaticDecodeStep(GroupedStep):
         self.n_pos = n_pos
         self.scratch_block = scratch_block
         self.plan: DecodePlan | None = None  # the rows loaded: their tables are held until the next load
-        # Per host buffer (txl.staging), the first row from which it holds padding (rows + 1: not written yet).
+        # Per host buffer (txl.paged.staging), the first row from which it holds padding (rows + 1: not written yet).
         self._padding_from = [rows + 1, rows + 1]
         self._inputs = StagedInputs(
             {
@@ -269,7 +269,7 @@ class StaticDecodeStep(GroupedStep):
         self.load(None)  # every row padding until the first iteration
 
     def load(self, plan: DecodePlan | None, windows: np.ndarray | None = None) -> None:
-        """The rows of this iteration (`txl.decode_plan`), each query seeing keys at distance < `windows[i]`
+        """The rows of this iteration (`txl.paged.decode_plan`), each query seeing keys at distance < `windows[i]`
         (`txl.window.windows_at`), padded to capacity; None: every row padding."""
         n = len(plan) if plan is not None else 0
         if n > self.capacity:
