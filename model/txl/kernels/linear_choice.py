@@ -91,7 +91,7 @@ class Machine:
     vector: str  # vector units: torch's dispatch level and the CPU's flags that matter (AVX-512, AMX, bf16)
     onednn_isa: str  # ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA), "" when not limited
     mkl_isa: str  # MKL_ENABLE_INSTRUCTIONS, "" when not limited
-    bfloat16: bool  # whether oneDNN computes bfloat16 natively here (see txl.kernels.linear.cpu_runs_bfloat16)
+    bfloat16: bool  # whether oneDNN computes bfloat16 natively (see txl.kernels.linear.cpu_runs_bfloat16)
     torch: str
 
     @property
