@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -162,17 +162,36 @@ class LoadedLibrary:
         function.restype = restype
         return function
 
-    def by_dtype(self, pattern: str, argtypes: Sequence[Any]) -> dict[torch.dtype, Any]:
-        """A function written for each dtype in DTYPE_SUFFIXES (`pattern` names it with `{}` for the suffix), by
-        dtype."""
-        return {
-            dtype: self.function(pattern.format(suffix), argtypes) for dtype, suffix in DTYPE_SUFFIXES.items()
-        }
-
     def team(self, most: int) -> int:
         """Threads a call runs on now: torch's thread count, at most `most` and at least one, where the call
         shares torch's team; else one."""
         return max(1, min(torch.get_num_threads(), most)) if self.threaded else 1
+
+
+class Kernel:
+    """What every kernel's wrapper holds: its library, and whether a call may run on torch's thread team."""
+
+    def __init__(self, library: LoadedLibrary) -> None:
+        self.library = library
+        self.threaded = library.threaded
+
+
+class KernelByDtype(Kernel):
+    """A kernel with one entry point per dtype of the tensors it reads: `ENTRY` names them, `{}` standing for
+    the dtype's suffix (DTYPE_SUFFIXES), each taking `ARGS`."""
+
+    ENTRY: ClassVar[str]
+    ARGS: ClassVar[Sequence[Any]]
+
+    def __init__(self, library: LoadedLibrary) -> None:
+        super().__init__(library)
+        self.functions = {
+            dtype: library.function(self.ENTRY.format(suffix), self.ARGS)
+            for dtype, suffix in DTYPE_SUFFIXES.items()
+        }
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return dtype in self.functions
 
 
 Wrapper = TypeVar("Wrapper")

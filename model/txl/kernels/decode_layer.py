@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .build import LoadedLibrary, load_kernel
+from .build import Kernel, LoadedLibrary, load_kernel
 
 SOURCE = Path(__file__).with_name("decode_layer.c")
 
@@ -57,9 +57,9 @@ def scratch_floats(rows: RowsArgs, threads: int) -> int:
     return rows.R * (4 * rows.H * rows.Dh + rows.D + rows.Di) + threads * rows.S * rows.bs
 
 
-class DecodeLayerKernel:
+class DecodeLayerKernel(Kernel):
     def __init__(self, library: LoadedLibrary) -> None:
-        self._library = library
+        super().__init__(library)
         self._function = library.function(
             "txl_decode_layer_f32",
             [
@@ -71,11 +71,10 @@ class DecodeLayerKernel:
                 INT64,
             ],
         )
-        self.threaded = library.threaded
 
     def threads(self) -> int:
         """The threads a call uses now: torch's count where the call shares torch's team, else 1."""
-        return self._library.team(torch.get_num_threads())
+        return self.library.team(torch.get_num_threads())
 
     def __call__(
         self, layer: LayerArgs, state: StateArgs, rows: RowsArgs, x: int, scratch: int, threads: int

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .build import LoadedLibrary, load_kernel
+from .build import KernelByDtype, load_kernel
 from .rows import DecodeRows
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
@@ -25,16 +25,11 @@ _ARGS = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 8 + [ctypes.c_void_p, ctypes.
 ITEMS_PER_THREAD = 4
 
 
-class PagedDecodeKernel:
+class PagedDecodeKernel(KernelByDtype):
     """Attention of one query per row over paged keys/values (see paged_decode.c for the contract)."""
 
-    def __init__(self, library: LoadedLibrary) -> None:
-        self._library = library
-        self._functions = library.by_dtype("txl_paged_decode_{}_threads", _ARGS)
-        self.threaded = library.threaded
-
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype in self._functions
+    ENTRY = "txl_paged_decode_{}_threads"
+    ARGS = _ARGS
 
     def __call__(self, q: Tensor, bd: Tensor, keys: Tensor, values: Tensor, rows: DecodeRows) -> Tensor:
         """q [B, H, Dh] float32, bd [H, B, P] float32, keys/values [H, NB, bs, Dh] -> [B, H, Dh] float32."""
@@ -44,11 +39,11 @@ class PagedDecodeKernel:
         width, n_pos = table.size(1), bd.size(2)
         q, bd, table = q.contiguous(), bd.contiguous(), table.contiguous()
         out = torch.empty_like(q)
-        threads = self._library.team(batch * heads // ITEMS_PER_THREAD)
+        threads = self.library.team(batch * heads // ITEMS_PER_THREAD)
         scratch = torch.empty(threads, width * block_size)
         pointers = [t.data_ptr() for t in (q, bd, keys, values, table, starts, key_lengths, windows, out)]
         sizes = [batch, heads, width, n_blocks, block_size, d_head, n_pos]
-        self._functions[keys.dtype](*pointers, *sizes, threads, scratch.data_ptr(), width * block_size)
+        self.functions[keys.dtype](*pointers, *sizes, threads, scratch.data_ptr(), width * block_size)
         return out
 
 

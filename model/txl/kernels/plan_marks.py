@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .build import LoadedLibrary, load_kernel
+from .build import Kernel, LoadedLibrary, load_kernel
 
 SOURCE = Path(__file__).with_name("plan_marks.c")
 _ARGS = [ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 8
@@ -48,8 +48,9 @@ class RowEnds(NamedTuple):
     fed: np.ndarray
 
 
-class PlanMarks:
+class PlanMarks(Kernel):
     def __init__(self, library: LoadedLibrary) -> None:
+        super().__init__(library)
         self._function = library.function("txl_plan_marks", _ARGS)
 
     def __call__(self, block_size: int, rows: RowEnds, filled: np.ndarray, keeps: np.ndarray) -> Marks:

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .build import LoadedLibrary, load_kernel
+from .build import Kernel, LoadedLibrary, load_kernel
 from .rows import DecodeRows
 
 SOURCE = Path(__file__).with_name("prefill_attention.c")
@@ -36,16 +36,15 @@ class PrefillRows(DecodeRows, Protocol):
     def token_index(self) -> Tensor: ...
 
 
-class PrefillAttentionKernel:
+class PrefillAttentionKernel(Kernel):
     """Relative attention of a query group over its rows' blocks (see prefill_attention.c for the contract)."""
 
     def __init__(self, library: LoadedLibrary) -> None:
-        self._library = library
+        super().__init__(library)
         self._function = library.function("txl_prefill_attention_f32_threads", _ARGS)
         self._scratch_floats = library.function(
             "txl_prefill_scratch_floats", [ctypes.c_int64] * 4, ctypes.c_int64
         )
-        self.threaded = library.threaded
         # One scratch buffer per thread, kept between calls: the call needs no particular contents in it.
         self._local = threading.local()
 
@@ -79,7 +78,7 @@ class PrefillAttentionKernel:
         if positions.stride(2) != 1 or positions.stride(1) != d_head:
             positions = positions.contiguous()  # each head's [P, Dh] rows in one piece; heads may lie apart
         out = q_content.new_empty(batch * queries, heads, d_head)
-        threads = self._library.team(heads * batch)
+        threads = self.library.team(heads * batch)
         per_thread = self._scratch_floats(queries, d_head, width * block_size, n_pos)
         scratch = self._scratch(threads * per_thread)
         inputs = [q_content, q_position, rows.token_index, keys, values, table, rows.starts, rows.key_lengths]

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .build import LoadedLibrary, load_kernel
+from .build import KernelByDtype, load_kernel
 
 SOURCE = Path(__file__).with_name("rows_linear.c")
 MAX_ROWS = 16  # beyond, the products bound it and blocked GEMMs win
@@ -23,22 +23,17 @@ _ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4  # W, x, bias, y; R, out, i
 MIN_BYTES_PER_THREAD = 256 * 1024
 
 
-class RowsLinearKernel:
-    def __init__(self, library: LoadedLibrary) -> None:
-        self._library = library
-        self._functions = library.by_dtype("txl_rows_linear_{}_threads", _ARGS)
-        self.threaded = library.threaded
-
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype in self._functions
+class RowsLinearKernel(KernelByDtype):
+    ENTRY = "txl_rows_linear_{}_threads"
+    ARGS = _ARGS
 
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """x [..., in] -> [..., out]: F.linear(x, weight, bias) for a contiguous weight [out, in] on the CPU."""
         out_features, in_features = weight.shape
         rows = x.reshape(-1, in_features).float().contiguous()  # [R, in], float32 whatever the weight's type
         y = torch.empty(rows.size(0), out_features, dtype=weight.dtype)  # [R, out]
-        threads = self._library.team(weight.numel() * weight.element_size() // MIN_BYTES_PER_THREAD)
-        self._functions[weight.dtype](
+        threads = self.library.team(weight.numel() * weight.element_size() // MIN_BYTES_PER_THREAD)
+        self.functions[weight.dtype](
             weight.data_ptr(),
             rows.data_ptr(),
             bias.data_ptr() if bias is not None else None,
