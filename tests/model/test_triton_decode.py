@@ -84,7 +84,7 @@ def test_any_positive_block_size_is_supported():
 def test_per_step_integers_are_not_specialised():
     """Batch size, table width, pool size, distances and the split vary from step to step: Triton must not
     compile a variant per value class of them (divisible by 16, equal to 1)."""
-    partitions, combine = triton_decode._kernels()
+    partitions, combine = triton_decode.jit_kernels()
     per_step = {"B", "S", "NB", "P", "window_stride", "partition", "num_parts"}
     assert per_step <= {p.name for p in partitions.params if p.do_not_specialize}
     assert {p.name for p in combine.params if p.do_not_specialize} == {"num_parts"}

@@ -1,4 +1,11 @@
-"""Native kernels for the paged attention, each with the plain torch path as the reference it must equal.
+"""How the work runs on a CPU or GPU: native (C) and Triton kernels, each with the plain torch path as the reference
+it must equal; this module chooses the attention's kernel.
+
+Each C file (`*.c`, sharing `team.h`) has its ctypes wrapper in the module of the same name (`paged_decode`,
+`prefill_attention`, `decode_layer`, `rows_linear`, `plan_marks`); `build` compiles, caches and loads them. The
+Triton kernels are `triton_decode` and `triton_sampling` (`triton_report` compiles them without a GPU). Linear
+layers take the kernel measured fastest for their shape (`linear`, `linear_choice`). `allocator` sets the C
+allocator for CPU inference. `scoped` is how a block of code picks a kernel.
 
 Decoding (one query per row) reads the rows' blocks in place through a kernel where one applies:
 

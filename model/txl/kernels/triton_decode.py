@@ -118,7 +118,7 @@ def _next_power_of_2(n: int) -> int:
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
+def jit_kernels() -> tuple[Any, Any]:
     """(partitions kernel, combining kernel), defined on first use (Triton may be absent)."""
 
     # Every integer that changes from step to step: specialising on them would compile a variant per value class.
@@ -271,7 +271,7 @@ def triton_paged_decode(
             n_pos=n_pos,
             sms=_sms(q.device),
         )
-    partitions_kernel, combine_kernel = _kernels()
+    partitions_kernel, combine_kernel = jit_kernels()
     block_d = _next_power_of_2(d_head)
     device = q.device
     with device_guard(device):
