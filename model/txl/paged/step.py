@@ -10,6 +10,9 @@ is at distance d = p - j. The positional term BD for that pair is (q + v) . W_r 
 distance at once (one product against the positional table, columns for distances P-1..0), then picked per
 slot with `bd_index` = P-1-d. Slots outside the query's window (before the row's first position, after the
 query, or at a distance its `txl.window.WindowRule` hides) are masked.
+
+`PagedStep` plans one such forward from the rows' memories; `StaticDecodeStep` is a decoding step whose inputs
+sit in buffers that never move (what a CUDA graph captures). Both are `GroupedStep`s: what the layers read.
 """
 
 from __future__ import annotations
