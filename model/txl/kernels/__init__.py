@@ -3,9 +3,10 @@ it must equal; this module chooses the attention's kernel.
 
 Each C file (`*.c`, sharing `team.h`) has its ctypes wrapper in the module of the same name (`paged_decode`,
 `prefill_attention`, `decode_layer`, `rows_linear`, `plan_marks`); `build` compiles, caches and loads them. The
-Triton kernels are `triton_decode` and `triton_sampling` (`triton_report` compiles them without a GPU). Linear
-layers take the kernel measured fastest for their shape (`linear`, `linear_choice`). `allocator` sets the C
-allocator for CPU inference. `scoped` is how a block of code picks a kernel.
+Triton kernels are `triton_decode` and `triton_sampling` (`triton_report` compiles them without a GPU);
+`decode_rows` is what a decoding kernel reads of its rows besides the pool. Linear layers take the kernel
+measured fastest for their shape (`linear`, `linear_choice`). `allocator` sets the C allocator for CPU inference.
+`scoped` is how a block of code picks a kernel.
 
 Decoding (one query per row) reads the rows' blocks in place through a kernel where one applies:
 
@@ -32,9 +33,9 @@ import torch
 from torch import Tensor
 
 from . import triton_decode
+from .decode_rows import DecodeRows
 from .paged_decode import PagedDecodeKernel, cpu_paged_decode
 from .prefill_attention import PrefillAttentionKernel, cpu_prefill_attention
-from .rows import DecodeRows
 from .scoped import scoped
 
 # q [B, H, Dh], bd [H, B, P], keys, values [H, NB, bs, Dh], the rows' tables and windows -> [B, H, Dh] float32

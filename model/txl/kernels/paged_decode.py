@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .build import KernelByDtype, load_kernel
-from .rows import DecodeRows
+from .decode_rows import DecodeRows
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 # q .. out; B, H, S, NB, bs, Dh, P, threads; scratch, its floats per thread

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .build import Kernel, LoadedLibrary, load_kernel
-from .rows import DecodeRows
+from .decode_rows import DecodeRows
 
 SOURCE = Path(__file__).with_name("prefill_attention.c")
 # qc .. pos; the positional heads' stride; out; H, B, T, Dh, S, NB, bs, P, threads; scratch, its floats per thread

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .rows import DecodeRows
+from .decode_rows import DecodeRows
 
 try:  # Triton ships with CUDA builds of torch; the CPU build has it only if installed separately.
     import triton
