@@ -17,7 +17,7 @@ import time
 
 import torch
 import txl
-from txl import paged_step
+from txl.paged import step as paged_step
 from txl.sampling import SamplingParams
 from txl_server.check.benchmark_docs import Section
 from txl_server.engine.jobs import AdvanceJob, GenerateJob, job_result
@@ -204,7 +204,7 @@ def run(quick: bool = False) -> Section:
     )
     section.note(
         "On a CPU a group of prompt segments runs its attention in parts whose scores fit in "
-        f"{paged_step.CPU_SCORE_BYTES >> 20} MiB (`txl.paged_step.CPU_SCORE_BYTES`): unsplit, the scores of several "
+        f"{paged_step.CPU_SCORE_BYTES >> 20} MiB (`txl.paged.step.CPU_SCORE_BYTES`): unsplit, the scores of several "
         "segments outgrow the cache and each pass over them (write, mask, softmax, read) runs at memory speed. "
         "The difference is largest in a process whose heap is still cold (fresh score tensors fault their pages "
         "in); here the measurement follows the engine rounds above, whose heap is warm."

@@ -36,7 +36,7 @@ from txl_server.check.benchmark_docs import Section, machine
 
 from .common import DOCS, ROOT, SECTIONS, export_revision
 
-ROW_BUCKETS = (1, 4, 16, 64, 256)  # txl.kernel_choice's, which a tree before it has not
+ROW_BUCKETS = (1, 4, 16, 64, 256)  # txl.kernels.linear_choice's, which a tree before it has not
 
 BEFORE = "1ffa65d"  # the last commit before linear kernels were chosen by measurement
 SIMULATED_AVX2 = {
@@ -129,13 +129,13 @@ def _matmul_peak(dtype: torch.dtype, n: int) -> float:
 
 
 def _floors(spec: dict) -> dict:
-    import txl.linear
+    from txl.kernels import linear
 
     out: dict[str, dict] = {}
     for threads in spec["threads"]:
         torch.set_num_threads(threads)
         peaks = {"float32": _matmul_peak(torch.float32, 1024 if spec["quick"] else 2048)}
-        if txl.linear.cpu_runs_bfloat16():
+        if linear.cpu_runs_bfloat16():
             peaks["bfloat16"] = _matmul_peak(torch.bfloat16, 1024 if spec["quick"] else 2048)
         out[str(threads)] = {
             "read": _read_bandwidth(128 if spec["quick"] else 512),
@@ -209,10 +209,8 @@ def _costs(model, workload: Workload) -> dict[str, dict[str, float]]:
 
 
 def _measure(spec: dict) -> dict:
-    import txl.linear
-
     try:
-        from txl.allocator import keep_freed_memory
+        from txl.kernels.allocator import keep_freed_memory
     except ImportError:  # a tree from before it: its allocator as it was
         pass
     else:
@@ -220,13 +218,15 @@ def _measure(spec: dict) -> dict:
     workload = Workload(**spec["workload"])
     model = _model(workload)
     variants = spec["variants"]
+    if variants == ["before"]:  # a tree of its own, from before the linear kernels: nothing to prefer
+        linear = None
+    else:
+        from txl.kernels import linear
 
     def within(variant: str):
-        return (
-            txl.linear.prefer(variant if variant != "chosen" else None)
-            if variant != "before"
-            else nullcontext()
-        )
+        if linear is None:
+            return nullcontext()
+        return linear.prefer(variant if variant != "chosen" else None)
 
     quick = spec["quick"]
     results: dict[str, dict] = {}
@@ -262,7 +262,7 @@ def _measure(spec: dict) -> dict:
             results[str(threads)] = timings
     out = {"times": results, "costs": _costs(model, workload)}
     if "chosen" in variants:
-        out["choices"] = txl.linear.chosen_kernels(model)
+        out["choices"] = linear.chosen_kernels(model)
     return out
 
 

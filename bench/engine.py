@@ -67,7 +67,7 @@ class _Pieces:
 def bundled_model() -> tuple[txl.TransfoXLLMHeadModel, Tokenizer, str]:
     if (BUNDLED_MODEL_DIR / "config.json").is_file():
         return txl.load_pretrained(BUNDLED_MODEL_DIR), load_tokenizer(BUNDLED_MODEL_DIR), "bundled byte model"
-    from txl.train import TrainConfig
+    from txl.training.train import TrainConfig
 
     model = txl.TransfoXLLMHeadModel(TrainConfig().model_config())
     model.init_weights(torch.Generator().manual_seed(0))

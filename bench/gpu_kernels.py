@@ -37,7 +37,7 @@ def _module_at(commit: str, path: str, name: str, keep: list[tempfile.TemporaryD
         text=True,
         check=True,
     ).stdout
-    source = source.replace("from .rows import", "from txl.kernels.rows import")
+    source = source.replace("from .rows import", "from txl.kernels.decode_rows import")
     folder = tempfile.TemporaryDirectory()
     keep.append(folder)
     file = Path(folder.name) / f"{name}.py"

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from txl import linear, peak_positions
+from txl import peak_positions
+from txl.kernels import linear
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 from txl_server.check.benchmark_docs import Section

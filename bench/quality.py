@@ -1,6 +1,6 @@
 """Quality against memory: the bundled model's held-out bits per byte for mem_len 0 ... 1,024.
 
-Figures from the model card's evaluation (`python -m txl.evaluate`, data in docs/default-model.json): each
+Figures from the model card's evaluation (`python -m txl.training.evaluate`, data in docs/default-model.json): each
 held-out book scored as one stream with the given memory length. Longer memory lowers the loss, the paper's
 central claim, shown here on our own model.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
-from txl.figures import memory_plot
+from txl.training.figures import memory_plot
 from txl_server.check.benchmark_docs import Section
 
 from .common import DOCS
@@ -21,7 +21,7 @@ def run(quick: bool = False) -> Section:
     section.note(__doc__.split("\n\n", 1)[1].strip())
     path = DOCS / "default-model.json"
     if not path.is_file():
-        section.note("docs/default-model.json is missing: run `python -m txl.evaluate` first.")
+        section.note("docs/default-model.json is missing: run `python -m txl.training.evaluate` first.")
         return section
     report = json.loads(path.read_text())
     mem_lens = sorted({int(m) for book in report["books"].values() for m in book["bpb"]})

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import torch
-from txl.evaluate import decode_speed, score_speed
 from txl.model import TransfoXLLMHeadModel
-from txl.train import TrainConfig
+from txl.training.evaluate import decode_speed, score_speed
+from txl.training.train import TrainConfig
 
 
 def train_step_seconds(cfg: TrainConfig, steps: int) -> dict[str, float]:

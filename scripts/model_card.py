@@ -2,7 +2,7 @@
 
 python scripts/model_card.py --log runs/books-v2/log.jsonl --train-command "..." --wall-time "..."
 
-Reads docs/default-model.json (python -m txl.evaluate), docs/default-model-corpus.json (the manifest that
+Reads docs/default-model.json (python -m txl.training.evaluate), docs/default-model-corpus.json (the manifest that
 scripts/prepare_corpus.py writes), docs/default-model-shapes.json (scripts/measure_shapes.py), the bundled model's
 config.json and the training log.
 """
@@ -14,12 +14,12 @@ import json
 from pathlib import Path
 
 from txl import TxlConfig
-from txl.figures import loss_plot, memory_plot
+from txl.training.figures import loss_plot, memory_plot
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MODEL_DIR = ROOT / "server" / "txl_server" / "default_model"
-HELD_OUT = {  # what each genre's held-out text is (the split rules live in model/txl/data/sources.py)
+HELD_OUT = {  # what each genre's held-out text is (the split rules live in model/txl/training/data/sources.py)
     "fiction": (
         "Chesterton, _The Man Who Was Thursday_ (test; the first 100 kB) and Austen, _Persuasion_ (validation)"
     ),
@@ -86,7 +86,7 @@ def speed_section(report: dict, shapes: dict) -> list[str]:
         *rows,
         "",
         "Decode: one stream, a token at a time (model step, log-probabilities, sampling) after a full serving memory;",
-        "scoring: 32 kB of the fiction text at the serving memory (`python -m txl.evaluate`). Per CPU-second is",
+        "scoring: 32 kB of the fiction text at the serving memory (`python -m txl.training.evaluate`). Per CPU-second is",
         "what the process's threads got; the wall-clock rate is lower whenever other work shares the two cores.",
         "",
         f"Shapes measured for the choice of size (`scripts/measure_shapes.py`, random weights, {shapes['threads']}"
@@ -152,9 +152,9 @@ def main() -> None:
         "## Data and licences",
         "",
         "Text as people write it: the NLTK Gutenberg books and WikiText-103 come tokenized (one sentence a line,",
-        "punctuation set apart, `` and '' for quotes, `@-@` inside words) and `model/txl/data/detokenize.py` undoes",
+        "punctuation set apart, `` and '' for quotes, `@-@` inside words) and `model/txl/training/data/detokenize.py` undoes",
         "that (tested in `tests/model/test_detokenize.py`); paragraphs are rebuilt from dialogue turns and headings",
-        "where the books show them. Documentation is the plain text of the HTML pages (`model/txl/data/html_text.py`),",
+        "where the books show them. Documentation is the plain text of the HTML pages (`model/txl/training/data/html_text.py`),",
         "without navigation. Left out: licence and copyright pages, indexes, changelogs and release notes (lists, and",
         "boilerplate repeated in every package), WikiText sentences holding `<unk>`, and the NLTK copies of three plays",
         "whose speakers' names are glued to their lines (tiny-shakespeare has the plays as printed). The corpus is",
@@ -192,7 +192,7 @@ def main() -> None:
         f"{read / corpus['files']['train.txt']['bytes']:.2f} of an epoch of `train.txt`). Adam with linear warm-up",
         "and cosine decay over a wall-clock budget, gradient clipping at 0.25, bfloat16 autocast for the matrix",
         "products, memory carried across segments without gradient, validation on 16 kB of each held-out genre",
-        "every 250 steps. The same `TransfoXLLMHeadModel` code serves and trains (`model/txl/train.py`); the script",
+        "every 250 steps. The same `TransfoXLLMHeadModel` code serves and trains (`model/txl/training/train.py`); the script",
         "also runs on CUDA (`--device cuda`, bfloat16 autocast there too), which was not available for this model",
         "and is not tested here.",
         "",

@@ -21,7 +21,7 @@ import subprocess
 from collections import defaultdict
 from pathlib import Path
 
-from txl.data.sources import PACKAGES, SOURCES
+from txl.training.data.sources import PACKAGES, SOURCES
 
 
 def fetch_packages(directory: Path) -> dict[str, str]:

@@ -5,6 +5,20 @@ model = load_pretrained("path/to/model_dir")           # HF format: config.json 
 memory = model.empty_memory()                            # holds nothing yet
 hidden, memory = model(tokens, memory)                   # tokens [B, T]; memory in, new memory out
 log_probs = model.log_probs(hidden[:, -1])               # [B, vocab], float32
+
+The top level reads like the paper (Dai et al., 2019), small parts first: `config`; the layers `positional`
+(relative positional embedding), `attention` (relative partial-learnable attention), `feedforward`, `adaptive`
+(adaptive embedding and softmax); `model`; `memory` and its `window` rule (which keys each query sees, what a
+memory keeps); `checkpoint` (HF checkpoints); `tokenizers`; `sampling` (with `nucleus`, top-p's threshold) and
+`scoring`, what is done with the model's output.
+
+How the model serves sits in two sub-packages below those parts (they import none of them but the `window` rule),
+and training in one above them:
+- `paged`: paged memory (the block pool, a sequence's rows of it) and the machinery of one step over it (step
+  plans, decoding plans for many rows, host-to-device staging, the fused native decode step);
+- `kernels`: the C and Triton kernels with their wrappers, their build, which kernel attention and each linear
+  layer take (the linear layers' choice measured on the machine), and the C allocator's settings for a CPU;
+- `training`: training and evaluating a byte-level model, and its corpus.
 """
 
 from .checkpoint import (
@@ -19,9 +33,10 @@ from .checkpoint import (
     save_pretrained,
 )
 from .config import TxlConfig, UnsupportedConfigError
-from .memory import HiddenMemory, Memory, MemoryLayout, peak_positions
+from .memory import HiddenMemory, Memory, peak_positions
 from .model import TransfoXLLMHeadModel, TransfoXLModel
-from .paged import BlockPool, PoolExhausted
+from .paged.layout import MemoryLayout
+from .paged.pool import BlockPool, PoolExhausted
 from .window import WindowRule
 
 __version__ = "0.1.0"

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import TxlConfig
-from .linear import packed_linear
+from .kernels.linear import packed_linear
 
 
 class AdaptiveEmbedding(nn.Module):

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from .kernels import DecodeKernel, decode_kernel, prefill_kernel
-from .linear import linear
-from .paged_step import GroupIndices, PagedStep, QueryGroup, StaticDecodeStep
+from .kernels.linear import linear
+from .paged.step import GroupedStep, GroupIndices, QueryGroup
 
 # project_kv(hidden [B, L, D]) -> (keys, values), each [B, H, L, Dh]: a layer's projection of memory hidden states.
 ProjectKV = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -78,7 +78,7 @@ def rel_shift(x: Tensor) -> Tensor:
 
 class _Scratch(threading.local):
     """One reusable buffer per dtype and thread: a fresh multi-megabyte tensor every layer is mapped and faulted
-    in anew each time, which made the copy below cost 3x its bandwidth."""
+    in anew each time, which made the copy below cost several times what its bytes do."""
 
     limit = 64 * 2**20  # bytes: larger operands get a plain copy instead of a buffer kept alive
 
@@ -99,9 +99,8 @@ _scratch = _Scratch()
 
 def _dense_if_half_on_cpu(x: Tensor) -> Tensor:
     """A transposed bmm operand whose batch stride is not its matrix size (a slice of the memory or of the
-    positional table) is copied by CPU half-precision bmm itself, 2-6x slower than copying it first: 0.64 vs
-    0.15 ms per layer for the keys at 1,600 positions, 1.87 vs 0.30 at 3,800 (wt103 shape, bf16). Same kernel
-    after, same result. float32 reads such views in place, so it keeps them.
+    positional table) is copied by CPU half-precision bmm itself, several times more slowly than copying it
+    first (docs/model.md). Same kernel after, same result. float32 reads such views in place, so it keeps them.
 
     The copy lands in a scratch buffer that the next call overwrites: callers use it at once (one product),
     and only outside autograd, which would keep it for the backward pass."""
@@ -186,9 +185,7 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
 
     # ------------------------------------------------------------------ paged memory (inference)
 
-    def forward_paged(
-        self, x: Tensor, step: PagedStep | StaticDecodeStep, layer: int, pos_table: Tensor
-    ) -> Tensor:
+    def forward_paged(self, x: Tensor, step: GroupedStep, layer: int, pos_table: Tensor) -> Tensor:
         """x [N, D]: this layer's input at every new position of the step's rows -> [N, D].
 
         pos_table: this layer's positional keys [H, P', Dh] for distances P'-1..0 (P' >= step.n_pos).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .linear import linear
+from .kernels.linear import linear
 
 
 class PositionwiseFF(nn.Module):

@@ -2,12 +2,12 @@
 
 The paper's memory is the previous segments' hidden states, one `[mem_len, d_model]` block per layer, which every
 step projects again into keys and values. Serving many steps over a long memory, that re-projection is most of the
-work (about 82% of HF's decode time at mem_len 1,600), so `Memory` stores what attention reads: per layer, the
+work (docs/model.md), so `Memory` stores what attention reads: per layer, the
 projected keys and values of the last `mem_len` positions. Projection is per position, so the two are the same
 function.
 
 A `Memory` is an immutable view of one or more sequences (rows) whose positions live in a shared pool of
-fixed-size blocks (`txl.paged`). A step never changes the memory it was given: it returns a new one, and the old
+fixed-size blocks (`txl.paged.pool`). A step never changes the memory it was given: it returns a new one, and the old
 one stays valid until dropped, so a server can roll a step back or fork a session; the two share every block
 they have in common. Rows of one memory may hold different lengths, and memories of different lengths step
 together in one forward.
@@ -26,20 +26,10 @@ import torch
 from torch import Tensor
 
 from .attention import LayerInput, ProjectKV
-from .layout import MemoryLayout
-from .paged import (
-    DEFAULT_BLOCK_SIZE,
-    EMPTY_ROW,
-    BlockPool,
-    BlockTable,
-    PagedRow,
-    default_pool,
-    gather_positions,
-    peak_blocks,
-)
+from .paged.layout import MemoryLayout
+from .paged.pool import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, default_pool
+from .paged.rows import EMPTY_ROW, PagedRow, gather_positions, peak_blocks
 from .window import WindowRule, window_rule
-
-__all__ = ["HiddenMemory", "Memory", "MemoryLayout", "peak_positions"]
 
 
 class Memory:

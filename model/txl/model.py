@@ -17,14 +17,16 @@ from typing import cast, overload
 import torch
 from torch import Tensor, nn
 
-from . import fused_decode
 from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .attention import AttentionGroup, RelPartialLearnableMultiHeadAttn
 from .config import TxlConfig
 from .feedforward import PositionwiseFF
-from .memory import HiddenMemory, Memory, MemoryLayout
-from .paged import BlockPool, PagedRow, Reservation, default_pool
-from .paged_step import PagedStep, StaticDecodeStep
+from .memory import HiddenMemory, Memory
+from .paged import fused_decode
+from .paged.layout import MemoryLayout
+from .paged.pool import BlockPool, Reservation, default_pool
+from .paged.rows import PagedRow
+from .paged.step import GroupedStep, PagedStep
 from .positional import PositionalEmbedding, attention_mask
 from .window import WindowRule
 
@@ -60,9 +62,7 @@ class RelPartialLearnableDecoderLayer(nn.Module):
     ) -> Tensor:
         return self.pos_ff(self.dec_attn(x, groups, layer, pos_table))
 
-    def forward_paged(
-        self, x: Tensor, step: PagedStep | StaticDecodeStep, layer: int, pos_table: Tensor
-    ) -> Tensor:
+    def forward_paged(self, x: Tensor, step: GroupedStep, layer: int, pos_table: Tensor) -> Tensor:
         return self.pos_ff(self.dec_attn.forward_paged(x, step, layer, pos_table))
 
 
@@ -182,7 +182,7 @@ class TransfoXLModel(nn.Module):
 
     @torch.no_grad()
     def forward_step(
-        self, tokens: Tensor, step: PagedStep | StaticDecodeStep, tables: Sequence[Tensor] | None = None
+        self, tokens: Tensor, step: GroupedStep, tables: Sequence[Tensor] | None = None
     ) -> Tensor:
         """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed).
 
@@ -192,8 +192,7 @@ class TransfoXLModel(nn.Module):
         hidden = self.drop(self.word_emb(tokens))  # [N, D]
         if tables is None:
             tables = self.positional_tables(step.n_pos)
-        layers = cast(Sequence[RelPartialLearnableDecoderLayer], self.layers)
-        fused = fused_decode.applies(layers, step, self.training)
+        fused = fused_decode.applies(cast(Sequence[nn.Module], self.layers), step, self.training)
         if fused is not None:
             return fused_decode.forward(fused, cast(PagedStep, step), hidden, tables)
         for i, layer in enumerate(self.layers):

@@ -3,7 +3,7 @@
 Transformer-XL's output depends on how its input was cut into segments. In the paper's training and in HF's
 `TransfoXLLMHeadModel`, a query sees the whole memory its segment was given plus the segment's earlier positions,
 so a query's window depends on where its segment happened to start: the same text fed as one piece, or as two
-pieces cut elsewhere, gives different log-probabilities (0.035 nats after 3,000 bytes with the bundled model). A
+pieces cut elsewhere, gives different log-probabilities (docs/model.md says by how much). A
 server receives a session's text in pieces of every size (a create, appends, one sampled token at a time, a fork),
 so it fixes every query's window by the query's absolute position instead (`WindowRule.grid`):
 

@@ -19,8 +19,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import torch
 from redis import asyncio as aioredis
-from txl import BlockPool, TransfoXLLMHeadModel, linear, load_pretrained
-from txl.allocator import keep_freed_memory
+from txl import BlockPool, TransfoXLLMHeadModel, load_pretrained
+from txl.kernels import linear
+from txl.kernels.allocator import keep_freed_memory
 from txl.tokenizers import Tokenizer, load_tokenizer
 
 from .engine.device_report import DeviceReport, describe

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from txl.data.html_text import html_to_text
-from txl.data.sources import SOURCES, _book_split, _python_split, _wordnet
+from txl.training.data.html_text import html_to_text
+from txl.training.data.sources import SOURCES, _book_split, _python_split, _wordnet
 
 SPHINX_PAGE = """<html><head><title>json</title><script>var x = 1;</script></head><body>
 <div class="related" role="navigation"><ul><li><a href="index.html">index</a></li></ul></div>

@@ -1,4 +1,4 @@
-"""Planning a decoding step for many rows at once (txl.decode_plan) against `plan_row` on each row in turn.
+"""Planning a decoding step for many rows at once (txl.paged.decode_plan) against `plan_row` on each row in turn.
 
 Twin pools are driven through the same history (sessions that grow, fork, share a partly written block, slide
 past their window, or hold nothing), then one pool plans the step row by row and the other all at once. Fresh
@@ -14,10 +14,11 @@ import shutil
 
 import numpy as np
 import pytest
-from txl import decode_plan
-from txl.decode_plan import DecodePlan, plan_decode
 from txl.kernels.plan_marks import cpu_plan_marks
-from txl.paged import BlockPool, BlockTable, PagedRow, plan_row
+from txl.paged import decode_plan
+from txl.paged.decode_plan import DecodePlan, plan_decode
+from txl.paged.pool import BlockPool, BlockTable
+from txl.paged.rows import PagedRow, plan_row
 from txl.window import WindowRule, keeps_after, windows_at
 
 from tests.helpers.tiny_models import tiny_model

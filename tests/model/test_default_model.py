@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import txl
-from txl.evaluate import PROMPT, bits_per_byte, continue_text, sample_checks
 from txl.tokenizers import ByteTokenizer, load_tokenizer
+from txl.training.evaluate import PROMPT, bits_per_byte, continue_text, sample_checks
 from txl_server.settings import BUNDLED_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from txl.data.detokenize import gutenberg_text, join_tokens, wikitext_articles
+from txl.training.data.detokenize import gutenberg_text, join_tokens, wikitext_articles
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

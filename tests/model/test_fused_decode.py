@@ -1,4 +1,4 @@
-"""A decoding step through one native call per layer (txl.fused_decode) equals the layer-by-layer path, writes the
+"""A decoding step through one native call per layer (txl.paged.fused_decode) equals the layer-by-layer path, writes the
 pool alike, and is taken exactly where it applies."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 import txl
 from torch import nn
-from txl import fused_decode
-from txl.kernels import reference_path
+from txl.kernels import linear, reference_path
 from txl.kernels.decode_layer import cpu_decode_layer
+from txl.paged import fused_decode
 
 from tests.helpers.tiny_models import tiny_model
 
@@ -132,12 +132,12 @@ def _check_where_it_applies(monkeypatch):
     one = torch.zeros(rows, 1, dtype=torch.long)
     memory = model.empty_memory(rows, pool=pool)
     assert _takes_fused(monkeypatch, model, one, memory)
-    assert _takes_fused(monkeypatch, model, one, memory, txl.linear.prefer("native"))
+    assert _takes_fused(monkeypatch, model, one, memory, linear.prefer("native"))
     # Not: more rows, prompt segments, another kernel asked for, the torch attention path, switched off.
     wide = model.empty_memory(rows + 1, pool=pool)
     assert not _takes_fused(monkeypatch, model, torch.zeros(rows + 1, 1, dtype=torch.long), wide)
     assert not _takes_fused(monkeypatch, model, torch.zeros(rows, 2, dtype=torch.long), memory)
-    assert not _takes_fused(monkeypatch, model, one, memory, txl.linear.prefer("plain"))
+    assert not _takes_fused(monkeypatch, model, one, memory, linear.prefer("plain"))
     assert not _takes_fused(monkeypatch, model, one, memory, reference_path())
     assert not _takes_fused(monkeypatch, model, one, memory, fused_decode.disabled())
     # Not when the rows' products outgrow the weight reads (MAX_WORK multiply-adds a layer).

@@ -11,8 +11,8 @@ import json
 
 import pytest
 import torch
-import txl.linear
-from txl.kernel_choice import (
+from txl.kernels import linear
+from txl.kernels.linear_choice import (
     FORMAT,
     ROUNDS,
     Entry,
@@ -28,9 +28,9 @@ AVX2 = Machine(
     cpu="AMD EPYC", vector="AVX2 avx2", onednn_isa="", mkl_isa="", bfloat16=False, torch=torch.__version__
 )
 AVX512 = dataclasses.replace(AVX2, vector="AVX512 avx2 avx512f avx512_bf16", bfloat16=True)
-needs_onednn = pytest.mark.skipif(not txl.linear.onednn_available(), reason="this torch has no oneDNN")
+needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="this torch has no oneDNN")
 needs_native = pytest.mark.skipif(
-    txl.linear.cpu_rows_linear() is None, reason="no C compiler here: the native kernel could not be built"
+    linear.cpu_rows_linear() is None, reason="no C compiler here: the native kernel could not be built"
 )
 
 
@@ -58,7 +58,7 @@ class Spy:
 
     def __init__(self, monkeypatch) -> None:
         self.calls: list[tuple[str, int, torch.dtype]] = []
-        onednn, native, plain = txl.linear._onednn, txl.linear._native, torch.nn.functional.linear
+        onednn, native, plain = linear._onednn, linear._native, torch.nn.functional.linear
 
         def spied_onednn(x, packed, bias, activation="none"):
             self.calls.append(("onednn", x.numel() // x.size(-1), x.dtype))
@@ -72,9 +72,9 @@ class Spy:
             self.calls.append(("plain", x.numel() // x.size(-1), x.dtype))
             return plain(x, weight, bias)
 
-        monkeypatch.setattr(txl.linear, "_onednn", spied_onednn)
-        monkeypatch.setattr(txl.linear, "_native", spied_native)
-        monkeypatch.setattr(txl.linear.nn.functional, "linear", spied_plain)
+        monkeypatch.setattr(linear, "_onednn", spied_onednn)
+        monkeypatch.setattr(linear, "_native", spied_native)
+        monkeypatch.setattr(linear.nn.functional, "linear", spied_plain)
 
     @property
     def kernels(self) -> list[str]:
@@ -87,16 +87,16 @@ def on_machine(
     """This process behaves as `machine`: its bfloat16 support, its cache file, and whether it has a C compiler
     (without one, no native kernel)."""
     choices = KernelChoices(machine, directory, timer=timer or FakeTimer())
-    monkeypatch.setattr(txl.linear, "cpu_runs_bfloat16", lambda: machine.bfloat16)
-    monkeypatch.setattr(txl.linear, "kernel_choices", lambda: choices)
+    monkeypatch.setattr(linear, "cpu_runs_bfloat16", lambda: machine.bfloat16)
+    monkeypatch.setattr(linear, "kernel_choices", lambda: choices)
     if not compiler:
-        monkeypatch.setattr(txl.linear, "cpu_rows_linear", lambda: None)
+        monkeypatch.setattr(linear, "cpu_rows_linear", lambda: None)
     return choices
 
 
 def run_layer(layer: torch.nn.Linear, rows: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     with torch.inference_mode():
-        return txl.linear.linear(torch.randn(rows, layer.in_features).to(dtype), layer)
+        return linear.linear(torch.randn(rows, layer.in_features).to(dtype), layer)
 
 
 def test_rows_fall_in_the_nearest_measured_bucket():
@@ -154,7 +154,7 @@ def test_the_native_kernel_is_a_candidate_for_a_few_rows_only(monkeypatch, tmp_p
     on_machine(monkeypatch, AVX2, tmp_path, timer)
     for rows in (1, 5, 17, 40):
         run_layer(torch.nn.Linear(32, 48), rows)
-    with_onednn = ("onednn",) if txl.linear.onednn_available() else ()
+    with_onednn = ("onednn",) if linear.onednn_available() else ()
     assert asked == [
         (1, ("plain", *with_onednn, "native")),
         (4, ("plain", *with_onednn, "native")),
@@ -192,7 +192,7 @@ def test_avx2_without_native_bfloat16_never_times_onednn_in_bfloat16(monkeypatch
 def test_avx512_with_native_bfloat16_times_both_kernels_in_bfloat16(monkeypatch, tmp_path):
     timer = FakeTimer()
     on_machine(monkeypatch, AVX512, tmp_path, timer)
-    if not txl.linear.onednn_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if not linear.onednn_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("this CPU cannot run oneDNN in bfloat16, whatever the fake machine says")
     spy = Spy(monkeypatch)
     run_layer(torch.nn.Linear(32, 48).to(torch.bfloat16), 64, torch.bfloat16)
@@ -352,8 +352,8 @@ def test_measuring_interleaves_rounds_after_a_warm_up_run_each():
 def test_kernels_are_timed_over_enough_copies_to_come_from_memory(monkeypatch, shape, rows, count):
     """A pass over copies of the layer outgrows the last-level cache, as a decode step's layers do, unless
     the products dominate; the layer itself is the first copy (its kernels' weights are made as it runs)."""
-    monkeypatch.setattr(txl.linear, "last_level_cache_bytes", lambda: 32 * 2**20)
-    layer = txl.linear._LayerKernels((), torch.zeros(shape), torch.zeros(shape[0]))
+    monkeypatch.setattr(linear, "last_level_cache_bytes", lambda: 32 * 2**20)
+    layer = linear._LayerKernels((), torch.zeros(shape), torch.zeros(shape[0]))
     copies = layer._copies(rows)
     assert len(copies) == count and copies[0] is layer
     assert all(c.weight.data_ptr() != layer.weight.data_ptr() for c in copies[1:])

@@ -8,7 +8,7 @@ import pytest
 import torch
 import txl
 from txl.kernels import cpu_paged_decode, prefer, reference_path, rows_linear
-from txl.kernels.cpu import build_library, openmp_runtimes
+from txl.kernels.build import build_library, openmp_runtimes
 from txl.kernels.rows_linear import cpu_rows_linear
 
 from tests.helpers.tiny_models import tiny_model

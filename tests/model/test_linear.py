@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import txl.linear
+import txl
+from txl.kernels import linear
 
 from tests.helpers.tiny_models import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 AVX2_ERROR = "mkldnn_linear_pointwise: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
-needs_onednn = pytest.mark.skipif(not txl.linear.onednn_available(), reason="this torch has no oneDNN")
+needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="this torch has no oneDNN")
 
 
 def _log_probs(model: txl.TransfoXLLMHeadModel, tokens: torch.Tensor) -> torch.Tensor:
@@ -38,12 +39,12 @@ def test_the_bfloat16_probe_agrees_with_onednn():
     rows = torch.randn(3, 16).to(torch.bfloat16)
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        txl.linear._onednn(rows, packed, None)
+        linear._onednn(rows, packed, None)
         runs = True
     except RuntimeError as exc:
         assert "bf16" in str(exc), exc
         runs = False
-    assert txl.linear.cpu_runs_bfloat16() is runs
+    assert linear.cpu_runs_bfloat16() is runs
 
 
 @needs_onednn
@@ -53,7 +54,7 @@ def test_bfloat16_on_a_cpu_without_it_takes_the_plain_kernel_with_the_same_resul
     native = _log_probs(tiny_model(seed=2).to(torch.bfloat16), tokens)  # oneDNN where this CPU allows
 
     onednn_dtypes: list[torch.dtype] = []
-    onednn = txl.linear._onednn
+    onednn = linear._onednn
 
     def avx2_onednn(
         rows, packed, bias, activation="none"
@@ -63,9 +64,9 @@ def test_bfloat16_on_a_cpu_without_it_takes_the_plain_kernel_with_the_same_resul
             raise RuntimeError(AVX2_ERROR)
         return onednn(rows, packed, bias, activation)
 
-    monkeypatch.setattr(txl.linear, "_onednn", avx2_onednn)
-    monkeypatch.setattr(txl.linear, "cpu_runs_bfloat16", lambda: False)
-    with txl.linear.prefer("onednn"):  # wherever it can run
+    monkeypatch.setattr(linear, "_onednn", avx2_onednn)
+    monkeypatch.setattr(linear, "cpu_runs_bfloat16", lambda: False)
+    with linear.prefer("onednn"):  # wherever it can run
         plain = _log_probs(tiny_model(seed=2).to(torch.bfloat16), tokens)
         assert onednn_dtypes == []
         assert (plain.exp() - native.exp()).abs().max() < 0.02  # both bfloat16, summed in a different order
@@ -76,7 +77,7 @@ def test_bfloat16_on_a_cpu_without_it_takes_the_plain_kernel_with_the_same_resul
 
 
 def _available(kernel: str) -> bool:
-    return kernel in txl.linear.candidates(torch.float32, 1)
+    return kernel in linear.candidates(torch.float32, 1)
 
 
 @pytest.mark.parametrize("kernel", ["onednn", "native"])
@@ -89,15 +90,15 @@ def test_each_kernel_computes_what_the_plain_kernel_does(kernel, rows):
     x = torch.randn(rows, 96, generator=generator)
     transposed = torch.randn(96, 200, generator=generator).t()  # as the adaptive softmax's projections are
     with torch.inference_mode():
-        with txl.linear.prefer("plain"):
-            plain = txl.linear.linear(x, layer)
-            plain_t = txl.linear.packed_linear(x, transposed, None, layer, "_t")
-        with txl.linear.prefer(kernel):
-            out = txl.linear.linear(x, layer)
-            no_bias = txl.linear.packed_linear(x, layer.weight, None, layer, "_other")
-            out_t = txl.linear.packed_linear(x, transposed, None, layer, "_t")
-            batched = txl.linear.linear(x.view(1, rows, 96), layer)  # any leading shape
-            rectified = txl.linear.linear(x, layer, relu=True)  # oneDNN: a post-op of its product
+        with linear.prefer("plain"):
+            plain = linear.linear(x, layer)
+            plain_t = linear.packed_linear(x, transposed, None, layer, "_t")
+        with linear.prefer(kernel):
+            out = linear.linear(x, layer)
+            no_bias = linear.packed_linear(x, layer.weight, None, layer, "_other")
+            out_t = linear.packed_linear(x, transposed, None, layer, "_t")
+            batched = linear.linear(x.view(1, rows, 96), layer)  # any leading shape
+            rectified = linear.linear(x, layer, relu=True)  # oneDNN: a post-op of its product
     scale = plain.abs().max()
     assert (out - plain).abs().max() <= 1e-5 * scale
     assert torch.equal(rectified, out.clamp_min(0)) and (rectified == 0).any()
@@ -108,15 +109,15 @@ def test_each_kernel_computes_what_the_plain_kernel_does(kernel, rows):
 
 @pytest.mark.parametrize("kernel", ["onednn", "native"])
 def test_each_kernel_computes_what_the_plain_kernel_does_in_bfloat16(kernel):
-    if kernel == "onednn" and not txl.linear.cpu_runs_bfloat16():
+    if kernel == "onednn" and not linear.cpu_runs_bfloat16():
         pytest.skip("no native bfloat16 here")
     if not _available(kernel):
         pytest.skip(f"no {kernel} kernel here")
     layer = torch.nn.Linear(96, 200).to(torch.bfloat16)
     x = torch.randn(3, 96, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     exact = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
-    with torch.inference_mode(), txl.linear.prefer(kernel):
-        out = txl.linear.linear(x, layer)
+    with torch.inference_mode(), linear.prefer(kernel):
+        out = linear.linear(x, layer)
     assert out.dtype == torch.bfloat16
     # float32 sums rounded once to bfloat16: within half a bfloat16 step of the exact result
     assert ((out.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
@@ -139,17 +140,17 @@ def test_a_model_gives_the_same_log_probabilities_whichever_kernels_run():
             steps.append(model.log_probs(hidden).expand(6, -1, -1))
             return torch.cat(steps, dim=1)
 
-    with txl.linear.prefer("plain"):
+    with linear.prefer("plain"):
         plain = run()
     for kernel in ("onednn", "native"):
         if _available(kernel):
-            with txl.linear.prefer(kernel):
+            with linear.prefer(kernel):
                 assert (run() - plain).abs().max() < 1e-5, kernel
     assert (run() - plain).abs().max() < 1e-5  # the measured choices
 
 
 def test_an_unknown_kernel_is_refused():
-    with pytest.raises(ValueError, match="unknown linear kernel"), txl.linear.prefer("fastest"):
+    with pytest.raises(ValueError, match="unknown linear kernel"), linear.prefer("fastest"):
         pass
 
 
@@ -157,14 +158,14 @@ def test_an_unknown_kernel_is_refused():
 def test_a_process_limited_to_avx2_runs_a_bfloat16_model():
     """oneDNN's own switch makes this CPU an AVX2-only one: the probe says so and the model runs."""
     script = (
-        "import torch, txl.linear\n"
+        "import torch\nfrom txl.kernels import linear\n"
         "from tests.helpers.tiny_models import tiny_model\n"
         "model = tiny_model(seed=2).to(torch.bfloat16)\n"
         "with torch.inference_mode():\n"
         "    hidden, _ = model(torch.arange(16).view(1, 16), model.empty_memory())\n"
         "    assert torch.isfinite(model.log_probs(hidden)).all()\n"
-        "print('bfloat16 native:', txl.linear.cpu_runs_bfloat16())\n"
-        "print('vector units:', txl.linear.kernel_choices().machine.vector.split()[0])\n"
+        "print('bfloat16 native:', linear.cpu_runs_bfloat16())\n"
+        "print('vector units:', linear.kernel_choices().machine.vector.split()[0])\n"
     )
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     done = subprocess.run(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import txl
-from txl.paged import peak_blocks, resting_blocks
+from txl.paged.rows import peak_blocks, resting_blocks
 
 from tests.helpers.tiny_models import tiny_model
 

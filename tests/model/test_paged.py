@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 import txl
-from txl.paged import BlockPool, PagedRow
+from txl.paged.pool import BlockPool
+from txl.paged.rows import PagedRow
 from txl.window import WindowRule
 
 from tests.helpers.tiny_models import tiny_model
@@ -98,7 +99,7 @@ def test_ragged_rows_feed_different_numbers_of_tokens_in_one_forward():
 def test_a_large_group_is_split_into_cache_sized_tiles_without_changing_results(monkeypatch):
     """On CPU a group of prompt segments whose scores would outgrow the cache runs as several parts: the same
     numbers as the whole group, and at most CPU_SCORE_BYTES of scores per part."""
-    from txl import paged_step
+    from txl.paged import step as paged_step
 
     model = tiny_model(seed=13, mem_len=20)
     pool = BlockPool(model.memory_layout(), block_size=4)

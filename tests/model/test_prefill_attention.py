@@ -1,4 +1,4 @@
-"""A prompt segment's attention in one native call per layer (txl.kernels.prefill) equals the torch path: alone,
+"""A prompt segment's attention in one native call per layer (txl.kernels.prefill_attention) equals the torch path: alone,
 on random rows against a float64 reference, and inside the model; and it is taken exactly where it applies."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import torch
 import txl
 from torch import Tensor
-from txl.kernels import prefill, prefill_kernel, reference_path
-from txl.kernels.cpu import openmp_runtimes
-from txl.kernels.prefill import cpu_prefill_attention
+from txl.kernels import prefill_attention, prefill_kernel, reference_path
+from txl.kernels.build import openmp_runtimes
+from txl.kernels.prefill_attention import cpu_prefill_attention
 
 from tests.helpers.tiny_models import tiny_model
 
@@ -29,7 +29,7 @@ needs_kernel = pytest.mark.skipif(
 
 @dataclass(frozen=True)
 class Rows:
-    """A `txl.kernels.prefill.PrefillRows`."""
+    """A `txl.kernels.prefill_attention.PrefillRows`."""
 
     token_index: Tensor  # [B*T]
     table: Tensor  # [B, S]
@@ -187,13 +187,13 @@ def test_prompt_segments_through_the_kernel_equal_the_torch_path(overrides, bloc
 
 def _takes_kernel(monkeypatch, model, tokens, memory, context) -> bool:
     calls = []
-    original = prefill.PrefillAttentionKernel.__call__
+    original = prefill_attention.PrefillAttentionKernel.__call__
 
     def counted(self, *args):
         calls.append(1)
         return original(self, *args)
 
-    monkeypatch.setattr(prefill.PrefillAttentionKernel, "__call__", counted)
+    monkeypatch.setattr(prefill_attention.PrefillAttentionKernel, "__call__", counted)
     with context:
         model(tokens, memory)
     monkeypatch.undo()

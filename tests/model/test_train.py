@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import txl
-from txl.train import TrainConfig, Trainer, parse_args, pick_device
+from txl.training.train import TrainConfig, Trainer, parse_args, pick_device
 
 
 def tiny_config(tmp_path, **overrides) -> TrainConfig:

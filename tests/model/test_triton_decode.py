@@ -73,7 +73,7 @@ def test_any_positive_block_size_is_supported():
 def test_per_step_integers_are_not_specialised():
     """Batch size, table width, pool size, distances and the split vary from step to step: Triton must not
     compile a variant per value class of them (divisible by 16, equal to 1)."""
-    partitions, combine = triton_decode._kernels()
+    partitions, combine = triton_decode.jit_kernels()
     per_step = {"B", "S", "NB", "P", "window_stride", "partition", "num_parts"}
     assert per_step <= {p.name for p in partitions.params if p.do_not_specialize}
     assert {p.name for p in combine.params if p.do_not_specialize} == {"num_parts"}
@@ -81,9 +81,9 @@ def test_per_step_integers_are_not_specialised():
 
 def test_the_launch_is_guarded_by_the_tensors_device():
     """cuda:1 served from a thread whose current device is cuda:0 launches on cuda:1."""
-    guard = triton_decode._device_guard(torch.device("cuda", 1))
+    guard = triton_decode.device_guard(torch.device("cuda", 1))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 1
-    assert isinstance(triton_decode._device_guard(torch.device("cpu")), contextlib.nullcontext)
+    assert isinstance(triton_decode.device_guard(torch.device("cpu")), contextlib.nullcontext)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

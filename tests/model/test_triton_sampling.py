@@ -31,7 +31,7 @@ def test_passes_leave_one_key_of_two_to_the_32():
 
 @needs_triton
 def test_the_masses_kernel_does_not_specialise_on_the_vocabulary_or_the_split():
-    names = {p.name for p in triton_sampling._kernel().params if p.do_not_specialize}
+    names = {p.name for p in triton_sampling.jit_kernel().params if p.do_not_specialize}
     assert names == {"V", "row_stride", "parts"}
 
 

@@ -57,13 +57,13 @@ def _plans(case: Case) -> Iterator[LaunchPlan | None]:
 
 def contract(seed: int) -> dict[str, object]:
     guarded: list[str] = []
-    real_guard = triton_decode._device_guard
+    real_guard = triton_decode.device_guard
 
     def recording_guard(device: torch.device) -> contextlib.AbstractContextManager[object]:
         guarded.append(str(device))
         return real_guard(device)
 
-    triton_decode._device_guard = recording_guard  # type: ignore[assignment]
+    triton_decode.device_guard = recording_guard  # type: ignore[assignment]
     for dtype in (torch.float32, torch.bfloat16):  # what a server runs at start-up: both launch variants
         triton_decode.warm_up(torch.device("cpu"), dtype, heads=2, d_head=24, block_size=12)
     triton_sampling.warm_up(torch.device("cpu"))

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import txl.paged_step
+from txl.paged import step as paged_step
 from txl_server.check import command, gpu_section
 from txl_server.check.parity import Parity
 from txl_server.check.report import CheckReport
@@ -59,12 +59,12 @@ def test_the_check_passes_on_the_cpu_and_prints_its_report(tiny_model_dir):
 def test_a_broken_engine_makes_the_check_fail(tiny_model_dir, monkeypatch, capsys):
     """Keys written into the pool slightly wrong (a kernel bug the reference path, which keeps no pool, does not
     share): the start-up checks compare paths that share it and pass; parity finds it, and the check exits 1."""
-    write = txl.paged_step._write
+    write = paged_step._write
 
     def skewed(pool, blocks, slots, layer, keys, values, layer_input):
         write(pool, blocks, slots, layer, keys * 1.05, values, layer_input)
 
-    monkeypatch.setattr(txl.paged_step, "_write", skewed)
+    monkeypatch.setattr(paged_step, "_write", skewed)
     assert command.main(["--model", str(tiny_model_dir), "--tokens", "60"]) == 1
     out = capsys.readouterr().out
     assert "FAIL parity" in out and "check(s) failed" in out

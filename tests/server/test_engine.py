@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import txl
-from txl.paged import resting_blocks
+from txl.paged.rows import resting_blocks
 from txl.sampling import SamplingParams
 from txl.scoring import score_tokens
 from txl_server.engine.worker import WorkerObserver

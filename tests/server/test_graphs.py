@@ -14,10 +14,11 @@ import pytest
 import torch
 import txl
 from torch.utils._python_dispatch import TorchDispatchMode
-from txl import decode_plan
-from txl.decode_plan import DecodePlan
 from txl.kernels import cpu_paged_decode, prefer
 from txl.kernels import triton_decode as triton_kernel
+from txl.paged import decode_plan
+from txl.paged.decode_plan import DecodePlan
+from txl.paged.rows import plan_row
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.engine.graphs import DecodeGraphs, buckets
@@ -208,7 +209,7 @@ def test_rows_longer_than_the_buffers_run_eagerly():
     got, _ = runner.run([row], [])
     expected, _ = ModelRunner(model, pool).run([row], [])
     torch.testing.assert_close(got[0].last_hidden, expected[0].last_hidden, rtol=0, atol=1e-6)
-    plan = DecodePlan.of_row_steps([txl.paged.plan_row(pool, row.memory.rows[0], 1, 20)])
+    plan = DecodePlan.of_row_steps([plan_row(pool, row.memory.rows[0], 1, 20)])
     graph = graphs._build(1, 0, False)
     with pytest.raises(ValueError, match="longer than the step was built for"):
         graph.step.load(plan, np.array([row.memory.rule(False).window(20)]))
@@ -235,7 +236,7 @@ async def test_an_engine_decoding_through_the_buffers_generates_what_it_did_with
 
 def test_a_batch_going_on_is_not_read_back_row_by_row_and_keeps_no_finished_row_alive(monkeypatch):
     """Rows that continue as the last iteration left them, in its order, are planned from the numbers it left
-    (txl.decode_plan's `previous`); rows in another order, or other rows, are read back. What the graphs keep of
+    (txl.paged.decode_plan's `previous`); rows in another order, or other rows, are read back. What the graphs keep of
     the last iteration holds no blocks: once its rows are dropped, the pool has them back."""
     monkeypatch.setattr(decode_plan, "FEW_ROWS", 0)
     carried: list[bool] = []

@@ -14,8 +14,8 @@ import logging
 import pytest
 import torch
 import txl
-from txl.kernels import prefill, triton_decode
-from txl.kernels.prefill import cpu_prefill_attention
+from txl.kernels import prefill_attention, triton_decode
+from txl.kernels.prefill_attention import cpu_prefill_attention
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.engine import selfcheck
@@ -178,13 +178,13 @@ async def test_a_cpu_prefill_kernel_that_differs_turns_the_native_kernels_off(
     """The start-up check's scored segment takes the prefill kernel: one that is off by 0.01 turns "c" off, and
     both decoding and prompts take the torch path (the same tokens as the eager reference)."""
     calls: list[int] = []
-    call = prefill.PrefillAttentionKernel.__call__
+    call = prefill_attention.PrefillAttentionKernel.__call__
 
     def slightly_off(self, *args):
         calls.append(1)
         return call(self, *args) + 0.01
 
-    monkeypatch.setattr(prefill.PrefillAttentionKernel, "__call__", slightly_off)
+    monkeypatch.setattr(prefill_attention.PrefillAttentionKernel, "__call__", slightly_off)
     async with running(make_settings(cuda_graphs=False)) as runtime:
         report = runtime.device_report()
         assert report.attention == "torch" and "the c attention kernel" in report.attention_reason
@@ -273,8 +273,8 @@ def test_buffers_that_cannot_be_remade_after_the_pool_grew_turn_off_and_the_step
 async def test_a_cpu_server_chooses_its_linear_kernels_before_it_is_ready(make_settings):
     """Kernels are chosen by timing the first time a row count meets a layer: start-up meets every measured
     row count, so no user's request pays for the measurement."""
-    from txl.kernel_choice import ROW_BUCKETS
-    from txl.linear import chosen_kernels
+    from txl.kernels.linear import chosen_kernels
+    from txl.kernels.linear_choice import ROW_BUCKETS
 
     async with running(make_settings()) as rt:
         chosen = chosen_kernels(rt.worker.model)

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-import txl.linear
+from txl.kernels import linear
 from txl_server.__main__ import main, ready_message
 from txl_server.runtime import Runtime, UnsupportedDtype, check_dtype
 from txl_server.sessions.redis_server import free_port
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def no_native_bfloat16(monkeypatch):
     """This CPU as an AVX2-only one: no native bfloat16."""
-    monkeypatch.setattr(txl.linear, "cpu_runs_bfloat16", lambda: False)
+    monkeypatch.setattr(linear, "cpu_runs_bfloat16", lambda: False)
 
 
 def test_bfloat16_without_native_support_stops_start_up_in_one_line(
@@ -46,7 +46,7 @@ def test_other_dtypes_and_devices_pass(no_native_bfloat16, tiny_model_dir, monke
     for dtype in ("float32", "float16"):
         check_dtype(Settings(model=tiny_model_dir, dtype=dtype))
     check_dtype(Settings(model=tiny_model_dir, dtype="bfloat16", device="cuda"))  # GPUs compute bfloat16
-    monkeypatch.setattr(txl.linear, "cpu_runs_bfloat16", lambda: True)
+    monkeypatch.setattr(linear, "cpu_runs_bfloat16", lambda: True)
     check_dtype(Settings(model=tiny_model_dir, dtype="bfloat16"))
 
 

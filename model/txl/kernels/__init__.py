@@ -1,4 +1,12 @@
-"""Native kernels for the paged attention, each with the plain torch path as the reference it must equal.
+"""How the work runs on a CPU or GPU: native (C) and Triton kernels, each with the plain torch path as the reference
+it must equal; this module chooses the attention's kernel.
+
+Each C file (`*.c`, sharing `team.h`) has its ctypes wrapper in the module of the same name (`paged_decode`,
+`prefill_attention`, `decode_layer`, `rows_linear`, `plan_marks`); `build` compiles, caches and loads them. The
+Triton kernels are `triton_decode` and `triton_sampling` (`triton_report` compiles them without a GPU);
+`decode_rows` is what a decoding kernel reads of its rows besides the pool. Linear layers take the kernel
+measured fastest for their shape (`linear`, `linear_choice`). `allocator` sets the C allocator for CPU inference.
+`scoped` is how a block of code picks a kernel.
 
 Decoding (one query per row) reads the rows' blocks in place through a kernel where one applies:
 
@@ -18,16 +26,17 @@ Elsewhere attention takes the torch path. `reference_path()` forces the torch pa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 
 import torch
 from torch import Tensor
 
 from . import triton_decode
-from .cpu import PagedDecodeKernel, cpu_paged_decode
-from .prefill import PrefillAttentionKernel, cpu_prefill_attention
-from .rows import DecodeRows
+from .decode_rows import DecodeRows
+from .paged_decode import PagedDecodeKernel, cpu_paged_decode
+from .prefill_attention import PrefillAttentionKernel, cpu_prefill_attention
+from .scoped import scoped
 
 # q [B, H, Dh], bd [H, B, P], keys, values [H, NB, bs, Dh], the rows' tables and windows -> [B, H, Dh] float32
 DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, DecodeRows], Tensor]
@@ -35,17 +44,12 @@ DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, DecodeRows], Tensor]
 _choice: ContextVar[str] = ContextVar("txl_attention_kernel", default="auto")
 
 
-@contextlib.contextmanager
-def prefer(name: str) -> Iterator[None]:
+def prefer(name: str) -> contextlib.AbstractContextManager[None]:
     """Inside this block, decoding attention uses kernel `name`: "torch" (the reference), "cpu", "triton", or
     "auto" (the default: the best one available for the device)."""
     if name not in ("auto", "torch", "cpu", "triton"):
         raise ValueError(f"unknown attention kernel {name!r}")
-    token = _choice.set(name)
-    try:
-        yield
-    finally:
-        _choice.reset(token)
+    return scoped(_choice, name)
 
 
 def reference_path() -> contextlib.AbstractContextManager[None]:

@@ -1,8 +1,8 @@
 """A whole decoder layer for decoding rows in one native call (`decode_layer.c`), float32 on the CPU.
 
 Why: at one row, a layer's torch path is about forty small operations (projections, bias adds, the positional
-product, index copies, LayerNorms), each a Python call and a dispatch of 1-3 µs, around four weight reads. On the
-bundled model that overhead was half of a token's time. The call here reads each weight once and every row's
+product, index copies, LayerNorms), each a Python call and a dispatch, around four weight reads: on a small model
+that overhead is a large share of a token's time (docs/model.md). The call here reads each weight once and every row's
 memory once, as the native linear and attention kernels do, with nothing in between.
 """
 
@@ -14,44 +14,41 @@ from pathlib import Path
 
 import torch
 
-from .cpu import build_library, shares_torchs_threads
+from .build import Kernel, LoadedLibrary, load_kernel
 
 SOURCE = Path(__file__).with_name("decode_layer.c")
+
+
+def _fields(kind: type, *names: str) -> list[tuple[str, type]]:
+    return [(name, kind) for name in names]
+
+
+ADDRESS, INT64 = ctypes.c_void_p, ctypes.c_int64
 
 
 class LayerArgs(ctypes.Structure):
     """decode_layer.c's TxlLayer: one layer's weights and constants."""
 
     _fields_ = [
-        *((name, ctypes.c_void_p) for name in ("qkv_w", "o_w", "ff1_w", "ff1_b", "ff2_w", "ff2_b")),
-        *((name, ctypes.c_void_p) for name in ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "u", "v")),
-        ("eps1", ctypes.c_float),
-        ("eps2", ctypes.c_float),
-        ("scale", ctypes.c_float),
-        ("pre_lnorm", ctypes.c_int64),
+        *_fields(ADDRESS, "qkv_w", "o_w", "ff1_w", "ff1_b", "ff2_w", "ff2_b"),
+        *_fields(ADDRESS, "ln1_w", "ln1_b", "ln2_w", "ln2_b", "u", "v"),
+        *_fields(ctypes.c_float, "eps1", "eps2", "scale"),
+        ("pre_lnorm", INT64),
     ]
 
 
 class StateArgs(ctypes.Structure):
     """decode_layer.c's TxlState: a layer's positional table and its part of the pool, for one step."""
 
-    _fields_ = [
-        ("pos", ctypes.c_void_p),
-        ("ptab", ctypes.c_int64),
-        ("keys", ctypes.c_void_p),
-        ("values", ctypes.c_void_p),
-        ("hidden", ctypes.c_void_p),
-    ]
+    _fields_ = [("pos", ADDRESS), ("ptab", INT64), *_fields(ADDRESS, "keys", "values", "hidden")]
 
 
 class RowsArgs(ctypes.Structure):
     """decode_layer.c's TxlRows: the step's sizes and each row's block table, window and write slot."""
 
     _fields_ = [
-        *((name, ctypes.c_int64) for name in ("R", "D", "H", "Dh", "Di", "S", "NB", "bs")),
-        *((name, ctypes.c_void_p) for name in ("table", "starts", "klens", "windows")),
-        ("write_blocks", ctypes.c_void_p),
-        ("write_slots", ctypes.c_void_p),
+        *_fields(INT64, "R", "D", "H", "Dh", "Di", "S", "NB", "bs"),
+        *_fields(ADDRESS, "table", "starts", "klens", "windows", "write_blocks", "write_slots"),
     ]
 
 
@@ -60,24 +57,24 @@ def scratch_floats(rows: RowsArgs, threads: int) -> int:
     return rows.R * (4 * rows.H * rows.Dh + rows.D + rows.Di) + threads * rows.S * rows.bs
 
 
-class DecodeLayerKernel:
-    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
-        self._function = library.txl_decode_layer_f32
-        self._function.argtypes = [
-            ctypes.POINTER(LayerArgs),
-            ctypes.POINTER(StateArgs),
-            ctypes.POINTER(RowsArgs),
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_int64,
-        ]
-        self._function.restype = None
-        # Whether a call may run on torch's thread team (see the C file and kernels.cpu.shares_torchs_threads).
-        self.threaded = threaded
+class DecodeLayerKernel(Kernel):
+    def __init__(self, library: LoadedLibrary) -> None:
+        super().__init__(library)
+        self._function = library.function(
+            "txl_decode_layer_f32",
+            [
+                ctypes.POINTER(LayerArgs),
+                ctypes.POINTER(StateArgs),
+                ctypes.POINTER(RowsArgs),
+                ADDRESS,
+                ADDRESS,
+                INT64,
+            ],
+        )
 
     def threads(self) -> int:
         """The threads a call uses now: torch's count where the call shares torch's team, else 1."""
-        return torch.get_num_threads() if self.threaded else 1
+        return self.library.team(torch.get_num_threads())
 
     def __call__(
         self, layer: LayerArgs, state: StateArgs, rows: RowsArgs, x: int, scratch: int, threads: int
@@ -93,7 +90,4 @@ class DecodeLayerKernel:
 def cpu_decode_layer() -> DecodeLayerKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be (no compiler, a failed build,
     `TXL_CPU_KERNELS=0`)."""
-    library = build_library(SOURCE, openmp=True)
-    if library is None:
-        return None
-    return DecodeLayerKernel(library, shares_torchs_threads(SOURCE.name))
+    return load_kernel(SOURCE, DecodeLayerKernel, openmp=True)

@@ -1,4 +1,4 @@
-/* Where each row of a decoding step puts its new position (txl.decode_plan), in row order, as `plan_row`
+/* Where each row of a decoding step puts its new position (txl.paged.decode_plan), in row order, as `plan_row`
  * decides it one row at a time: the host's share of every decoding iteration, in one call instead of some
  * forty small array operations.
  *

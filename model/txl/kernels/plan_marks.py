@@ -1,6 +1,6 @@
 """Where each row of a decoding step puts its new position, in one native call (plan_marks.c's contract).
 
-`txl.decode_plan.plan_decode` decides it with some forty small array operations when this is not available (no C
+`txl.paged.decode_plan.plan_decode` decides it with some forty small array operations when this is not available (no C
 compiler, `TXL_CPU_KERNELS=0`); each costs a microsecond or more whatever the rows, and with the model's step
 just run they cost more (its caches are cold). Both ways give what `plan_row` gives row by row
 (tests/model/test_decode_plan.py runs every case both ways).
@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .cpu import build_library
+from .build import Kernel, LoadedLibrary, load_kernel
 
 SOURCE = Path(__file__).with_name("plan_marks.c")
 _ARGS = [ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 8
@@ -37,28 +37,28 @@ class Marks(NamedTuple):
     keeps: np.ndarray
 
 
-class PlanMarks:
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._function = library.txl_plan_marks
-        self._function.argtypes = _ARGS
-        self._function.restype = None
+class RowEnds(NamedTuple):
+    """What planning reads of each row: its first position's offset in its first block, the positions it holds,
+    the blocks in its table and the last of them (0: no table), the positions it has been fed."""
 
-    def __call__(
-        self,
-        block_size: int,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        widths: np.ndarray,
-        lasts: np.ndarray,
-        fed: np.ndarray,
-        filled: np.ndarray,
-        keeps: np.ndarray,
-    ) -> Marks:
+    starts: np.ndarray
+    lengths: np.ndarray
+    widths: np.ndarray
+    lasts: np.ndarray
+    fed: np.ndarray
+
+
+class PlanMarks(Kernel):
+    def __init__(self, library: LoadedLibrary) -> None:
+        super().__init__(library)
+        self._function = library.function("txl_plan_marks", _ARGS)
+
+    def __call__(self, block_size: int, rows: RowEnds, filled: np.ndarray, keeps: np.ndarray) -> Marks:
         """`filled` (the pool's marks, under its lock) is advanced for the rows that append in place."""
         if filled.dtype != np.int64 or not filled.flags.c_contiguous:
             raise ValueError("the pool's marks must be one contiguous int64 array")
-        n = starts.size
-        inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, lengths, widths, lasts, fed)]
+        n = rows.starts.size
+        inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in rows]
         keeps = np.array(keeps, dtype=np.int64)  # a copy: capped in place
         out = np.empty(8 * n + 4, dtype=np.int64)
         self._function(n, block_size, *(a.ctypes.data for a in inputs), filled.ctypes.data, keeps.ctypes.data,
@@ -80,5 +80,4 @@ class PlanMarks:
 @functools.cache
 def cpu_plan_marks() -> PlanMarks | None:
     """The call for this machine, built on first use; None where it cannot be."""
-    library = build_library(SOURCE)
-    return PlanMarks(library) if library is not None else None
+    return load_kernel(SOURCE, PlanMarks)

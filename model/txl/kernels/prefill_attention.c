@@ -6,12 +6,12 @@
  * softmax over the visible slots, and the output is the weighted sum of the values V[j].
  *
  * Three products per (h, b), each a register-tiled loop (below): AC = Qc K^T over the row's slots, BD = Qp R^T over
- * every distance, O = softmax(AC + shifted BD) V. Why not torch's: on the AMD EPYC this was written on, torch's
- * float32 bmm (MKL) runs AVX2 code at about 105 GFLOP/s on one thread, while these loops, compiled with
- * -march=native, reach 240 (the speed of oneDNN's packed products there); on AVX2 alone they measured 128 against
- * MKL's 106. Between the products one pass per query adds the positional scores of its distances, takes the
- * softmax and zeroes the hidden slots. Keys and values are gathered from the row's blocks once per (h, b), only
- * over the slots some query sees; the products skip the tiles no query of theirs sees.
+ * every distance, O = softmax(AC + shifted BD) V. Why not torch's: its float32 bmm is MKL's, which on some CPUs
+ * runs AVX2 code well below their rate, while these loops, compiled with -march=native, run as fast as oneDNN's
+ * packed products (docs/model.md has the figures). Between the products one pass per query adds the positional
+ * scores of its distances, takes the softmax and zeroes the hidden slots. Keys and values are gathered from the
+ * row's blocks once per (h, b), only over the slots some query sees; the products skip the tiles no query of
+ * theirs sees.
  *
  * Layouts: qc, qp [N, H, Dh] with token_index [B*T] giving each (b, i)'s row; keys, values: one layer of the pool
  * [H, NB, bs, Dh]; table [B, S] int64; starts, klens [B], windows [B, T] int64; pos: head h's positional keys for
@@ -209,8 +209,8 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 
 /* dst[d * ld + k] = rows[k][d] for k < n and d < width: n rows of `width` floats (each anywhere: a slot's key in
  * its block) into columns. Eight rows by eight floats at a time through registers (three rounds of shuffles), the
- * rest one by one: element by element, with a store 4 * ld bytes from the last, it had cost half as much as the
- * three products it feeds. */
+ * rest one by one: element by element, with a store 4 * ld bytes from the last, it had cost a large share of
+ * what the three products it feeds do (docs/model.md). */
 static void transpose_rows(const float *const *rows, int64_t n, int64_t width, float *dst, int64_t ld) {
     int64_t k = 0;
     for (; k + 8 <= n; k += 8) {

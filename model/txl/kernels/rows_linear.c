@@ -2,7 +2,7 @@
  *
  * y[r, o] = sum_i W[o, i] x[r, i] (+ bias[o]) for the rows r < R and outputs o in [begin, end). Decoding is bound
  * by reading the weights: this walks them as one sequential stream, the pattern the hardware prefetchers follow
- * best (a walk over four weight rows side by side ran at half the speed), and takes every input row against a
+ * best (a walk over four weight rows side by side was much slower), and takes every input row against a
  * weight row while that row is in L1 (taking four input rows at once per weight row was slower still). Meant for
  * one to a few rows: from about 8 the products, not the reads, bound it, and a blocked GEMM wins.
  *

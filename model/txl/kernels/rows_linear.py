@@ -1,8 +1,8 @@
 """A linear layer over a few rows on the CPU that reads each weight once, as one stream (`rows_linear.c`).
 
 Why native code: at one row a linear layer is a pass over its weight, and torch's kernels (MKL's gemv, oneDNN's
-inner product) read the bundled model's small matrices at 9-12 GB/s on an AMD EPYC, one thread, where a sum over
-the same bytes reads 30 GB/s; this loop reads them at 20-26 GB/s. One of the candidates `txl.linear` measures.
+inner product) read small matrices well below the rate a plain sum over the same bytes reaches; this loop reads
+them at close to it (docs/model.md). One of the candidates `txl.kernels.linear` measures.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .cpu import build_library, shares_torchs_threads
+from .build import KernelByDtype, load_kernel
 
 SOURCE = Path(__file__).with_name("rows_linear.c")
 MAX_ROWS = 16  # beyond, the products bound it and blocked GEMMs win
@@ -23,31 +23,17 @@ _ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4  # W, x, bias, y; R, out, i
 MIN_BYTES_PER_THREAD = 256 * 1024
 
 
-class RowsLinearKernel:
-    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
-        self._functions = {
-            torch.float32: library.txl_rows_linear_f32_threads,
-            torch.bfloat16: library.txl_rows_linear_bf16_threads,
-        }
-        for function in self._functions.values():
-            function.argtypes = _ARGS
-            function.restype = None
-        # Whether a call may split its outputs over torch's thread team (kernels.cpu.shares_torchs_threads).
-        self.threaded = threaded
-
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype in self._functions
+class RowsLinearKernel(KernelByDtype):
+    ENTRY = "txl_rows_linear_{}_threads"
+    ARGS = _ARGS
 
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """x [..., in] -> [..., out]: F.linear(x, weight, bias) for a contiguous weight [out, in] on the CPU."""
         out_features, in_features = weight.shape
         rows = x.reshape(-1, in_features).float().contiguous()  # [R, in], float32 whatever the weight's type
         y = torch.empty(rows.size(0), out_features, dtype=weight.dtype)  # [R, out]
-        threads = 1
-        if self.threaded:
-            most = weight.numel() * weight.element_size() // MIN_BYTES_PER_THREAD
-            threads = max(1, min(torch.get_num_threads(), most))
-        self._functions[weight.dtype](
+        threads = self.library.team(weight.numel() * weight.element_size() // MIN_BYTES_PER_THREAD)
+        self.functions[weight.dtype](
             weight.data_ptr(),
             rows.data_ptr(),
             bias.data_ptr() if bias is not None else None,
@@ -63,7 +49,4 @@ class RowsLinearKernel:
 @functools.cache
 def cpu_rows_linear() -> RowsLinearKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be."""
-    library = build_library(SOURCE, openmp=True)
-    if library is None:
-        return None
-    return RowsLinearKernel(library, shares_torchs_threads(SOURCE.name))
+    return load_kernel(SOURCE, RowsLinearKernel, openmp=True)

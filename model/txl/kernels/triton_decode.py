@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .rows import DecodeRows
+from .decode_rows import DecodeRows
 
 try:  # Triton ships with CUDA builds of torch; the CPU build has it only if installed separately.
     import triton
@@ -118,7 +118,7 @@ def _next_power_of_2(n: int) -> int:
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
+def jit_kernels() -> tuple[Any, Any]:
     """(partitions kernel, combining kernel), defined on first use (Triton may be absent)."""
 
     # Every integer that changes from step to step: specialising on them would compile a variant per value class.
@@ -233,7 +233,7 @@ def _kernels() -> tuple[Any, Any]:
     return paged_decode_partitions, paged_decode_combine
 
 
-def _device_guard(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The launch runs under the tensors' device: Triton launches on the thread's current device, and a server on
     cuda:1 may call from a thread whose current device is cuda:0."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -271,10 +271,10 @@ def triton_paged_decode(
             n_pos=n_pos,
             sms=_sms(q.device),
         )
-    partitions_kernel, combine_kernel = _kernels()
+    partitions_kernel, combine_kernel = jit_kernels()
     block_d = _next_power_of_2(d_head)
     device = q.device
-    with _device_guard(device):
+    with device_guard(device):
         out = torch.empty((batch, heads, d_head), dtype=torch.float32, device=device)
         if plan.split:
             part_max = torch.empty((batch, heads, plan.partitions), dtype=torch.float32, device=device)

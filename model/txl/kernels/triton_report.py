@@ -88,7 +88,7 @@ def standard_variants(archs: tuple[int, ...] = (80, 90)) -> list[Variant]:
 
 def compile_variant(variant: Variant) -> Usage:
     """Compiles `variant` for its architecture and reads ptxas's account of it."""
-    partitions, combine = triton_decode._kernels()
+    partitions, combine = triton_decode.jit_kernels()
     block_d = 1 << max(0, variant.d_head - 1).bit_length()
     if variant.kernel == "partitions":
         kv = _DTYPES[variant.kv_dtype]
@@ -115,7 +115,7 @@ def compile_variant(variant: Variant) -> Usage:
             "ITERS": triton_sampling.BLOCKS_PER_PROGRAM,
         }
         return compile_kernel(
-            triton_sampling._kernel(),
+            triton_sampling.jit_kernel(),
             signature,
             constants,
             arch=variant.arch,

@@ -1,7 +1,7 @@
 """The GPU side of top-p's threshold search (Triton): for each row, the probability mass above each of several
 pivots, in one pass over the row's logits.
 
-`txl.sampling.threshold_search` narrows, per row, an interval of 32-bit keys (the logits' float bits, in order)
+`txl.nucleus.threshold_search` narrows, per row, an interval of 32-bit keys (the logits' float bits, in order)
 that holds the smallest logit whose better tokens hold less than top_p of the mass. With one pivot a pass, that
 is 32 passes over [rows, vocabulary]: in torch, three kernels each (compare, select, sum), about 18 bytes a word
 moved, 32 times. This kernel tests PIVOTS pivots a pass, reading each logit once (4 bytes) and computing its key
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .triton_decode import _device_guard, triton
+from .triton_decode import device_guard, triton
 
 if triton is not None:
     import triton.language as tl
@@ -32,7 +32,7 @@ NUM_WARPS = 4
 
 
 @functools.cache
-def _kernel() -> Any:
+def jit_kernel() -> Any:
     # The vocabulary and a row's stride are fixed per model, the parts per call: none is worth a variant.
     @triton.jit(do_not_specialize=["V", "row_stride", "parts"])
     def masses_above(
@@ -76,9 +76,9 @@ def masses_above(logits: Tensor, normaliser: Tensor, pivots: Tensor) -> Tensor:
     n, vocab = logits.shape
     ways = pivots.size(1)
     parts = -(-vocab // (BLOCK * BLOCKS_PER_PROGRAM))
-    with _device_guard(logits.device):
+    with device_guard(logits.device):
         partial = torch.empty((n, parts, ways), dtype=torch.float32, device=logits.device)
-        _kernel()[(n, parts)](
+        jit_kernel()[(n, parts)](
             logits,
             normaliser.float().contiguous(),
             pivots.to(torch.int32).contiguous(),

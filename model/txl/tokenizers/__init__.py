@@ -10,15 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .base import IncrementalDecoder, Tokenizer
+from .base import TOKENIZER_NAME, IncrementalDecoder, Tokenizer, TokenizerError
 from .byte import ByteTokenizer
-
-TOKENIZER_NAME = "tokenizer.json"
-
-
-class TokenizerError(ValueError):
-    """A model directory's tokenizer description is missing or malformed."""
-
 
 # HF's word-level vocabulary files, read (safely) when a directory has no tokenizer.json yet.
 HF_VOCAB_NAMES = ("vocab.pkl", "vocab.bin")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import TokenizerError
+from .base import TokenizerError
 
 _FLAGS = ("special", "normalized", "lstrip", "rstrip", "single_word")
 

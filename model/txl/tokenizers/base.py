@@ -10,6 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+TOKENIZER_NAME = "tokenizer.json"  # a model directory's tokenizer description
+
+
+class TokenizerError(ValueError):
+    """A model directory's tokenizer description is missing or malformed."""
+
 
 class IncrementalDecoder(Protocol):
     def push(self, token_id: int) -> str:

@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import TokenizerError
 from .added import AddedToken, changes_encoding, effective_table
+from .base import TokenizerError
 from .vocab_pickle import VocabFileError, load_hf_vocab, pickled_added_tokens, spec_from_hf_vocab
 
 CONFIG_NAME = "tokenizer_config.json"

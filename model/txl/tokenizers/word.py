@@ -25,8 +25,8 @@ from typing import Any
 
 import sacremoses
 
-from . import TOKENIZER_NAME, TokenizerError
 from .added import AddedToken
+from .base import TOKENIZER_NAME, TokenizerError
 from .hf_directory import read_hf_tokenizer
 
 UNK, EOS, FORMULA = "<unk>", "<eos>", "<formula>"  # HF's defaults

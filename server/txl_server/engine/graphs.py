@@ -4,7 +4,7 @@ A decode step of a few dozen rows is hundreds of small kernels; launched one by 
 for the host most of the time. Captured once per batch-size bucket (and sampling variant) into a CUDA graph,
 the whole iteration is one launch (vLLM's and gpt-fast's approach). Everything a graph reads lives in buffers
 that never move: the rows' hidden states and sampling parameters, their block tables and write positions
-(`txl.paged_step.StaticDecodeStep`); each iteration copies its rows into them, pads the batch with rows that
+(`txl.paged.step.StaticDecodeStep`); each iteration copies its rows into them, pads the batch with rows that
 touch only a scratch block, replays, and reads back the sampled ids once.
 
 Randomness is an input, not generator state: each row's number is a hash of (seed, token index) computed inside
@@ -33,11 +33,12 @@ import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
-from txl.decode_plan import RowArrays, plan_decode
-from txl.paged import BlockTable, resting_blocks
-from txl.paged_step import StaticDecodeStep
+from txl.paged.decode_plan import RowArrays, plan_decode
+from txl.paged.pool import BlockTable
+from txl.paged.rows import resting_blocks
+from txl.paged.staging import StagedInputs
+from txl.paged.step import StaticDecodeStep
 from txl.sampling import PADDING, RowParams, RowValues, SamplingParams, sample_rows
-from txl.staging import StagedInputs
 from txl.window import keeps_after, windows_at
 
 from .rows import DecodeOut, DecodeRow
@@ -113,7 +114,7 @@ class Launched:
 
 class SamplingInputs:
     """The rows' sampling parameters for a graph, encoded as the eager path encodes them (`txl.sampling.RowValues`)
-    and staged like the step's inputs (one non-blocking copy per dtype, txl.staging); padding rows are
+    and staged like the step's inputs (one non-blocking copy per dtype, txl.paged.staging); padding rows are
     `txl.sampling.PADDING` (greedy, unlimited)."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device) -> None:

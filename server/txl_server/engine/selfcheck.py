@@ -5,7 +5,7 @@ A GPU path that is wrong is worse than a slow one: it answers every request with
 the worker starts (and so before `/ready` answers), on dummy rows of random tokens in the server's own pool:
 
 1. the native decoding kernel (Triton on CUDA; on a CPU the C kernel, and for a few rows the whole layer in
-   one native call, `txl.fused_decode`, which the check's 4 rows take) decodes a step that the torch path also
+   one native call, `txl.paged.fused_decode`, which the check's 4 rows take) decodes a step that the torch path also
    decodes, and a scored prompt segment follows (on a CPU through the native prefill kernel, which the same
    choice turns on); if it raises, or its tokens, log-probs or hidden states differ, it is logged once and the
    next one is tried (the torch path is the reference and always stands);
@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from txl import BlockPool, fused_decode
-from txl.kernel_choice import ROW_BUCKETS
+from txl import BlockPool
 from txl.kernels import decode_kernel, prefer, reference_path, triton_decode, triton_sampling
+from txl.kernels.linear_choice import ROW_BUCKETS
+from txl.paged import fused_decode
 from txl.sampling import SamplingParams
 from txl.window import WindowRule
 
@@ -180,10 +181,10 @@ def _check(path: ServingPath, worker: Worker, max_mem_len: int, triton: bool, se
 
 def _choose_linear_kernels(worker: Worker, mem_len: int) -> None:
     """On a CPU each linear layer's kernel is chosen by timing the candidates the first time a shape and row
-    count meets it (txl.linear; remembered on disk per machine). One forward per measured row count now, so
+    count meets it (txl.kernels.linear; remembered on disk per machine). One forward per measured row count now, so
     that a new machine measures before the server says it is ready, not inside its first users' requests
     (about a second for the bundled model, once). Layer by layer: a step of a few decoding rows takes one native
-    call per layer (txl.fused_decode) instead, but falls back to these kernels wherever that call does not
+    call per layer (txl.paged.fused_decode) instead, but falls back to these kernels wherever that call does not
     apply (e.g. the C attention kernel failed its check)."""
     model, pool = worker.model, worker.pool
     started = time.perf_counter()
@@ -247,7 +248,7 @@ def _warm_up_triton(worker: Worker) -> None:
 
 def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut]:
     """A decoding step of `rows`, then a scored prompt segment after the longest one's memory (on a CPU the
-    segment takes the native prefill kernel, txl.kernels.prefill, which `kernel` "cpu" covers as well), the
+    segment takes the native prefill kernel, txl.kernels.prefill_attention, which `kernel` "cpu" covers as well), the
     segment's outcome put as one more row: its summed log-probs and its last hidden state."""
     runner = ModelRunner(worker.model, worker.pool)
     vocab = worker.model.config.vocab_size

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 from txl import Memory
-from txl.paged import new_blocks
+from txl.paged.rows import new_blocks
 from txl.tokenizers import Tokenizer
 
 from .graphs import Launched

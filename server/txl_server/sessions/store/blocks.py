@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, Memory, MemoryLayout
-from txl.paged import BlockTable, PagedRow
+from txl.paged.pool import BlockTable
+from txl.paged.rows import PagedRow
 
 from ...engine.state import ModelState
 

@@ -91,7 +91,7 @@ class Machine:
     vector: str  # vector units: torch's dispatch level and the CPU's flags that matter (AVX-512, AMX, bf16)
     onednn_isa: str  # ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA), "" when not limited
     mkl_isa: str  # MKL_ENABLE_INSTRUCTIONS, "" when not limited
-    bfloat16: bool  # whether oneDNN computes bfloat16 natively here (see txl.linear.cpu_runs_bfloat16)
+    bfloat16: bool  # whether oneDNN computes bfloat16 natively (see txl.kernels.linear.cpu_runs_bfloat16)
     torch: str
 
     @property
@@ -144,10 +144,10 @@ ROUNDS = 3
 def measure(entry: Entry, candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
     """Best seconds per run of each candidate over ROUNDS interleaved rounds (a busy spell slows every candidate
     alike), after one warm-up run each (packing weights, creating primitives, faulting pages in). A run is a
-    pass over copies of the layer (see txl.linear), as a decode step passes over its layers.
+    pass over copies of the layer (see txl.kernels.linear), as a decode step passes over its layers.
 
     With one torch thread the clock is the thread's CPU time: the time other processes take the core is not
-    the kernel's (on a shared machine, wall-clock minima of millisecond calls varied 3x between runs)."""
+    the kernel's (on a shared machine, wall-clock minima of millisecond calls varied severalfold between runs)."""
     clock = time.thread_time if entry.threads == 1 else time.perf_counter
     for run in candidates.values():
         run()

@@ -1,12 +1,11 @@
 """Attention of a prompt segment's queries in one native call per layer (`prefill_attention.c`), float32 on the CPU.
 
-Why: a 128-token segment of the bundled model over a memory of 512 spent 11 of its 24 ms in torch's three attention
-products a layer (content, positional, values), at about 105 GFLOP/s on one thread of the AMD EPYC measured here:
-MKL runs AVX2 code on it. The register-tiled loops of the call, built with -march=native, ran those products at
-about 240 (as fast as oneDNN's packed products there; 128 against MKL's 106 when built for AVX2 alone). Between
-them the call makes one pass per query where torch made four over the [H, T, L] scores (copying the shifted
-positional scores, adding them, masking, the softmax), gathers only the slots some query sees, and skips the tiles
-of the products that no query sees.
+Why: a prompt segment's attention on a CPU spends much of its time in torch's three attention products a layer
+(content, positional, values), which run at MKL's float32 rate: on CPUs where MKL runs AVX2 code, well below what
+the CPU can do. The register-tiled loops of the call, built with -march=native, run them as fast as oneDNN's
+packed products (docs/model.md). Between them the call makes one pass per query where torch made four over the
+[H, T, L] scores (copying the shifted positional scores, adding them, masking, the softmax), gathers only the
+slots some query sees, and skips the tiles of the products that no query sees.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .cpu import build_library, shares_torchs_threads
-from .rows import DecodeRows
+from .build import Kernel, LoadedLibrary, load_kernel
+from .decode_rows import DecodeRows
 
 SOURCE = Path(__file__).with_name("prefill_attention.c")
 # qc .. pos; the positional heads' stride; out; H, B, T, Dh, S, NB, bs, P, threads; scratch, its floats per thread
@@ -31,24 +30,21 @@ _ARGS += [ctypes.c_void_p, ctypes.c_int64]
 
 class PrefillRows(DecodeRows, Protocol):
     """What the call reads of a query group besides the pool: its rows' tables and windows [B, T], and each query's
-    token (`txl.paged_step.QueryGroup` is one)."""
+    token (`txl.paged.step.QueryGroup` is one)."""
 
     @property
     def token_index(self) -> Tensor: ...
 
 
-class PrefillAttentionKernel:
+class PrefillAttentionKernel(Kernel):
     """Relative attention of a query group over its rows' blocks (see prefill_attention.c for the contract)."""
 
-    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
-        self._function = library.txl_prefill_attention_f32_threads
-        self._function.argtypes = _ARGS
-        # Whether a call may split its items over torch's thread team (see the C file and shares_torchs_threads).
-        self.threaded = threaded
-        self._function.restype = None
-        self._scratch_floats = library.txl_prefill_scratch_floats
-        self._scratch_floats.argtypes = [ctypes.c_int64] * 4
-        self._scratch_floats.restype = ctypes.c_int64
+    def __init__(self, library: LoadedLibrary) -> None:
+        super().__init__(library)
+        self._function = library.function("txl_prefill_attention_f32_threads", _ARGS)
+        self._scratch_floats = library.function(
+            "txl_prefill_scratch_floats", [ctypes.c_int64] * 4, ctypes.c_int64
+        )
         # One scratch buffer per thread, kept between calls: the call needs no particular contents in it.
         self._local = threading.local()
 
@@ -82,7 +78,7 @@ class PrefillAttentionKernel:
         if positions.stride(2) != 1 or positions.stride(1) != d_head:
             positions = positions.contiguous()  # each head's [P, Dh] rows in one piece; heads may lie apart
         out = q_content.new_empty(batch * queries, heads, d_head)
-        threads = min(torch.get_num_threads(), heads * batch) if self.threaded else 1
+        threads = self.library.team(heads * batch)
         per_thread = self._scratch_floats(queries, d_head, width * block_size, n_pos)
         scratch = self._scratch(threads * per_thread)
         inputs = [q_content, q_position, rows.token_index, keys, values, table, rows.starts, rows.key_lengths]
@@ -109,7 +105,4 @@ class PrefillAttentionKernel:
 @functools.cache
 def cpu_prefill_attention() -> PrefillAttentionKernel | None:
     """The kernel for this machine, built on first use; None where it cannot be (attention then uses torch)."""
-    library = build_library(SOURCE, openmp=True)
-    if library is None:
-        return None
-    return PrefillAttentionKernel(library, shares_torchs_threads(SOURCE.name))
+    return load_kernel(SOURCE, PrefillAttentionKernel, openmp=True)

@@ -1,4 +1,4 @@
-"""Paged memory: the keys and values of every sequence live in one pool of fixed-size blocks.
+"""The block pool: the keys and values of every sequence live in one pool of fixed-size blocks.
 
 A block holds `block_size` consecutive positions of one sequence for every layer: keys and values (and the layer
 inputs, in a pool that keeps hidden states for HF's `mems`). A sequence's memory is a table of block ids, the
@@ -15,6 +15,7 @@ is zeroed first, and attention reads only the positions of its own rows, so noth
 by another.
 
 Pools are driven by one thread at a time (the one stepping); reference counts may be dropped from any thread.
+How a row of memory sits in the pool and how a step makes room after it: txl.paged.rows.
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ import heapq
 import math
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from .layout import MemoryLayout
 from .staging import StagedIds
@@ -43,7 +42,7 @@ class PoolExhausted(RuntimeError):
 
 
 # Tables of up to this many blocks count their references one by one: a decoding step drops or extends a few
-# short tables, and for them `np.add.at` and its masks cost twice what a loop over the ids does.
+# short tables, and for them `np.add.at` and its masks cost more than a loop over the ids does.
 SMALL_TABLE = 8
 
 
@@ -84,7 +83,7 @@ class BlockPool:
         self._incarnations = np.zeros(blocks, dtype=np.int64)
         # A min-heap: the lowest free ids are handed out first, so that memories allocated after others were freed
         # get ascending, mostly adjacent blocks. A stack handed a freed batch back in reverse order, and reading a
-        # row's blocks backwards through memory made 64 decoding sessions a fifth slower on every other round.
+        # row's blocks backwards through memory slowed a large decoding batch (docs/model.md).
         self._free = list(range(1, blocks))
         self._reserved = 0
         self._zero_later: list[np.ndarray] | None = None  # ids allocated inside zeroing_together()
@@ -272,9 +271,23 @@ class BlockPool:
             self._filled[block] = offset + n
             return True
 
-    def set_filled(self, block: int, n: int) -> None:
+    def filled(self, block: int) -> int:
+        """Block `block`'s mark: how many of its positions have been written (or claimed)."""
         with self._lock:
-            self._filled[block] = n
+            return int(self._filled[block])
+
+    def set_filled(self, blocks: int | np.ndarray, n: int) -> None:
+        """Sets the mark of `blocks` (one id, or an array of them) to `n`."""
+        with self._lock:
+            self._filled[blocks] = n
+
+    @contextlib.contextmanager
+    def fill_marks(self) -> Iterator[np.ndarray]:
+        """Every block's mark, as the pool's own array, held under the pool's lock for the block: planning many
+        rows at once reads the marks and advances those its rows claim (txl.paged.decode_plan), as `claim` would
+        one at a time."""
+        with self._lock:
+            yield self._filled
 
     def copy_positions(self, source: int, target: int, n: int) -> None:
         """Makes block `target` the first `n` positions of block `source` (every layer), zeros after them."""
@@ -341,145 +354,6 @@ class BlockTable:
         # At interpreter shutdown numpy may already be gone; the pool goes with it.
         with contextlib.suppress(Exception):
             self.pool.decref(self.ids)
-
-
-# Immutable by contract, not `frozen`: a decoding step makes one per row, and a frozen dataclass's __init__ (one
-# object.__setattr__ per field) took 3x as long, a tenth of the host's time around a 64-row graph.
-@dataclass(slots=True, unsafe_hash=True)
-class PagedRow:
-    """One sequence's memory: positions [start, start + length) of the concatenated blocks of `table`, the last
-    `length` of the `fed` positions the sequence has been fed (its absolute positions are fed - length .. fed - 1).
-    Never changed once made (memories share rows)."""
-
-    table: BlockTable | None
-    start: int = 0
-    length: int = 0
-    fed: int = -1  # -1: as many as it holds (a memory whose history is unknown)
-
-    def __post_init__(self) -> None:
-        if self.fed < 0:
-            self.fed = self.length
-        elif self.fed < self.length:
-            raise ValueError(f"a row cannot hold {self.length} positions of {self.fed} fed")
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self.table.ids if self.table is not None else np.zeros(0, dtype=np.int64)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-
-EMPTY_ROW = PagedRow(None)
-
-
-@dataclass(frozen=True, slots=True)
-class RowStep:
-    """One row of a step: where its new positions are written, what attention reads, what it keeps."""
-
-    table: BlockTable  # blocks attention reads: the memory and the new positions (kept alive by this)
-    start: int  # offset of the memory's first position in ids[0]
-    mem_length: int  # positions before this step's
-    new: int  # positions this step writes
-    result: PagedRow  # the memory after the step: the last <= keep positions
-    position: int  # absolute position of the first new token (positions fed before this step)
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self.table.ids
-
-    @property
-    def write_positions(self) -> np.ndarray:
-        """Offsets, from the start of ids[0], of the positions this step writes."""
-        first = self.start + self.mem_length
-        return np.arange(first, first + self.new, dtype=np.int64)
-
-
-def plan_row(
-    pool: BlockPool, row: PagedRow, new: int, keep: int, reservation: Reservation | None = None
-) -> RowStep:
-    """Makes room for `new` positions after `row` (claiming, copying on write, allocating) and describes the
-    step, whose memory keeps at most `keep` positions (`WindowRule.keep`). A step that fails leaves what it
-    claimed or allocated unused (freed with its tables)."""
-    bs = pool.block_size
-    ids = row.ids
-    end = row.end
-    tail_used = end % bs
-    # Fresh blocks come with one reference each, held by these guards until the step's table holds its own.
-    guards = []
-    if tail_used and not pool.claim(int(ids[-1]), tail_used, min(bs - tail_used, new)):
-        # Something was appended after this memory's end in its last block: continue in a copy of that block.
-        copy = pool.allocate(1, reservation, zero=False)  # every position written by copy_positions
-        guards.append(BlockTable(pool, copy, owned=True))
-        pool.copy_positions(int(ids[-1]), int(copy[0]), tail_used)
-        pool.set_filled(int(copy[0]), tail_used + min(bs - tail_used, new))
-        ids = np.concatenate([ids[:-1], copy])
-    more = pool.blocks_for(end + new) - ids.size
-    if more > 0:
-        added = pool.allocate(more, reservation)
-        guards.append(BlockTable(pool, added, owned=True))
-        for block in added[:-1]:
-            pool.set_filled(int(block), bs)
-        pool.set_filled(int(added[-1]), (end + new) - (ids.size + more - 1) * bs)
-        ids = np.concatenate([ids, added])
-    unchanged = not guards and row.table is not None
-    step_table = row.table if unchanged else BlockTable(pool, ids)
-    assert step_table is not None
-    keep = min(keep, row.length + new)
-    new_start = end + new - keep
-    fed = row.fed + new
-    if keep == 0:
-        result = PagedRow(None, fed=fed)
-    else:
-        drop = new_start // bs
-        table = step_table if drop == 0 else BlockTable(pool, ids[drop:])
-        result = PagedRow(table, new_start - drop * bs, keep, fed)
-    return RowStep(step_table, row.start, row.length, new, result, row.fed)
-
-
-def new_blocks(pool: BlockPool, row: PagedRow, new: int, claimed: set[int] | None = None) -> int:
-    """The fresh blocks `plan_row` will take from the pool to add `new` positions after `row`: the blocks past its
-    table, and a copy of its last block if another sequence already appended into it (or will, earlier in the
-    same step: `claimed` collects the partly filled blocks the step's rows extend in place)."""
-    bs = pool.block_size
-    more = max(math.ceil((row.end + new) / bs) - row.ids.size, 0)
-    tail_used = row.end % bs
-    if not tail_used:
-        return more
-    last = int(row.ids[-1])
-    with pool._lock:
-        extends = pool._filled[last] == tail_used
-    if extends and (claimed is None or last not in claimed):
-        if claimed is not None:
-            claimed.add(last)
-        return more
-    return more + 1
-
-
-def peak_blocks(mem_len: int, new: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-    """The most blocks one sequence's memory spans while a step of `new` positions runs on it (its memory full,
-    starting at the worst offset in its first block)."""
-    return math.ceil((block_size - 1 + mem_len + new) / block_size)
-
-
-def resting_blocks(mem_len: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-    """The most blocks a memory of `mem_len` positions spans between steps."""
-    return math.ceil((block_size - 1 + mem_len) / block_size) if mem_len else 0
-
-
-def gather_positions(pool_tensor: Tensor, row: PagedRow, block_dim: int) -> Tensor:
-    """The positions of `row` from one layer's pool tensor (blocks along `block_dim`, positions right after):
-    a dense copy with the positions along `block_dim`."""
-    if row.table is None or row.length == 0:
-        shape = list(pool_tensor.shape)
-        del shape[block_dim + 1]
-        shape[block_dim] = 0
-        return pool_tensor.new_zeros(shape)
-    index = torch.from_numpy(row.ids).to(pool_tensor.device)
-    blocks = pool_tensor.index_select(block_dim, index)  # [..., nb, bs, ...]
-    flat = blocks.flatten(block_dim, block_dim + 1)  # [..., nb * bs, ...]
-    return flat.narrow(block_dim, row.start, row.length)
 
 
 _default_pools: dict[tuple[MemoryLayout, bool], BlockPool] = {}

@@ -1,6 +1,7 @@
 """The bundled model's figures, drawn from its measurements: bits per byte against memory length (the books of
-`python -m txl.evaluate`'s report) and the training curve per held-out genre. The model card
-(scripts/model_card.py) and the quality benchmark (`python -m bench quality`) draw them from here.
+`python -m txl.training.evaluate`'s report) and the training curve per held-out genre. The model card
+(scripts/model_card.py), the quality benchmark (`python -m bench quality`) and `python -m txl.training.loss_curve`
+draw them from here.
 
 Needs matplotlib (the `train` extra), imported when a figure is drawn.
 """
@@ -25,14 +26,19 @@ def memory_plot(books: dict[str, dict[str, Any]], out: Path) -> None:
 
 
 def loss_plot(records: list[dict[str, Any]], out: Path) -> None:
-    """The training log's running train bits per byte, and each held-out genre's at every validation."""
-    points = [r for r in records if "valid_bpb_by_genre" in r]
+    """The training log's running train bits per byte, and the held-out bits per byte at every validation: each
+    genre's where the log has them, else the one validation set's."""
+    by_genre = any("valid_bpb_by_genre" in r for r in records)
+    points = [r for r in records if ("valid_bpb_by_genre" if by_genre else "valid_bpb") in r]
     fig, ax = _figure()
     steps = [p["step"] for p in points]
     ax.plot(steps, [p["train_bpb"] for p in points], label="train (running mean)", color="black")
-    for genre in points[-1]["valid_bpb_by_genre"]:
-        values = [p["valid_bpb_by_genre"][genre] for p in points]
-        ax.plot(steps, values, label=f"validation: {genre}")
+    if by_genre:
+        for genre in points[-1]["valid_bpb_by_genre"]:
+            values = [p["valid_bpb_by_genre"][genre] for p in points]
+            ax.plot(steps, values, label=f"validation: {genre}")
+    else:
+        ax.plot(steps, [p["valid_bpb"] for p in points], label="validation (held-out text)")
     ax.set_xlabel("step (16 streams x 128 bytes)")
     ax.set_ylabel("bits per byte")
     _save(fig, ax, out)

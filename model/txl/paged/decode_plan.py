@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels.plan_marks import Marks, cpu_plan_marks
-from .paged import BlockPool, BlockTable, PagedRow, RowStep, plan_row
+from ..kernels.plan_marks import Marks, RowEnds, cpu_plan_marks
+from .pool import BlockPool, BlockTable
+from .rows import PagedRow, RowStep, plan_row
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
@@ -26,8 +27,8 @@ _NO_IDS = np.zeros(0, dtype=np.int64)
 @dataclass(frozen=True)
 class RowArrays:
     """The rows a plan leaves (its `results`), as the next plan of the same rows reads them: a decoding batch
-    goes on with the same rows step after step, and reading them back from 64 row objects was a fifth of the
-    planning. Numbers only: block ids here hold no reference to their blocks."""
+    goes on with the same rows step after step, and reading them back from every row object was a large share of
+    the planning (docs/model.md). Numbers only: block ids here hold no reference to their blocks."""
 
     starts: np.ndarray  # [n] offset of each row's first position in its first block
     lengths: np.ndarray  # [n] positions held
@@ -81,18 +82,10 @@ class DecodePlan:
         )
 
 
-def _marks(
-    bs: int,
-    starts: np.ndarray,
-    lengths: np.ndarray,
-    widths: np.ndarray,
-    lasts: np.ndarray,
-    fed: np.ndarray,
-    filled: np.ndarray,
-    keeps: np.ndarray,
-) -> Marks:
+def _marks(bs: int, rows: RowEnds, filled: np.ndarray, keeps: np.ndarray) -> Marks:
     """Where each row's new position goes, as array operations (the contract of kernels/plan_marks.c, which
     does it in one call where it can be built); `filled` is the pool's marks, under its lock."""
+    starts, lengths, widths, lasts, fed = rows
     ends = starts + lengths
     tails = ends % bs
     fits = (ends + bs - 1) // bs == widths  # the memory ends in its table's last block (no block past it)
@@ -164,8 +157,8 @@ def plan_decode(
         bounds = np.cumsum(widths)  # where each row's ids end in `flat`
         lasts = np.where(widths > 0, flat[bounds - 1], 0) if flat.size else np.zeros(n, dtype=np.int64)
     native = cpu_plan_marks() if NATIVE else None
-    with pool._lock:
-        marks = (native or _marks)(bs, starts, lengths, widths, lasts, fed, pool._filled, keeps)
+    with pool.fill_marks() as filled:
+        marks = (native or _marks)(bs, RowEnds(starts, lengths, widths, lasts, fed), filled, keeps)
     keeps, drops, planned = marks.keeps, marks.drops, marks.planned
     write_blocks, write_slots = lasts, marks.slots
     keep_alive: list[BlockTable] = []
@@ -174,7 +167,7 @@ def plan_decode(
         fresh_rows = marks.fresh
         if fresh_rows.size:
             fresh = pool.allocate(fresh_rows.size)  # one reference each, which the step's table takes over
-            pool._filled[fresh] = 1
+            pool.set_filled(fresh, 1)
             write_blocks[fresh_rows] = fresh
             widths[fresh_rows] += 1
             # The step's tables: one reference more to the memory's blocks, the fresh block's own.
@@ -182,7 +175,7 @@ def plan_decode(
             memory_ids = [ids[i] for i in extended]
             pool.incref(np.concatenate(memory_ids))
             # Each is its memory's ids and the fresh block: views of one array made in one concatenation
-            # (np.append row by row took twice as long).
+            # (np.append row by row is slower).
             pieces: list[np.ndarray] = []
             for j, old in enumerate(memory_ids):
                 pieces += (old, fresh[j : j + 1])
@@ -202,7 +195,7 @@ def plan_decode(
             write_slots[i] = position % bs
     if planned:  # their tables changed in any way
         widths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
-    if previous is not None or planned or fresh_rows.size:  # one concatenation (np.insert cost 3x as much)
+    if previous is not None or planned or fresh_rows.size:  # one concatenation (np.insert costs more)
         flat = np.concatenate(ids)
     # The memory after the step: the last `keep` positions, without the blocks before them.
     dropping = marks.dropping

@@ -8,14 +8,13 @@ Three kernels compute `F.linear` on a CPU, and none wins everywhere:
 - native: a loop compiled for this machine that reads the weight once, as one stream (`kernels/rows_linear.c`),
   for up to 16 rows (decoding's case).
 
-On an AMD EPYC (1 thread), one row through the bundled model's 32 matrices (25 MB) took 2.2-2.8 ms plain or
-packed and 1.0-1.7 ms native; a single call into oneDNN costs about 10 µs whatever its size, so at one row plain
-beats packed on small matrices (256x256: 7 against 17 µs), while from 8 rows on packed was 1.1-2.5x faster than
-plain (MKL's gemm runs at half speed on this CPU) and native falls behind (the products, not the reads, bound
-it). An earlier version packed every layer (`mkldnn_linear` over `to_mkldnn` copies, which also converted every
-input and output): decode at batch 1 ran 1.7x slower than plain on an AVX2 EPYC. So the kernel is chosen per
-layer shape, dtype, rows bucket and thread count by timing the candidates on this machine the first time that
-entry is needed, and the choice is cached on disk (`txl.kernel_choice`).
+At one row a layer is a pass over its weight, which the native loop reads fastest; a call into oneDNN costs a
+fixed overhead whatever its size, so at one row plain beats packed on small matrices; from a few rows on the
+products, not the reads, bound the work, and oneDNN's blocked products win where MKL's gemm runs at a fraction of
+the CPU's rate. Packing every layer regardless (an earlier version, over `to_mkldnn` copies that also converted
+every input and output) made decoding slower than plain. So the kernel is chosen per layer shape, dtype, rows
+bucket and thread count by timing the candidates on this machine the first time that entry is needed, and the
+choice is cached on disk (`txl.kernels.linear_choice`). The measurements: docs/model.md, speed on CPU.
 
 A layer keeps a second copy of its weight only for a kernel it chose (oneDNN's layout, or a contiguous copy of a
 transposed weight for the native kernel). Training (autograd) and GPUs take the plain path.
@@ -30,14 +29,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
 from contextvars import ContextVar
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-from .kernel_choice import (
+from .build import cache_dir
+from .linear_choice import (
     KERNELS,
     NATIVE,
     ONEDNN,
@@ -48,8 +47,8 @@ from .kernel_choice import (
     rows_bucket,
     this_machine,
 )
-from .kernels.cpu import cache_dir
-from .kernels.rows_linear import MAX_ROWS, cpu_rows_linear
+from .rows_linear import MAX_ROWS, cpu_rows_linear
+from .scoped import scoped
 
 _preferred: ContextVar[str | None] = ContextVar("txl_linear_kernel", default=None)
 
@@ -60,7 +59,7 @@ def cpu_runs_bfloat16() -> bool:
 
     Asks oneDNN itself: the check its linear kernels make before they raise, which also honours oneDNN's
     `ONEDNN_MAX_CPU_ISA=AVX2` (how an AVX2-only CPU is simulated on a newer one). Without it, a plain bfloat16
-    matmul is a scalar loop: 0.34 GFLOP/s against 136 for float32 on an AVX2 EPYC. Tests replace this function
+    matmul is a scalar loop, hundreds of times slower than float32 (docs/model.md). Tests replace this function
     to take the other branch.
     """
     if not torch.backends.mkldnn.is_available():
@@ -105,17 +104,12 @@ def kernel_choices() -> KernelChoices:
     return KernelChoices(this_machine(cpu_runs_bfloat16()), cache_dir(), forced=forced)
 
 
-@contextlib.contextmanager
-def prefer(kernel: str | None) -> Iterator[None]:
+def prefer(kernel: str | None) -> contextlib.AbstractContextManager[None]:
     """Inside this block, linear layers use `kernel` ("plain", "onednn" or "native") wherever it can run, plain
     elsewhere; None: the measured choice (tests compare kernels; benchmarks measure each)."""
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r} (known: {', '.join(KERNELS)})")
-    token = _preferred.set(kernel)
-    try:
-        yield
-    finally:
-        _preferred.reset(token)
+    return scoped(_preferred, kernel)
 
 
 def preferred() -> str | None:
@@ -181,11 +175,10 @@ class _LayerKernels:
 
     def _copies(self, rows: int) -> list[_LayerKernels]:
         """Copies of this layer to time the kernels over, as a decode step's weights are read: each once, from
-        memory. One call on one weight measured something else: warm in L2, torch's kernels matched the native
+        memory. One call on one weight measures something else: warm in L2, torch's kernels matched the native
         one on the bundled model's matrices, and with the caches flushed before each call every kernel paid
-        cold-start latencies (a third of the streaming rate), while over a pass through enough copies to
-        outgrow the last-level cache the native kernel read at twice the rate of the others, as in the model
-        (one token of the bundled model: 4.1 ms with native kernels, 5.8 with plain ones). Enough copies for
+        cold-start latencies, while over a pass through enough copies to outgrow the last-level cache the
+        kernels ranked as they do in the model (docs/model.md). Enough copies for
         twice the last-level cache (at most 64, 128 MiB), fewer where the products dominate (at most about
         50 MFLOP a pass)."""
         weight, bias = self.weight, self.bias

@@ -10,6 +10,9 @@ is at distance d = p - j. The positional term BD for that pair is (q + v) . W_r 
 distance at once (one product against the positional table, columns for distances P-1..0), then picked per
 slot with `bd_index` = P-1-d. Slots outside the query's window (before the row's first position, after the
 query, or at a distance its `txl.window.WindowRule` hides) are masked.
+
+`PagedStep` plans one such forward from the rows' memories; `StaticDecodeStep` is a decoding step whose inputs
+sit in buffers that never move (what a CUDA graph captures). Both are `GroupedStep`s: what the layers read.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..window import WindowRule
 from .decode_plan import DecodePlan
-from .paged import NULL_BLOCK, BlockPool, PagedRow, Reservation, RowStep, plan_row
+from .pool import NULL_BLOCK, BlockPool, Reservation
+from .rows import PagedRow, RowStep, plan_row
 from .staging import StagedInputs
-from .window import WindowRule
 
 # Attention scores of one query group on CPU: about an L2 cache's worth (see PagedStep._tiles).
 CPU_SCORE_BYTES = 1 << 20
@@ -70,7 +74,7 @@ class QueryGroup:
         was given (indices computed once, at capture, would keep pointing at the warm-up's rows)."""
         device = self.table.device
         # index_select along the first dimension copies whole contiguous rows (a block of one head) at full
-        # bandwidth; along the blocks dimension of [H, n_blocks, bs, Dh] it was 5x slower.
+        # bandwidth; along the blocks dimension of [H, n_blocks, bs, Dh] it was several times slower.
         heads = torch.arange(self.n_head, device=device)[:, None] * self.n_blocks
         head_rows = (heads + self.table.reshape(1, -1)).reshape(-1)  # [H*B*S]
         query = torch.arange(self.queries, device=device)[None, :, None]  # [1, T, 1]
@@ -83,8 +87,35 @@ class QueryGroup:
         return GroupIndices(head_rows, mask, bd_index)
 
 
-class PagedStep:
-    """The plan of one forward: where each new token's keys and values go, and the query groups."""
+class GroupedStep:
+    """What every step gives the layers: the pool, where each new token's keys and values go (`write_blocks`,
+    `write_slots` [N]), the query groups, and each group's index tensors for the torch path (`indices`)."""
+
+    pool: BlockPool
+    n_pos: int  # distances the positional scores cover
+    write_blocks: Tensor
+    write_slots: Tensor
+    groups: list[QueryGroup]
+    _indices: dict[int, GroupIndices]
+
+    def begin(self) -> None:
+        """A forward over this step starts."""
+
+    def indices(self, group: int) -> GroupIndices:
+        """Group `group`'s index tensors for the torch attention path, derived on first use in a forward."""
+        found = self._indices.get(group)
+        if found is None:
+            found = self._indices[group] = self.groups[group].derive()
+        return found
+
+    def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
+        """Stores this layer's keys/values [N, H, Dh] (and input [N, D]) of the new positions in the pool."""
+        _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
+
+
+class PagedStep(GroupedStep):
+    """The plan of one forward: where each new token's keys and values go, and the query groups. Its groups'
+    inputs never change, so their index tensors are derived once, in its first forward."""
 
     def __init__(
         self,
@@ -132,9 +163,9 @@ class PagedStep:
     def _tiles(self, members: list[int], queries: int, device: torch.device) -> list[list[int]]:
         """Splits a group on CPU so that each part's attention scores [H, B, T, L] stay within CPU_SCORE_BYTES:
         the scores are written, masked, normalised and read back, and beyond the cache those passes run at memory
-        speed (`python -m bench batching`: 4 segments of 128 at mem 512 in one unsplit forward took up to 1.6x as
-        long as one by one, in parts 0.9x). A GPU takes the group whole: its scores never leave for host memory,
-        and fewer launches count."""
+        speed (`python -m bench batching` measures a group whole, in parts and one by one: docs/benchmarks/
+        batching.md). A GPU takes the group whole: its scores never leave for host memory, and fewer launches
+        count."""
         if device.type != "cpu" or queries == 1 or len(members) == 1:
             return [members]  # decoding rows: a query's scores are one row of keys, never a large tensor
         bs = self.pool.block_size
@@ -183,25 +214,11 @@ class PagedStep:
             (starts + key_lengths - queries).tolist(),
         )
 
-    def begin(self) -> None:
-        """A forward over this step starts (its groups' inputs never change: indices are derived once)."""
 
-    def indices(self, group: int) -> GroupIndices:
-        """Group `group`'s index tensors for the torch attention path, derived on first use."""
-        found = self._indices.get(group)
-        if found is None:
-            found = self._indices[group] = self.groups[group].derive()
-        return found
-
-    def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
-        """Stores this layer's keys/values [N, H, Dh] (and input [N, D]) of the new positions in the pool."""
-        _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
-
-
-class StaticDecodeStep:
+class StaticDecodeStep(GroupedStep):
     """A decoding step (one new token per row) whose inputs live in buffers that never move: what a CUDA graph
     captures. `load` fills them for the rows of one iteration (one non-blocking copy from the host, see
-    txl.staging); rows beyond those are padding, which read and write only `scratch_block` (a block no memory
+    txl.paged.staging); rows beyond those are padding, which read and write only `scratch_block` (a block no memory
     holds). Everything derived from the buffers is derived inside the forward (`begin`, `indices`), so that a
     captured graph derives it again from each replay's rows."""
 
@@ -221,7 +238,7 @@ class StaticDecodeStep:
         self.n_pos = n_pos
         self.scratch_block = scratch_block
         self.plan: DecodePlan | None = None  # the rows loaded: their tables are held until the next load
-        # Per host buffer (txl.staging), the first row from which it holds padding (rows + 1: not written yet).
+        # Per host buffer (txl.paged.staging), the first row from which it holds padding (rows + 1: not written yet).
         self._padding_from = [rows + 1, rows + 1]
         self._inputs = StagedInputs(
             {
@@ -255,7 +272,7 @@ class StaticDecodeStep:
         self.load(None)  # every row padding until the first iteration
 
     def load(self, plan: DecodePlan | None, windows: np.ndarray | None = None) -> None:
-        """The rows of this iteration (`txl.decode_plan`), each query seeing keys at distance < `windows[i]`
+        """The rows of this iteration (`txl.paged.decode_plan`), each query seeing keys at distance < `windows[i]`
         (`txl.window.windows_at`), padded to capacity; None: every row padding."""
         n = len(plan) if plan is not None else 0
         if n > self.capacity:
@@ -292,15 +309,6 @@ class StaticDecodeStep:
         """A forward starts: what was derived from the previous rows is dropped (inside a captured graph this runs
         once, at capture, and the derivation it leads to is replayed from the buffers each time)."""
         self._indices = {}
-
-    def indices(self, group: int) -> GroupIndices:
-        found = self._indices.get(group)
-        if found is None:
-            found = self._indices[group] = self.groups[group].derive()
-        return found
-
-    def write(self, layer: int, keys: Tensor, values: Tensor, layer_input: Tensor | None) -> None:
-        _write(self.pool, self.write_blocks, self.write_slots, layer, keys, values, layer_input)
 
 
 def _write(

@@ -9,7 +9,7 @@ from torch import Tensor
 
 class DecodeRows(Protocol):
     """Per row: its block table [B, S], its first position's offset in its first block [B], the positions its
-    query sees [B], and its same_length window [B] (`txl.paged_step.QueryGroup` is one)."""
+    query sees [B], and its same_length window [B] (`txl.paged.step.QueryGroup` is one)."""
 
     @property
     def table(self) -> Tensor: ...

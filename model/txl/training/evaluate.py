@@ -1,7 +1,7 @@
 """Held-out evaluation of a byte-level model: bits per byte per genre against memory length, next to `xz -9e`;
 single-stream decode and scoring speed; samples.
 
-    python -m txl.evaluate --model server/txl_server/default_model --corpus runs/corpus --out docs/default-model.json
+    python -m txl.training.evaluate --model server/txl_server/default_model --corpus runs/corpus --out docs/default-model.json
 
 Each held-out text (corpus/test/GENRE.txt, from scripts/prepare_corpus.py) is scored as one stream, segment by
 segment, starting from an empty memory primed with "\\n" (as the server does), so every byte is predicted. `xz -9e`
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_pretrained
-from .model import TransfoXLLMHeadModel
-from .sampling import SamplingParams, make_generator, sample
-from .scoring import score_tokens
-from .tokenizers import ByteTokenizer
+from ..checkpoint import load_pretrained
+from ..model import TransfoXLLMHeadModel
+from ..sampling import SamplingParams, make_generator, sample
+from ..scoring import score_tokens
+from ..tokenizers import ByteTokenizer
 
 START = ord("\n")
 PROMPT = "It was a dark and stormy night"  # the README's prompt
@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     serving = model.config.mem_len
     mem_lens = sorted(set(args.mem_lens) | {serving})
     report: dict = {
-        "command": shlex.join(["python", "-m", "txl.evaluate", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(
+            ["python", "-m", "txl.training.evaluate", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "model": str(args.model),
         "segment_len": model.config.segment_len,
         "serving_mem_len": serving,

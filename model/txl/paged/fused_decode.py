@@ -1,55 +1,71 @@
 """Decoding steps on the CPU through one native call per layer (`kernels/decode_layer.c`), where it computes what
-the layer-by-layer path would, faster.
+the layer-by-layer path would, faster: each weight and each row's memory read once, and none of the layer's
+forty-odd small torch operations in between.
 
 It takes a step when:
 - the step is a `PagedStep` whose rows each feed one token (one query group), at most `max_rows()` of them,
   in float32 on the CPU, for inference (no gradients, eval mode);
 - decoding attention would take the CPU kernel (not torch's path: `txl.kernels.reference_path()` turns this off
   too), and the native library builds;
-- no other linear kernel is asked for (`txl.linear.prefer("plain")` or `"onednn"` turns it off; `"native"`, the
-  kernel the call's products are, keeps it).
+- no other linear kernel is asked for (`txl.kernels.linear.prefer("plain")` or `"onednn"` turns it off;
+  `"native"`, the kernel the call's products are, keeps it).
 
 Everything else takes the layer-by-layer path (`disabled()` forces it, for tests and benchmarks). Both read the
 same weights, pool and positional tables and write the pool alike; the results agree to float32 rounding.
 
 How many rows: the call's products take each row against a weight row in turn (decoding's case: bound by
-reading the weights, until the rows' multiply-adds outgrow the reads). With more than one torch thread the call
-runs on torch's own OpenMP team (`kernels/decode_layer.c`): each product's output features and the attention's
-(head, row) items split over it, the same bits on any number of threads. Measured on an AMD EPYC (AVX-512),
-decode steps including the next-token distribution, against the layer-by-layer path with its kernels chosen by
-measurement (`python -m bench cpu` and same-run A/B runs):
-- bundled model (0.8 M weights a layer), memory 512, 1 thread (as a server's worker on 2 cores runs): 1 row 1.4
-  against 2.7 ms, 4 rows 3.9 against 5.6, 8 rows 7.3 against 9.0, 16 rows 14-16 against 15 (even).
-- the same, 2 threads: 1 row 0.6-1.0 against 2.1-2.3 ms, 4 rows 2.0-2.2 against 3.8-4.0, 8 rows 4.0-4.1
-  against 5.8-5.9, 16 rows 7.7-8.2 against 9.4-9.8. When the call still ran on one thread beside torch's others,
-  the layer-by-layer path was as fast or faster from 8 rows: 4 rows stay the limit where the call cannot share
-  torch's team (another OpenMP runtime loaded, or no -fopenmp).
-- wt103's shape (12.6 M weights a layer), memory 128, 1 thread: 1 row 32 against 35 ms, 2 rows 41 against 39,
-  4 rows 64 against 45, 8 rows 114 against 61: oneDNN's blocked products win as soon as there are products.
-Hence at most 16 rows (the native linear loop's limit) and at most `MAX_WORK` multiply-adds a layer (rows times
-the layer's weights). Splitting rows across Python threads, each part through every layer, read every weight
-once per part and gained nothing consistent (2 rows: slower).
+reading the weights, until the rows' multiply-adds outgrow the reads, where blocked products such as oneDNN's
+win). With more than one torch thread the call runs on torch's own OpenMP team (`kernels/decode_layer.c`): each
+product's output features and the attention's (head, row) items split over it, the same bits on any number of
+threads. Hence at most 16 rows (the native linear loop's limit), at most 4 where the call cannot share torch's
+team (another OpenMP runtime loaded, or no -fopenmp: the layer-by-layer path, its products on every thread,
+catches up beyond), and at most `MAX_WORK` multiply-adds a layer (rows times the layer's weights). The
+measurements behind these limits are in docs/model.md (speed on CPU).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import Protocol, cast
 
 import torch
 from torch import Tensor, nn
 
-from . import linear as linear_kernels
-from .kernels import decode_kernel
-from .kernels.cpu import PagedDecodeKernel
-from .kernels.decode_layer import LayerArgs, RowsArgs, StateArgs, cpu_decode_layer, scratch_floats
-from .paged import BlockPool
-from .paged_step import PagedStep, StaticDecodeStep
+from ..kernels import decode_kernel
+from ..kernels import linear as linear_kernels
+from ..kernels.decode_layer import LayerArgs, RowsArgs, StateArgs, cpu_decode_layer, scratch_floats
+from ..kernels.paged_decode import PagedDecodeKernel
+from ..kernels.scoped import scoped
+from .pool import BlockPool
+from .step import GroupedStep, PagedStep
 
-if TYPE_CHECKING:
-    from .model import RelPartialLearnableDecoderLayer
+
+class _Attention(Protocol):
+    @property
+    def layer_norm(self) -> nn.LayerNorm: ...
+    @property
+    def scale(self) -> float: ...
+    @property
+    def pre_lnorm(self) -> bool: ...
+
+
+class _FeedForward(Protocol):
+    @property
+    def layer_norm(self) -> nn.LayerNorm: ...
+
+
+class DecoderLayer(Protocol):
+    """What the call reads of a decoder layer (txl.model's, HF's module names): the attention `dec_attn` (`qkv_net`,
+    `o_net`, `layer_norm`, `r_w_bias`, `r_r_bias`, `scale`, `pre_lnorm`) and the feed-forward `pos_ff` (`CoreNet.0`,
+    `CoreNet.3`, `layer_norm`)."""
+
+    @property
+    def dec_attn(self) -> _Attention: ...
+    @property
+    def pos_ff(self) -> _FeedForward: ...
+
 
 MAX_ROWS = 16  # the native linear loop's own limit (kernels/rows_linear.py)
 MAX_ROWS_BESIDE_THREADS = 4  # with more torch threads than the call can use (it cannot share their team)
@@ -57,14 +73,9 @@ MAX_WORK = 16_000_000  # multiply-adds a layer: rows times the layer's weights
 _enabled: ContextVar[bool] = ContextVar("txl_fused_decode", default=True)
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> contextlib.AbstractContextManager[None]:
     """Inside this block, decoding steps take the layer-by-layer path."""
-    token = _enabled.set(False)
-    try:
-        yield
-    finally:
-        _enabled.reset(token)
+    return scoped(_enabled, False)
 
 
 class _FusedLayer:
@@ -73,8 +84,9 @@ class _FusedLayer:
 
     __slots__ = ("addresses", "args", "kept", "size", "weights")
 
-    def __init__(self, layer: RelPartialLearnableDecoderLayer) -> None:
-        attn, ff = layer.dec_attn, layer.pos_ff
+    def __init__(self, layer: nn.Module) -> None:
+        described = cast(DecoderLayer, layer)
+        attn, ff = described.dec_attn, described.pos_ff
         self.weights = _weights(layer)
         self.addresses = tuple(t.data_ptr() for t in self.weights)
         self.size = sum(t.numel() for t in self.weights)  # weights read once per row
@@ -89,7 +101,7 @@ class _FusedLayer:
             pre_lnorm=int(attn.pre_lnorm),
         )
 
-    def current(self, layer: RelPartialLearnableDecoderLayer) -> bool:
+    def current(self, layer: nn.Module) -> bool:
         """Whether the layer still holds the tensors this was made for, where they were: a replaced weight, or
         one whose data moved (`module.to` swaps a parameter's data in place), needs new addresses; one changed in
         place does not."""
@@ -102,7 +114,7 @@ class _FusedLayer:
 def _weights(layer: nn.Module) -> tuple[Tensor, ...]:
     """In decode_layer.c's TxlLayer order: qkv, o, FF in (weight, bias), FF out (weight, bias), the attention's
     LayerNorm, the FF's LayerNorm, u, v. Read from the modules' own dicts (what attribute access on a module does
-    too, at a tenth of its cost: every step checks them)."""
+    too, at a fraction of its cost: every step checks them)."""
     attn, ff = layer._modules["dec_attn"], layer._modules["pos_ff"]
     assert attn is not None and ff is not None
     core = ff._modules["CoreNet"]
@@ -127,7 +139,7 @@ def _weights(layer: nn.Module) -> tuple[Tensor, ...]:
     )
 
 
-def _fused_layer(layer: RelPartialLearnableDecoderLayer) -> _FusedLayer:
+def _fused_layer(layer: nn.Module) -> _FusedLayer:
     found: _FusedLayer | None = layer.__dict__.get("_fused")
     if found is None or not found.current(layer):
         found = _FusedLayer(layer)
@@ -143,10 +155,9 @@ def max_rows() -> int:
     return MAX_ROWS_BESIDE_THREADS
 
 
-def applies(
-    layers: Sequence[RelPartialLearnableDecoderLayer], step: PagedStep | StaticDecodeStep, training: bool
-) -> list[_FusedLayer] | None:
-    """Each layer's native arguments when the native call takes this step (see the module's docstring), else None."""
+def applies(layers: Sequence[nn.Module], step: GroupedStep, training: bool) -> list[_FusedLayer] | None:
+    """Each layer's native arguments when the native call takes this step (see the module's docstring), else None.
+    `layers`: `DecoderLayer`s."""
     if not _enabled.get() or not isinstance(step, PagedStep) or training or torch.is_grad_enabled():
         return None
     if len(step.groups) != 1 or step.groups[0].queries != 1 or step.n_tokens > max_rows():

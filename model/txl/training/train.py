@@ -1,7 +1,7 @@
 """Training a byte-level Transformer-XL the way the paper does (section 3.2 and appendix).
 
     python scripts/prepare_corpus.py --out runs/corpus
-    python -m txl.train --corpus runs/corpus --out runs/books --minutes 60
+    python -m txl.training.train --corpus runs/corpus --out runs/books --minutes 60
 
 Text is one long byte stream cut into `batch_size` parallel streams. Each step feeds the next `tgt_len` bytes
 of every stream and carries the memory (detached hidden states of the last `mem_len` positions) to the next
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_pretrained, save_pretrained
-from .config import TxlConfig
-from .memory import HiddenMemory
-from .model import TransfoXLLMHeadModel
-from .scoring import score_tokens
-from .tokenizers import ByteTokenizer, save_tokenizer
+from ..checkpoint import load_pretrained, save_pretrained
+from ..config import TxlConfig
+from ..memory import HiddenMemory
+from ..model import TransfoXLLMHeadModel
+from ..scoring import score_tokens
+from ..tokenizers import ByteTokenizer, save_tokenizer
 
 
 @dataclass
@@ -47,7 +47,8 @@ class TrainConfig:
     n_head: int = 8
     d_head: int = 32
     d_inner: int = 1024
-    # Regularisation matters little in about one epoch, and dropout's random masks cost ~12% of a CPU step.
+    # Regularisation matters little in about one epoch, and dropout's random masks cost a noticeable share of a CPU
+    # step (docs/model.md).
     dropout: float = 0.0
     dropatt: float = 0.0
     clamp_len: int = 1024
@@ -65,7 +66,8 @@ class TrainConfig:
     eval_interval: int = 250
     eval_bytes: int = 16384  # from each held-out genre
     checkpoint_interval: int = 250
-    # Autocast matmuls to bfloat16: about 5x the matmul rate on a CPU with avx512_bf16, and tensor cores on a GPU.
+    # Autocast matmuls to bfloat16: several times the matmul rate on a CPU with avx512_bf16 (docs/model.md), and
+    # tensor cores on a GPU.
     bf16: bool = True
     threads: int = 0  # 0: torch's default
     seed: int = 1234

@@ -4,13 +4,13 @@ A prompt segment's attention makes tensors of a few megabytes every layer (score
 product, the feed-forward's inner activations), frees them, and makes them again in the next layer. glibc's
 malloc serves such sizes from fresh `mmap`s or gives the top of its heap back to the OS on each free (its
 thresholds adapt, but not to this pattern), so every layer's tensors are new pages: faulted in and zeroed by the
-kernel before torch writes them. On an AMD EPYC (1 thread, bundled model, memory 512) a 128-token segment took
-55-60 ms so, and 28 ms with the heap kept (`python -m bench cpu` measures it). vLLM's CPU backend asks for tcmalloc
-for the same reason; this needs no preloaded library.
+kernel before torch writes them, which made a prompt segment on a CPU take about twice as long (docs/model.md;
+`python -m bench cpu` measures it). vLLM's CPU backend asks for tcmalloc for the same reason; this needs no
+preloaded library.
 
 `keep_freed_memory()` sets glibc's thresholds for this process: nothing under 32 MiB (glibc's largest allowed)
 is mapped on its own, freed memory is not trimmed, and the heap grows 64 MiB at a time. The cost is that the
-process keeps its peak heap (tens of MiB for a segment of the bundled model, a few hundred for wt103). Elsewhere
+process keeps its peak heap (a segment's attention tensors: docs/model.md gives sizes). Elsewhere
 (musl, macOS, Windows) it does nothing. A server calls it at start-up; a library import never does.
 """
 

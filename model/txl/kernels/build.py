@@ -1,16 +1,18 @@
-"""The CPU decode kernel: built once per machine with the system C compiler, called through ctypes.
+"""Native kernels built for this machine: compiled once with the system C compiler, cached on disk, loaded
+through ctypes.
 
-Why native code: decoding attends one query per row over every row's memory, which lives in pool blocks. In
-plain torch that means gathering each row's blocks into a dense copy first (index_select), then two products:
-the copy alone moves twice the bytes attention needs. The kernel reads each block in place, once. ctypes
-releases the GIL during the call; with more than one torch thread the call splits its rows over torch's own
-OpenMP team (see the C file).
+Each C file beside this module is one kernel; its Python wrapper (the module of the same name) declares the
+functions it exports and calls them. `load_kernel(source, Wrapper)` is how a wrapper gets its library: `source`
+compiled on first use (`-O3 -march=native`, cached under `cache_dir()` by a key over the source, the headers it
+includes, the compiler and its flags, and this CPU), and None where it cannot be (no C compiler, a failed build,
+`TXL_CPU_KERNELS=0`), which sends callers to torch's path. ctypes releases the GIL during a call. A kernel built
+with `-fopenmp` runs its parallel regions on torch's own OpenMP team (team.h) where the process maps that one
+runtime alone (`shares_torchs_threads`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import logging
 import os
@@ -19,24 +21,22 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
 import torch
-from torch import Tensor
-
-from .rows import DecodeRows
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
 # -ffp-contract=fast: ISO C mode (-std=c11) keeps a * b + c as two roundings, so without it GCC emits no fused
-# multiply-adds at all; with them the fused decode layer ran 8% faster at 8 rows (same at 1-4, bound by reads).
+# multiply-adds at all (the fused decode layer is faster with them: docs/model.md).
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp-simd", "-std=c11", "-shared", "-fPIC"]
 # TXL_CPU_KERNEL_ISA=avx2 builds the kernels without AVX-512 on a CPU that has it: with oneDNN, ATen and MKL
 # limited likewise, what an AVX2-only CPU runs (`python -m bench cpu` measures that class so).
 AVX2_ONLY = ["-mno-avx512f"]
-# q .. out; B, H, S, NB, bs, Dh, P, threads; scratch, its floats per thread
-_ARGS = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 8 + [ctypes.c_void_p, ctypes.c_int64]
+# The suffixes of a kernel's entry points by the dtype of the tensors they read (bfloat16 as uint16 bits).
+DTYPE_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 def _cpu_flags() -> str:
@@ -50,7 +50,7 @@ def _cpu_flags() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels (and measured linear kernel choices, txl.kernel_choice) are kept."""
+    """Where compiled kernels (and measured linear kernel choices, txl.kernels.linear_choice) are kept."""
     root = os.environ.get("TXL_KERNEL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "txl", "kernels"
     )
@@ -130,42 +130,6 @@ def openmp_runtimes() -> set[str]:
     return {p for p in paths if Path(p).name.startswith(_OPENMP_RUNTIMES)}
 
 
-class PagedDecodeKernel:
-    """Attention of one query per row over paged keys/values (see paged_decode.c for the contract)."""
-
-    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
-        self._functions = {
-            torch.float32: library.txl_paged_decode_f32_threads,
-            torch.bfloat16: library.txl_paged_decode_bf16_threads,
-        }
-        for function in self._functions.values():
-            function.argtypes = _ARGS
-            function.restype = None
-        # Whether a call may split its rows over torch's thread team: only where the library was built with OpenMP
-        # and the process maps one OpenMP runtime, torch's (openmp_runtimes).
-        self.threaded = threaded
-
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype in self._functions
-
-    def __call__(self, q: Tensor, bd: Tensor, keys: Tensor, values: Tensor, rows: DecodeRows) -> Tensor:
-        """q [B, H, Dh] float32, bd [H, B, P] float32, keys/values [H, NB, bs, Dh] -> [B, H, Dh] float32."""
-        table, starts, key_lengths, windows = rows.table, rows.starts, rows.key_lengths, rows.windows
-        batch, heads, d_head = q.shape
-        _, n_blocks, block_size, _ = keys.shape
-        width, n_pos = table.size(1), bd.size(2)
-        q, bd, table = q.contiguous(), bd.contiguous(), table.contiguous()
-        out = torch.empty_like(q)
-        items = batch * heads
-        # At least 4 (row, head) items a thread: fewer cost more to hand out than they save.
-        threads = min(torch.get_num_threads(), max(1, items // 4)) if self.threaded else 1
-        scratch = torch.empty(threads, width * block_size)
-        pointers = [t.data_ptr() for t in (q, bd, keys, values, table, starts, key_lengths, windows, out)]
-        sizes = [batch, heads, width, n_blocks, block_size, d_head, n_pos]
-        self._functions[keys.dtype](*pointers, *sizes, threads, scratch.data_ptr(), width * block_size)
-        return out
-
-
 def shares_torchs_threads(kernel: str) -> bool:
     """Whether a kernel built with OpenMP may split its work over torch's thread team: true where this process
     maps one OpenMP runtime (torch's, which the kernel's libgomp.so.1 bound to); else it runs in one thread, and
@@ -182,10 +146,64 @@ def shares_torchs_threads(kernel: str) -> bool:
     return False
 
 
-@functools.cache
-def cpu_paged_decode() -> PagedDecodeKernel | None:
-    """The kernel for this machine, built on first use; None where it cannot be (attention then uses torch)."""
-    library = build_library(SOURCE, openmp=True)
+class LoadedLibrary:
+    """One kernel's library, built and loaded: its functions, declared, and how many threads a call may use."""
+
+    def __init__(self, library: ctypes.CDLL, threaded: bool) -> None:
+        self._library = library
+        # Whether a call may split its work over torch's thread team: built for OpenMP, in a process that maps one
+        # OpenMP runtime, torch's (shares_torchs_threads).
+        self.threaded = threaded
+
+    def function(self, name: str, argtypes: Sequence[Any], restype: Any = None) -> Any:
+        """The exported function `name`, declared with these argument types and result type."""
+        function = getattr(self._library, name)
+        function.argtypes = list(argtypes)
+        function.restype = restype
+        return function
+
+    def team(self, most: int) -> int:
+        """Threads a call runs on now: torch's thread count, at most `most` and at least one, where the call
+        shares torch's team; else one."""
+        return max(1, min(torch.get_num_threads(), most)) if self.threaded else 1
+
+
+class Kernel:
+    """What every kernel's wrapper holds: its library, and whether a call may run on torch's thread team."""
+
+    def __init__(self, library: LoadedLibrary) -> None:
+        self.library = library
+        self.threaded = library.threaded
+
+
+class KernelByDtype(Kernel):
+    """A kernel with one entry point per dtype of the tensors it reads: `ENTRY` names them, `{}` standing for
+    the dtype's suffix (DTYPE_SUFFIXES), each taking `ARGS`."""
+
+    ENTRY: ClassVar[str]
+    ARGS: ClassVar[Sequence[Any]]
+
+    def __init__(self, library: LoadedLibrary) -> None:
+        super().__init__(library)
+        self.functions = {
+            dtype: library.function(self.ENTRY.format(suffix), self.ARGS)
+            for dtype, suffix in DTYPE_SUFFIXES.items()
+        }
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return dtype in self.functions
+
+
+Wrapper = TypeVar("Wrapper")
+
+
+def load_kernel(
+    source: Path, wrapper: Callable[[LoadedLibrary], Wrapper], *, openmp: bool = False
+) -> Wrapper | None:
+    """`wrapper` over `source` built for this machine (see `build_library`) and loaded; None where it cannot be
+    built (callers then take torch's path). `openmp`: its calls may run on torch's thread team where that is
+    shared (`shares_torchs_threads`)."""
+    library = build_library(source, openmp=openmp)
     if library is None:
         return None
-    return PagedDecodeKernel(library, shares_torchs_threads(SOURCE.name))
+    return wrapper(LoadedLibrary(library, openmp and shares_torchs_threads(source.name)))
