@@ -86,8 +86,10 @@ def build(directory: Path) -> None:
             "--only-binary=:all:", "--python-version", "3.11", "--constraint", str(constraint_file),
             *extra, *wanted,
         ]  # fmt: skip
-        print(f"package index: downloading {len(wanted)} requirements and their dependencies", file=sys.stderr)
-        done = subprocess.run(command, capture_output=True, text=True)
+        print(
+            f"package index: downloading {len(wanted)} requirements and their dependencies", file=sys.stderr
+        )
+        done = subprocess.run(command, capture_output=True, text=True)  # noqa: S603 (this interpreter's pip)
         if done.returncode != 0:
             sys.exit(
                 f"package index: pip download failed:\n{done.stderr[-3000:]}\n"
@@ -118,7 +120,9 @@ def serve(directory: Path, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["build", "serve"])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--port", type=int, default=0, help="serve: the port (default: any free one)")

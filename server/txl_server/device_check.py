@@ -67,7 +67,9 @@ def gather(dev: Path = Path("/dev"), root: Path = Path("/")) -> CudaFacts:
         device_nodes=len([p for p in dev.glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)]),
         in_container=(root / ".dockerenv").exists() or (root / "run" / ".containerenv").exists(),
         in_image=(root / IMAGE_ENTRYPOINT).exists(),
-        torch_reason="; ".join(str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()),
+        torch_reason="; ".join(
+            str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()
+        ),
     )
 
 
@@ -81,7 +83,9 @@ def explain(device: str, dtype: str, facts: CudaFacts) -> str | None:
     if kind != "cuda":
         return None
     if facts.in_image:
-        on_cpu = "or serve on the CPU with -e TXL_DEVICE=cpu -e TXL_DTYPE=float32 (or the CPU image, VARIANT=cpu)"
+        on_cpu = (
+            "or serve on the CPU with -e TXL_DEVICE=cpu -e TXL_DTYPE=float32 (or the CPU image, VARIANT=cpu)"
+        )
     else:
         on_cpu = "or serve on the CPU with --device cpu" + (" --dtype float32" if dtype != "float32" else "")
         on_cpu += " (TXL_DEVICE=cpu)"
@@ -101,9 +105,8 @@ def explain(device: str, dtype: str, facts: CudaFacts) -> str | None:
         if index < facts.device_count:
             return None
         visible = f"cuda:0 to cuda:{facts.device_count - 1}" if facts.device_count > 1 else "cuda:0"
-        return (
-            f"{said}, but {facts.device_count} GPU(s) are visible ({visible}): choose one of those"
-            + (" (docker run --gpus '\"device=N\"' shows host GPU N as cuda:0)" if facts.in_container else "")
+        return f"{said}, but {facts.device_count} GPU(s) are visible ({visible}): choose one of those" + (
+            " (docker run --gpus '\"device=N\"' shows host GPU N as cuda:0)" if facts.in_container else ""
         )
     needed = MINIMUM_DRIVER.get(version_tuple(facts.cuda_build)[0])
     if facts.driver is not None and needed is not None and version_tuple(facts.driver) < needed:

@@ -135,7 +135,9 @@ def test_the_server_prints_the_line_and_exits_2_before_loading(facts, tmp_path, 
     loaded = []
     monkeypatch.setattr("txl_server.runtime.load_model", lambda settings: loaded.append(settings))
     model = make_byte_model_dir(tmp_path / "model")
-    code = server_main.main(["--device", "cuda", "--port", str(free_port()), "--model", str(model), "--ephemeral"])
+    code = server_main.main(
+        ["--device", "cuda", "--port", str(free_port()), "--model", str(model), "--ephemeral"]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and not loaded
     assert err == explain("cuda", "float32", facts), err
@@ -145,9 +147,9 @@ def test_python_m_txl_server_on_a_machine_without_cuda_exits_at_once(tmp_path):
     """For real, on this machine's CPU build of torch: one line, exit 2, in the time torch takes to import."""
     model = make_byte_model_dir(tmp_path / "model")
     started = time.monotonic()
+    argv = ["--device", "cuda", "--port", str(free_port()), "--model", str(model), "--ephemeral"]
     done = subprocess.run(
-        [sys.executable, "-m", "txl_server", "--device", "cuda", "--port", str(free_port()), "--model", str(model)]
-        + ["--ephemeral"],
+        [sys.executable, "-m", "txl_server", *argv],
         capture_output=True,
         text=True,
         timeout=120,
