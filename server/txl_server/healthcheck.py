@@ -2,7 +2,8 @@
 
 The probe runs beside the server (`docker exec`, Docker's health check), not inside it, so it finds where the
 server listens as the server did: the `--host`/`--port` flags of the `python -m txl_server` process (read from
-/proc), else TXL_HOST/TXL_PORT, else the defaults. `docker run IMAGE --port 9000` then turns healthy too, where a
+/proc: in a container, the only one), else TXL_HOST/TXL_PORT, else the defaults; the probe's own `--host`/`--port`
+skip the search. `docker run IMAGE --port 9000` then turns healthy too, where a
 probe fixed on port 8000 stayed unhealthy for ever. A wildcard address (`0.0.0.0`, `::`) is probed on loopback.
 """
 
@@ -63,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m txl_server.healthcheck", description=__doc__)
     parser.add_argument("--path", default="/health", help="/health (alive) or /ready (model and Redis)")
     parser.add_argument("--timeout", type=float, default=4.0)
+    parser.add_argument("--host", help="the server's --host (default: found as described above)")
+    parser.add_argument("--port", type=int, help="the server's --port (default: found as described above)")
     args = parser.parse_args(argv)
-    url = local_url(*server_address(server_flags()), args.path)
+    given = [f"--{name}={value}" for name in ("host", "port") if (value := getattr(args, name)) is not None]
+    url = local_url(*server_address(given or server_flags()), args.path)
     try:
         with urllib.request.urlopen(url, timeout=args.timeout) as response:  # noqa: S310 (http on loopback)
             print(f"{url}: {response.status}")

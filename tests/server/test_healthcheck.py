@@ -66,5 +66,9 @@ def test_the_probe_answers_0_when_the_server_does_and_1_when_not(monkeypatch):
         monkeypatch.setattr(healthcheck, "server_flags", lambda: ["--host", "0.0.0.0", "--port", str(port)])
         assert healthcheck.main([]) == 0
         assert healthcheck.main(["--path", "/ready"]) == 1
+        monkeypatch.setattr(healthcheck, "server_flags", lambda: ["--port", "1"])
+        assert healthcheck.main([]) == 1
+        own = ["--host", "127.0.0.1", "--port", str(port)]
+        assert healthcheck.main(own) == 0  # the probe's own flags win
         server.shutdown()
-    assert healthcheck.main([]) == 1
+    assert healthcheck.main(["--host", "127.0.0.1", "--port", str(port)]) == 1
