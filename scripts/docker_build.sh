@@ -8,10 +8,12 @@
 # - the base: BASE_IMAGE if set; else python:3.11.11-slim-bookworm if the engine has it, else the stand-in if the
 #   engine has it (scripts/docker_stand_in_base.sh), else python:3.11.11-slim-bookworm if it can be pulled, else
 #   the stand-in, made now (root and debootstrap; the Debian mirror);
-# - the CPU variant's Python packages, when PyTorch's CPU index does not answer: all of them from a local package
-#   index (scripts/package_index.py: torch's CPU wheel and the server's dependencies, fetched with this machine's
-#   pip configuration) served on loopback for the build, which then runs with `--network host`. The CUDA variant
-#   takes torch's CUDA build from PyPI (about 3 GB of wheels) and so needs PyPI.
+# - the Python packages, for the CPU variant when PyTorch's CPU index does not answer, and for either with
+#   LOCAL_INDEX=1 (for a build whose containers cannot reach PyPI as this machine does, e.g. behind a proxy whose
+#   certificate only this machine trusts): all of them from a local package index (scripts/package_index.py:
+#   torch, its CPU or CUDA build, and the server's dependencies, fetched with this machine's pip configuration)
+#   served on loopback for the build, which then runs with `--network host`. Else the CUDA variant takes torch's
+#   CUDA build from PyPI (about 3 GB of wheels) in the build.
 # Exit status 3: no base image can be had (no registry, and no stand-in: not root, or no debootstrap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,11 +77,17 @@ main() {
     local base
     base="$(choose_base)"
     local args=(--build-arg VARIANT="$variant" --build-arg BASE_IMAGE="$base" -t "$tag")
-    if [ "$variant" = cpu ] && ! answers "$PYTORCH_CPU_INDEX/"; then
-        local python="${PYTHON:-.venv/bin/python}" dir="${TXL_PACKAGE_INDEX:-$HOME/.cache/txl/package-index}"
+    local why=""
+    if [ "${LOCAL_INDEX:-0}" = 1 ]; then
+        why="LOCAL_INDEX=1"
+    elif [ "$variant" = cpu ] && ! answers "$PYTORCH_CPU_INDEX/"; then
+        why="$PYTORCH_CPU_INDEX does not answer"
+    fi
+    if [ -n "$why" ]; then
+        local python="${PYTHON:-.venv/bin/python}" dir="${PACKAGE_INDEX:-$HOME/.cache/txl/package-index}/$variant"
         [ -x "$python" ] || python=python3
-        say "$PYTORCH_CPU_INDEX does not answer: the Python packages come from a local index in $dir"
-        "$python" scripts/package_index.py build "$dir"
+        say "$why: the Python packages come from a local index in $dir"
+        "$python" scripts/package_index.py build "$dir" --variant "$variant"
         local url
         fifo="$(mktemp -u)"
         mkfifo "$fifo"

@@ -1,18 +1,21 @@
-"""A local package index for building the image without PyPI or PyTorch's index: the CPU build of torch and every
-Python package the Dockerfile installs, as wheels, served on loopback in the layout pip reads (PEP 503).
+"""A local package index for building the image without PyPI or PyTorch's index from inside the build: torch and
+every Python package the Dockerfile installs, as wheels, served on loopback in the layout pip reads (PEP 503).
 
-    python scripts/package_index.py build DIR    # fills DIR/simple/ (pip download, with this machine's pip config)
+    python scripts/package_index.py build DIR [--variant cuda]  # fills DIR/simple/ (pip download, this machine's
+                                                                # pip configuration)
     python scripts/package_index.py serve DIR    # prints the index's URL, then serves DIR/simple/ until stopped
 
-`build` asks pip for: torch TORCH_VERSION+cpu (the Dockerfile's version; the `+cpu` pin means a missing CPU wheel
-fails here instead of downloading the CUDA build), the project's and the client's dependencies with the server
-extra, pinned by deploy/constraints.txt, and the build backend. pip finds them where this machine's pip
-configuration says (PyPI, a mirror, or local wheels: `pip config list`); torch's CPU build also on PyTorch's CPU
-index when it answers. Wheels only, for CPython 3.11 on this platform. A second `build` with the same
-requirements does nothing.
+`build` asks pip for: torch at the Dockerfile's TORCH_VERSION, its CPU build (`==V+cpu`: a missing CPU wheel fails
+here instead of downloading the CUDA build) or, with `--variant cuda`, its CUDA build (`==V,!=V+cpu`: PyPI's
+Linux x86_64 wheel, with the CUDA libraries as wheels, about 3 GB); the project's and the client's dependencies
+with the server extra, pinned by deploy/constraints.txt; and the build backend. pip finds them where this
+machine's pip configuration says (PyPI, a mirror, or local wheels: `pip config list`); torch's CPU build also on
+PyTorch's CPU index when it answers. Wheels only, for CPython 3.11 on this platform. A second `build` with the
+same requirements does nothing.
 
-scripts/docker_build.sh uses both when PyTorch's CPU index does not answer; then the image is built with
-`--network host` and `--build-arg TORCH_INDEX=URL --build-arg PIP_INDEX_URL=URL`.
+scripts/docker_build.sh uses both when PyTorch's CPU index does not answer (or LOCAL_INDEX=1: where the build's
+containers cannot use the network as this machine does, e.g. behind a proxy whose certificate only this machine
+trusts); the image is then built with `--network host --build-arg TORCH_INDEX=URL --build-arg PIP_INDEX_URL=URL`.
 """
 
 from __future__ import annotations
@@ -67,16 +70,21 @@ def answers(url: str) -> bool:
         return False
 
 
-def build(directory: Path) -> None:
+def build(directory: Path, variant: str) -> None:
     version = torch_version()
-    wanted = [f"torch=={version}+cpu", *requirements()]
+    torch = f"torch=={version}+cpu" if variant == "cpu" else f"torch=={version},!={version}+cpu"
+    wanted = [torch, *requirements()]
     constraints = (REPO / "deploy" / "constraints.txt").read_text()
     stamp = hashlib.sha256("\n".join([*wanted, constraints]).encode()).hexdigest()
     simple = directory / "simple"
     if (directory / "stamp").is_file() and (directory / "stamp").read_text() == stamp:
         print(f"package index: {simple} is up to date", file=sys.stderr)
         return
-    extra = ["--extra-index-url", PYTORCH_CPU_INDEX] if answers(PYTORCH_CPU_INDEX + "/") else []
+    extra = (
+        ["--extra-index-url", PYTORCH_CPU_INDEX]
+        if variant == "cpu" and answers(PYTORCH_CPU_INDEX + "/")
+        else []
+    )
     with tempfile.TemporaryDirectory() as tmp:
         download = Path(tmp) / "wheels"
         constraint_file = Path(tmp) / "constraints.txt"
@@ -93,9 +101,11 @@ def build(directory: Path) -> None:
         if done.returncode != 0:
             sys.exit(
                 f"package index: pip download failed:\n{done.stderr[-3000:]}\n"
-                f"torch {version}+cpu comes from {PYTORCH_CPU_INDEX} or a local wheel "
-                "(pip's --find-links, e.g. PIP_FIND_LINKS=DIR)"
+                f"({torch}: the CPU build comes from {PYTORCH_CPU_INDEX} or a local wheel, pip's --find-links, "
+                "e.g. PIP_FIND_LINKS=DIR; the CUDA build from PyPI)"
             )
+        torches = [w.name for w in download.glob("torch-*.whl")]
+        assert len(torches) == 1 and ("+cpu" in torches[0]) == (variant == "cpu"), torches
         if simple.exists():
             shutil.rmtree(simple)
         for wheel in sorted(download.glob("*.whl")):
@@ -125,11 +135,12 @@ def main() -> None:
     )
     parser.add_argument("command", choices=["build", "serve"])
     parser.add_argument("directory", type=Path)
+    parser.add_argument("--variant", choices=["cpu", "cuda"], default="cpu", help="build: which torch")
     parser.add_argument("--port", type=int, default=0, help="serve: the port (default: any free one)")
     args = parser.parse_args()
     if args.command == "build":
         args.directory.mkdir(parents=True, exist_ok=True)
-        build(args.directory)
+        build(args.directory, args.variant)
     else:
         serve(args.directory, args.port)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from txl_server.device_check import MINIMUM_DRIVER
 from txl_server.settings import Settings
 
 from .files import DEPLOY, DOCKERFILE, REPO, build_context, parse_dockerfile
@@ -230,3 +231,17 @@ def test_constraints_pin_every_server_dependency():
     for requirement in pyproject["project"]["optional-dependencies"]["server"]:
         name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", requirement)[0].lower())
         assert name in pins, f"{name} (server extra) is not pinned in deploy/constraints.txt"
+
+
+def test_the_cuda_build_and_its_driver_are_the_same_everywhere():
+    """scripts/docker_check_cuda_image.sh checks the CUDA image's torch against CUDA_BUILD; the Dockerfile and
+    docs/deploy.md name the same release and the driver it needs, which the server's device check enforces."""
+    script = (REPO / "scripts" / "docker_check_cuda_image.sh").read_text()
+    match = re.search(r"^CUDA_BUILD=([\d.]+)", script, re.MULTILINE)
+    assert match, "scripts/docker_check_cuda_image.sh sets no CUDA_BUILD"
+    cuda = match.group(1)
+    driver = MINIMUM_DRIVER[int(cuda.split(".")[0])][0]
+    dockerfile = DOCKERFILE.read_text()
+    assert f"CUDA {cuda}" in dockerfile and f"NVIDIA driver >= {driver}" in dockerfile
+    docs = (REPO / "docs" / "deploy.md").read_text()
+    assert f"built for CUDA {cuda}" in docs and f"NVIDIA driver >= {driver}" in docs
