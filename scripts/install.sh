@@ -49,7 +49,7 @@ install_torch() {
 
 # Says which build of torch a Python has.
 say_torch_build() {
-    "$1" -c 'import torch
+    "$1" -W ignore::UserWarning -c 'import torch
 cuda = torch.version.cuda
 print(f"torch {torch.__version__} installed: " + (f"the CUDA {cuda} build" if cuda else "the CPU build"))' \
         | while read -r line; do say "$line"; done
@@ -79,13 +79,13 @@ main() {
     say "installing into .venv (the first time takes a few minutes): pip"
     pip_quietly "${pip[@]}" --upgrade pip
     install_torch "${pip[@]}"
-    say_torch_build .venv/bin/python
     say "installing TXL Serve [$extras]"
     pip_quietly "${pip[@]}" -e ".[$extras]"
     if [ -f clients/python/pyproject.toml ]; then
         say "installing the Python client and the txl command"
         pip_quietly "${pip[@]}" -e clients/python
     fi
+    say_torch_build .venv/bin/python
     touch "$stamp"
     say "done"
 }
