@@ -1,8 +1,11 @@
-# syntax=docker/dockerfile:1.7
 # TXL Serve: one server process per GPU, so run one container per GPU (docs/deploy.md).
 #
 #   GPU (default): docker build -t txl-serve:0.1.0 .
 #   CPU only:      docker build -t txl-serve:0.1.0-cpu --build-arg VARIANT=cpu .
+#
+# Needs BuildKit (RUN --mount), with its built-in Dockerfile frontend: no `# syntax=` image to pull. Without the
+# container registry or PyPI, scripts/docker_build.sh builds it on a stand-in base made from Debian's packages and
+# a local package index (BASE_IMAGE, TORCH_INDEX, PIP_INDEX_URL below; docs/deploy.md).
 #
 # The model directory comes in by volume (-v /srv/models:/models:ro -e TXL_MODEL=/models/NAME); without
 # TXL_MODEL the bundled default model is served. Every other setting is a TXL_* variable.
@@ -13,6 +16,8 @@
 # none of these makes that test fail until it learns it.
 
 ARG VARIANT=cuda
+# The image every stage starts from. The stand-in (scripts/docker_stand_in_base.sh) is Debian's own Python 3.11.
+ARG BASE_IMAGE=python:3.11.11-slim-bookworm
 # The torch the test suite runs (scripts/install.sh pins the same one; tests/deploy checks that they agree).
 ARG TORCH_VERSION=2.13.0
 
@@ -20,7 +25,7 @@ ARG TORCH_VERSION=2.13.0
 # comes from: PyPI's Linux x86_64 wheel is the CUDA build (2.13.0: CUDA 13.0, whose libraries come as wheels, so
 # the host needs only an NVIDIA driver >= 580; for an older driver, another CUDA build of the same version, e.g.
 # --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126); PyTorch's CPU index has the CPU build.
-FROM python:3.11.11-slim-bookworm AS base-python
+FROM ${BASE_IMAGE} AS base-python
 # A C compiler, for both variants. On a GPU, Triton (which torch's CUDA build brings) compiles its CUDA driver
 # module and each kernel's launcher with the system compiler on first use, against Python's headers (this image
 # has those); without one every decode step fails ("Failed to find C compiler"). On a CPU, txl's native kernels
@@ -51,7 +56,9 @@ ENV TXL_DEVICE=cpu \
     TXL_DTYPE=float32
 
 # ---- build: the project (and the Python client, where the repo has one) as wheels; no source in the image
-FROM python:3.11.11-slim-bookworm AS build
+FROM ${BASE_IMAGE} AS build
+# Where pip finds the build backend here, and the server's dependencies in the runtime stage.
+ARG PIP_INDEX_URL=https://pypi.org/simple
 WORKDIR /src
 # .dockerignore lets in only what the wheels are built from.
 COPY . .
@@ -69,22 +76,29 @@ LABEL org.opencontainers.image.title="TXL Serve" \
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
+ARG PIP_INDEX_URL=https://pypi.org/simple
 # The server extra without dev tools; deploy/constraints.txt pins the server's dependencies (torch and what it
 # brought in the base stage stay as they are).
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m pip install --constraint /wheels/constraints.txt /wheels/*.whl "txl-serve[server]"
-RUN useradd --create-home --uid 10001 --user-group txl \
+# The entry point starts as root only to give /data to txl when it is not (a bind mount of a root-owned host
+# directory), then runs the server as txl (uid 10001); started with --user (Kubernetes' runAsUser) it runs as that
+# user (deploy/docker-entrypoint.sh).
+RUN --mount=type=bind,from=build,source=/src/deploy/docker-entrypoint.sh,target=/mnt/docker-entrypoint.sh \
+    useradd --create-home --uid 10001 --user-group txl \
     && mkdir -p /models /data/redis \
-    && chown -R 10001:10001 /data
+    && chown -R 10001:10001 /data \
+    && install -m 0755 /mnt/docker-entrypoint.sh /usr/local/bin/txl-entrypoint
 # Flags in CMD win over these; they are here so that `docker run IMAGE --model ...` (a new CMD) still listens
 # on all interfaces. The embedded Redis (used when TXL_REDIS_URL is unset) keeps its append-only file in /data.
 ENV TXL_HOST=0.0.0.0 \
     TXL_PORT=8000 \
     TXL_REDIS_DATA_DIR=/data/redis
-USER 10001:10001
 WORKDIR /home/txl
 EXPOSE 8000
+# The probe reads the server's --host and --port from its command line (and TXL_HOST, TXL_PORT): `docker run
+# IMAGE --port 9000` turns healthy too.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
-ENTRYPOINT ["python", "-m", "txl_server"]
+    CMD ["python", "-m", "txl_server.healthcheck"]
+ENTRYPOINT ["txl-entrypoint", "python", "-m", "txl_server"]
 CMD ["--host", "0.0.0.0", "--port", "8000"]

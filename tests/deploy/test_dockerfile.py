@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from txl_server.device_check import MINIMUM_DRIVER
 from txl_server.settings import Settings
 
 from .files import DEPLOY, DOCKERFILE, REPO, build_context, parse_dockerfile
@@ -55,10 +56,13 @@ def test_stages_have_pinned_bases_and_the_runtime_builds_for_both_variants():
     names = {s.name for s in dockerfile.stages}
     assert {"build", "runtime"} <= names
     for stage in dockerfile.stages:
-        if "$" in stage.base or stage.base in names:  # a stage built FROM another stage
+        if stage.base.startswith("base-"):  # a stage built FROM another stage
             continue
-        _, _, tag = stage.base.partition(":")
+        # Every image stage starts from the BASE_IMAGE build arg (the stand-in's way in), pinned by default.
+        assert stage.base == "${BASE_IMAGE}", f"{stage.name}: FROM ${{BASE_IMAGE}}, not {stage.base}"
+        _, _, tag = dockerfile.resolve_base(stage).partition(":")
         assert tag and tag != "latest" and re.search(r"\d", tag), f"{stage.base}: pin an exact tag"
+    assert dockerfile.global_args["BASE_IMAGE"] == "python:3.11.11-slim-bookworm"
     assert dockerfile.global_args["VARIANT"] == "cuda"
     for variant in ("cuda", "cpu"):
         chain = dockerfile.chain("runtime", {"VARIANT": variant})
@@ -76,7 +80,7 @@ def test_both_variants_install_the_torch_the_tests_run():
     dockerfile = parse_dockerfile()
     for variant, index in (("cuda", r"https://pypi\.org/simple|.*/whl/cu\d+"), ("cpu", r".*/whl/cpu")):
         stage = dockerfile.stage(f"base-{variant}")
-        root = dockerfile.chain(stage.name)[0].base  # the image the chain starts from
+        root = dockerfile.resolve_base(dockerfile.chain(stage.name)[0])  # the image the chain starts from
         assert root.startswith("python:"), f"{stage.name}: {root} may carry another torch"
         args = dockerfile.stage_args(stage)
         installs = [
@@ -100,21 +104,33 @@ def test_runtime_installs_the_server_extra_without_dev_tools():
 
 
 def test_runtime_runs_the_server_as_a_non_root_user_with_a_health_check():
+    """The entry point starts as root (no USER: it may have to give a root-owned /data to txl) and runs the server
+    as txl, uid 10001; tests/deploy/test_docker_image.py checks the running container."""
     runtime = parse_dockerfile().stage("runtime")
     user = runtime.last("USER")
-    assert user is not None and user.args.split(":")[0] not in ("0", "root")
+    assert user is None or user.args.split(":")[0] not in ("0", "root")
     entrypoint, cmd = runtime.last("ENTRYPOINT"), runtime.last("CMD")
     assert entrypoint is not None and cmd is not None
     assert entrypoint.exec_form() + cmd.exec_form() == [
-        "python", "-m", "txl_server", "--host", "0.0.0.0", "--port", "8000",
+        "txl-entrypoint", "python", "-m", "txl_server", "--host", "0.0.0.0", "--port", "8000",
     ]  # fmt: skip
+    script = (DEPLOY / "docker-entrypoint.sh").read_text()
+    assert "exec setpriv --reuid=txl --regid=txl --init-groups" in script and 'exec "$@"' in script
+    assert any("useradd --create-home --uid 10001" in i.args for i in runtime.all("RUN"))
+    assert "deploy/docker-entrypoint.sh" in build_context()
     expose = runtime.last("EXPOSE")
     assert expose is not None and expose.args == "8000"
     healthcheck = runtime.last("HEALTHCHECK")
     assert healthcheck is not None
     assert healthcheck.args.startswith("CMD ")
     probe = json.loads(healthcheck.args.removeprefix("CMD "))
-    assert probe[:2] == ["python", "-c"] and "http://127.0.0.1:8000/health" in probe[2]  # no curl needed
+    assert probe == ["python", "-m", "txl_server.healthcheck"]  # follows --host/--port; no curl needed
+
+
+def test_the_dockerfile_needs_no_frontend_image():
+    """BuildKit's built-in frontend builds it: no `# syntax=` line, whose image would be pulled from a registry."""
+    first = DOCKERFILE.read_text().lstrip().splitlines()[0]
+    assert not re.match(r"#\s*syntax\s*=", first, re.IGNORECASE), first
 
 
 def apt_installs(stage) -> list[list[str]]:
@@ -154,7 +170,7 @@ def test_the_compiler_pins_resolve_on_the_image_debian_release():
     which point releases move): apt resolves them against that release's archive, here when this machine runs
     the same release (CI does: Debian bookworm)."""
     dockerfile = parse_dockerfile()
-    base = dockerfile.stage("base-python").base
+    base = dockerfile.resolve_base(dockerfile.stage("base-python"))
     release = base.rsplit("-", 1)[-1]  # python:3.11.11-slim-bookworm
     os_release = Path("/etc/os-release")
     if shutil.which("apt-get") is None or not os_release.is_file():
@@ -215,3 +231,17 @@ def test_constraints_pin_every_server_dependency():
     for requirement in pyproject["project"]["optional-dependencies"]["server"]:
         name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", requirement)[0].lower())
         assert name in pins, f"{name} (server extra) is not pinned in deploy/constraints.txt"
+
+
+def test_the_cuda_build_and_its_driver_are_the_same_everywhere():
+    """scripts/docker_check_cuda_image.sh checks the CUDA image's torch against CUDA_BUILD; the Dockerfile and
+    docs/deploy.md name the same release and the driver it needs, which the server's device check enforces."""
+    script = (REPO / "scripts" / "docker_check_cuda_image.sh").read_text()
+    match = re.search(r"^CUDA_BUILD=([\d.]+)", script, re.MULTILINE)
+    assert match, "scripts/docker_check_cuda_image.sh sets no CUDA_BUILD"
+    cuda = match.group(1)
+    driver = MINIMUM_DRIVER[int(cuda.split(".")[0])][0]
+    dockerfile = DOCKERFILE.read_text()
+    assert f"CUDA {cuda}" in dockerfile and f"NVIDIA driver >= {driver}" in dockerfile
+    docs = (REPO / "docs" / "deploy.md").read_text()
+    assert f"built for CUDA {cuda}" in docs and f"NVIDIA driver >= {driver}" in docs

@@ -1,4 +1,9 @@
-"""scripts/install.sh: its pip wrapper keeps setuptools' "Editable installation" warning blocks out of the log.
+"""scripts/install.sh: which torch it installs (the CPU build without an NVIDIA GPU, from PyTorch's CPU index when it
+answers, else the default index with a note) and that it says which; its pip wrapper keeps setuptools' "Editable
+installation" warning blocks out of the log.
+
+The torch tests check the decision and the message, with pip replaced by an echo: pip's own configuration here
+(a local CPU wheel in its find-links) would satisfy `torch==2.13.0` from any index.
 
 The script is sourced, which only defines its functions, and its `pip_quietly` runs an editable install of a
 small package into a fresh virtual environment, next to the same install without it (which must show the block,
@@ -7,9 +12,13 @@ or this test proves nothing on this setuptools).
 
 from __future__ import annotations
 
+import http.server
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -73,3 +82,115 @@ def test_sourcing_the_script_installs_nothing(tmp_path):
     )
     assert done.returncode == 0 and done.stdout.strip() == str(tmp_path), done.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+# ---------------------------------------------------------------- which torch
+
+
+def run_sourced(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`script` after sourcing install.sh, with PATH cut to this machine's system directories (no nvidia-smi
+    unless the test puts one in tmp_path/bin) and pip replaced by an echo of its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TORCH_")},
+        "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        **env,
+    }
+    return subprocess.run(
+        ["bash", "-c", f'source scripts/install.sh && pip_quietly() {{ echo "$@"; }} && {script}'],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def no_gpu():
+    if Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA GPU")
+
+
+@pytest.fixture
+def cpu_index():
+    """A package index that answers (its pages need not hold torch: only whether it answers is checked)."""
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"http://127.0.0.1:{server.server_address[1]}/whl/cpu"
+        server.shutdown()
+
+
+def refusing_url() -> str:
+    """An address where nothing listens: the connection is refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/whl/cpu"
+
+
+def test_without_a_gpu_torch_comes_from_the_cpu_index(tmp_path, no_gpu, cpu_index):
+    done = run_sourced("install_torch pip install", tmp_path, TORCH_CPU_INDEX=cpu_index)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["pip", "install", "--index-url", cpu_index, "torch==2.13.0"]
+    assert f"no NVIDIA GPU here: torch's CPU build, from {cpu_index}" in done.stderr
+
+
+def test_a_cpu_index_that_does_not_answer_falls_back_to_the_default_index_with_a_note(tmp_path, no_gpu):
+    url = refusing_url()
+    done = run_sourced("install_torch pip install", tmp_path, TORCH_CPU_INDEX=url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["pip", "install", "torch==2.13.0"]  # pip's own index (and find-links)
+    assert f"{url} does not answer: torch from the default index instead" in done.stderr
+    assert "PyPI's wheel is the CUDA build" in done.stderr and "TORCH_INDEX=URL" in done.stderr
+
+
+def test_with_an_nvidia_gpu_torch_comes_from_the_default_index(tmp_path, cpu_index):
+    (tmp_path / "bin").mkdir()
+    nvidia_smi = tmp_path / "bin" / "nvidia-smi"
+    nvidia_smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    nvidia_smi.chmod(0o755)
+    done = run_sourced("install_torch pip install", tmp_path, TORCH_CPU_INDEX=cpu_index)
+    assert done.stdout.split() == ["pip", "install", "torch==2.13.0"]
+    assert "an NVIDIA GPU is here: torch from the default index" in done.stderr
+
+
+def test_torch_index_names_the_index(tmp_path):
+    done = run_sourced("install_torch pip install", tmp_path, TORCH_INDEX="https://mirror.example/whl/cpu")
+    assert done.stdout.split() == [
+        "pip",
+        "install",
+        "--index-url",
+        "https://mirror.example/whl/cpu",
+        "torch==2.13.0",
+    ]
+    assert "torch from TORCH_INDEX=https://mirror.example/whl/cpu" in done.stderr
+
+
+def test_it_says_which_build_it_installed(tmp_path):
+    fake = tmp_path / "cuda-torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import types\n__version__ = '2.13.0+cu130'\nversion = types.SimpleNamespace(cuda='13.0')\n"
+    )
+    cpu = run_sourced(f"say_torch_build {sys.executable}", tmp_path)
+    assert cpu.stderr.strip() == f"install: torch {torch_version()} installed: the CPU build", cpu.stderr
+    cuda = run_sourced(f"say_torch_build {sys.executable}", tmp_path, PYTHONPATH=str(fake.parent))
+    assert cuda.stderr.strip() == "install: torch 2.13.0+cu130 installed: the CUDA 13.0 build", cuda.stderr
+
+
+def torch_version() -> str:
+    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    return done.stdout.strip()

@@ -61,13 +61,14 @@ def test_every_response_names_its_replica(server, client, monkeypatch):
         assert response.headers.get("x-txl-replica") == REPLICA, what
 
 
-def test_the_replica_is_the_host_name_unless_set():
+def test_the_replica_is_the_host_name_and_port_unless_set():
     assert replica_name(Settings(replica_id="r-1")) == "r-1"
     host = socket.gethostname()
     name = replica_name(Settings())
     assert name and len(name) <= 64 and all(c.isalnum() or c in "._-" for c in name)
-    if all(c.isalnum() or c in "._-" for c in host) and len(host) <= 64:
-        assert name == host
+    if all(c.isalnum() or c in "._-" for c in host) and len(host) <= 58:
+        assert name == f"{host}-8000"
+    assert replica_name(Settings(port=8001)) != name  # one server per GPU on one host: each its own name
     for bad in ("two words", "x" * 65, "", "a\r\nSet-Cookie: x"):
         with pytest.raises(ValidationError):
             Settings(replica_id=bad)

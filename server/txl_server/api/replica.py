@@ -2,7 +2,7 @@
 
 Behind a proxy several replicas share one address; the header tells a client, an operator reading a log, or a
 test which one served a request (and so whether a session stayed on its replica). The name is `TXL_REPLICA_ID`,
-else the host name (a Kubernetes pod's name, a container's id).
+else the host name and the port (`HOST-8000`): several servers on one host, one per GPU, are told apart.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def replica_name(settings: Settings) -> str:
-    """The settings' replica id, else the host name, reduced to characters safe in a header and a log line."""
+    """The settings' replica id, else `HOST-PORT` (the host name reduced to characters safe in a header and a log
+    line, cut to fit 64 with the port)."""
     if settings.replica_id:
         return settings.replica_id
-    return _UNSAFE.sub("-", socket.gethostname())[:64] or "unnamed"
+    suffix = f"-{settings.port}"
+    host = _UNSAFE.sub("-", socket.gethostname())[: 64 - len(suffix)] or "unnamed"
+    return host + suffix
 
 
 class ReplicaHeader(HttpMiddleware):
