@@ -15,7 +15,7 @@ from txl_server import __main__ as server_main
 from txl_server import device_check
 from txl_server.device_check import CudaFacts, driver_version, explain, gather
 
-from tests.server.conftest import make_byte_model_dir
+from tests.helpers.tiny_models import make_byte_model_dir
 
 CUDA_BUILD = CudaFacts(
     torch_version="2.13.0+cu130",
