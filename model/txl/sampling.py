@@ -142,15 +142,20 @@ class RowValues:
     def encode(cls, params: Sequence[SamplingParams], seeds: Sequence[int], vocab: int) -> RowValues:
         top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         return cls(
-            [1.0 if p.greedy else p.temperature for p in params],
+            # A positive temperature or top_p below float32's smallest normal number would round to 0 (or lose
+            # its precision) in the sampler's float32: it samples as that smallest number instead, which keeps
+            # the same tokens (only the best, but for exact ties).
+            [1.0 if p.greedy else max(p.temperature, FLOAT32_TINY) for p in params],
             [p.greedy for p in params],
             top_k,
-            [p.top_p for p in params],
+            [max(p.top_p, FLOAT32_TINY) for p in params],
             [signed64(s) for s in seeds],
             max((k for k in top_k if k < vocab), default=0),
             any(p.top_p < 1 for p in params),
         )
 
+
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
 # A row that fills a batch out to its graph's size: greedy, unlimited, seed 0.
 PADDING = SamplingParams(temperature=0.0)
@@ -226,8 +231,12 @@ def keep_thresholds(logits: Tensor, rows: RowParams) -> Tensor:
 def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:
     """[N, V] float32 log-probs -> (token ids [N] long, the model's log-prob of each [N] float32), on the same
     device, with no host synchronisation (but for CPU top-p, where the host decides what to search)."""
-    logits = log_probs / rows.temperature[:, None]
-    weights = torch.exp(logits - logits.amax(-1, keepdim=True))  # [N, V]
+    # Each row's best token is brought to exactly 0 before tempering, so a positive temperature, however small,
+    # leaves it at 0 (0 / t) and can only send the others to -inf: every row keeps a token of weight 1. Tempering
+    # first let the best token underflow to -inf with the rest, and a row without a finite weight drew past the
+    # vocabulary's end.
+    logits = (log_probs - log_probs.amax(-1, keepdim=True)) / rows.temperature[:, None]  # [N, V], max 0
+    weights = torch.exp(logits)  # [N, V]
     if rows.max_top_k or rows.any_top_p:  # else every token is kept: masking would change nothing
         weights = weights.masked_fill(logits < keep_thresholds(logits, rows), 0)
     cdf = weights.cumsum(-1)
@@ -239,7 +248,10 @@ def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:
     # total is then the one drawn, a kept token like every other the search can return.
     drawn = torch.searchsorted(cdf, target[:, None], right=True)
     last = torch.searchsorted(cdf, total)  # [N, 1]: the first index where the cdf equals the total
-    drawn = torch.minimum(drawn, last).squeeze(1)
+    # Never past the vocabulary's end, even for a row whose log-probs are not finite (NaN from the model): an id
+    # out of range would fail the whole batch here (and poison a GPU's context in the embedding lookup). Such a
+    # row's log-prob comes back NaN, which the host reads as that row's failure alone.
+    drawn = torch.minimum(drawn, last).squeeze(1).clamp_(max=log_probs.size(1) - 1)
     tokens = torch.where(rows.greedy, log_probs.argmax(-1), drawn)
     return tokens, log_probs.gather(1, tokens[:, None]).squeeze(1)
 

@@ -84,3 +84,14 @@ class Unavailable(ServiceError):
 
     status = 503
     type = "unavailable"
+
+
+class RowFailed(ServiceError):
+    """This request's row of a batched step could not be computed (the model gave it no finite
+    log-probabilities); the requests batched with it went on, and its session is unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the model gave no finite probabilities for this request's next token; nothing was committed",
+            code="non_finite_logprobs",
+        )

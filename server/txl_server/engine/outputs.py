@@ -6,10 +6,12 @@ them.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
+from ..errors import RowFailed
 from .jobs import (
     AdvanceJob,
     AdvanceResult,
@@ -25,6 +27,8 @@ from .rows import ChunkOut, DecodeOut, TopLogprobs
 from .scheduler import Scheduler
 from .state import ModelState
 from .tasks import DecodeTask, IngestTask
+
+log = logging.getLogger(__name__)
 
 
 class Outputs:
@@ -83,6 +87,12 @@ class Outputs:
             self.scheduler.add_decoding(task)
 
     def decoded(self, task: DecodeTask, out: DecodeOut) -> None:
+        if not math.isfinite(out.logprob):
+            # The model gave this row no finite log-probabilities (the sampler then still returns an id in
+            # range, and NaN for its log-prob): this request ends; the rows batched with it go on.
+            log.warning("a decoding row's log-probabilities were not finite: ending its request")
+            self.fail([task], [], RowFailed())
+            return
         self._emit_token(task, out.token, out.logprob, out.top)
         task.state = task.state.advanced(out.memory, out.last_hidden, [out.token])
         if task.text.stopped or len(task.token_ids) >= task.job.max_tokens:

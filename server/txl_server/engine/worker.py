@@ -29,6 +29,7 @@ from ..errors import Overloaded, Unavailable
 from .graphs import DecodeGraphs, Launched
 from .jobs import AdvanceJob, CallJob, DoneEvent, ErrorEvent, GenerateJob, Job, Outbox
 from .outputs import Outputs
+from .rows import ChunkRow, DecodeRow
 from .runner import ModelRunner
 from .scheduler import Iteration, Scheduler
 from .state import ModelState
@@ -296,7 +297,15 @@ class Worker:
         try:
             decoded, fed = self.runner.run(decode_rows, chunk_rows)
         except Exception as exc:
-            self._failed_step(iteration.decode, [t for t, _ in iteration.chunks], exc)
+            if is_device_error(exc) or len(decode_rows) + len(chunk_rows) == 1:
+                self._failed_step(iteration.decode, [t for t, _ in iteration.chunks], exc)
+            else:
+                log.warning(
+                    "a step of %d rows failed (%s): running them one by one",
+                    len(decode_rows) + len(chunk_rows),
+                    first_line(exc),
+                )
+                self._one_by_one(iteration.decode, decode_rows, iteration.chunks, chunk_rows)
             return
         seconds = time.perf_counter() - started
         if iteration.decode:
@@ -309,10 +318,43 @@ class Worker:
         for (ingest, n), chunk in zip(iteration.chunks, fed, strict=True):
             outputs.fed(ingest, n, chunk)
 
+    def _one_by_one(
+        self,
+        decoding: list[DecodeTask],
+        decode_rows: list[DecodeRow],
+        chunks: list[tuple[IngestTask, int]],
+        chunk_rows: list[ChunkRow],
+    ) -> None:
+        """After a step of several rows failed: each row runs alone, so that only the rows that fail alone fail
+        (one failing row fails alone: a value one request sent must not fail the requests batched with it). A row
+        gives the same results alone as batched (txl: batched == alone), so the others go on exactly. A device
+        error ends them all: the device can no longer be trusted."""
+        outputs = self.outputs
+        for i, (task, row) in enumerate(zip(decoding, decode_rows, strict=True)):
+            try:
+                (out,), _ = self.runner.run([row], [])
+            except Exception as exc:
+                self._failed_step([task], [], exc)
+                if is_device_error(exc):
+                    self._failed_step(decoding[i + 1 :], [t for t, _ in chunks], exc)
+                    return
+                continue
+            outputs.decoded(task, out)
+        for i, ((ingest, n), chunk) in enumerate(zip(chunks, chunk_rows, strict=True)):
+            try:
+                _, (fed,) = self.runner.run([], [chunk])
+            except Exception as exc:
+                self._failed_step([], [ingest], exc)
+                if is_device_error(exc):
+                    self._failed_step([], [t for t, _ in chunks[i + 1 :]], exc)
+                    return
+                continue
+            outputs.fed(ingest, n, fed)
+
     def _failed_step(self, decoding: list[DecodeTask], ingesting: list[IngestTask], exc: Exception) -> None:
         log.exception("a step failed")
         if is_device_error(exc) and self.device_error is None:
-            self.device_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self.device_error = first_line(exc)
             log.error("the device failed (%s): reporting not ready", self.device_error)
         scheduler = self.scheduler
         self.outputs.fail(
@@ -341,7 +383,14 @@ class Worker:
             launched = self.runner.launch(rows)
         except Exception as exc:
             self._finish_pending()
-            self._failed_step(tasks, [], exc)
+            if is_device_error(exc) or len(rows) == 1:
+                self._failed_step(tasks, [], exc)
+            else:
+                log.warning(
+                    "a step of %d rows failed (%s): running them one by one", len(rows), first_line(exc)
+                )
+                left = [t for t in tasks if t in self.scheduler.decoding]  # the pending tokens ended some
+                self._one_by_one(left, [t.next_row() for t in left], [], [])
             return True
         for task, memory, hidden in zip(tasks, launched.memories, launched.hidden, strict=True):
             task.ahead = (launched, memory, hidden)
@@ -368,6 +417,10 @@ class Worker:
                 task.ahead = None
             if task in decoding:  # not finished, failed or cancelled meanwhile (then dropped)
                 self.outputs.decoded(task, out)
+
+
+def first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def is_device_error(exc: BaseException) -> bool:
