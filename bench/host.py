@@ -3,7 +3,7 @@
 On a GPU a captured iteration is one replay; what the host does around it (planning rows, sending their inputs,
 reading the sampled ids back, cutting the outputs per row) is time the device waits for, and every copy from
 pageable memory or read of a device value makes the host wait for the device in turn. Both can be seen without a
-GPU: the operations are counted on the `meta` device (tests/server/dispatch_counts.py: launches, host-to-device
+GPU: the operations are counted on the `meta` device (tests/server/engine/dispatch_counts.py: launches, host-to-device
 copies, synchronisations, by phase), and the host time is measured on the CPU as the review that found them
 measured it (`../shared/gpu_review/host_overhead.py`): an iteration's time through `DecodeGraphs.run`, less the
 replayed body's own, on the tiny test model. "Before" is the tree at `BEFORE`, exported from git and timed in
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from txl_server.check.benchmark_docs import Section
 
-from tests.server.dispatch_counts import one_iteration
+from tests.server.engine.dispatch_counts import one_iteration
 
 from .common import ROOT, export_revision
 

@@ -7,8 +7,12 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from txl.sampling import SamplingParams
 from txl_server.runtime import Runtime
+from txl_server.sessions.service import GenerateOutcome
 from txl_server.settings import Settings
+
+OWNER = "tenant-a"
 
 
 @contextlib.asynccontextmanager
@@ -29,3 +33,19 @@ async def leave_after(stream: AsyncGenerator[Any, None], events: int) -> None:
         if seen == events:
             break
     await stream.aclose()
+
+
+async def generate(
+    service: Any, session_id: str, *, owner: str = OWNER, **kwargs: Any
+) -> tuple[list[Any], Any]:
+    """A generation on the session service, read to its end: (its token events, its outcome). Greedy, 12 tokens,
+    unless told otherwise."""
+    kwargs.setdefault("max_tokens", 12)
+    kwargs.setdefault("sampling", SamplingParams(temperature=0))
+    tokens, outcome = [], None
+    async for event in service.generate(owner, session_id, **kwargs):
+        if isinstance(event, GenerateOutcome):
+            outcome = event
+        else:
+            tokens.append(event)
+    return tokens, outcome

@@ -1,7 +1,7 @@
 """Hostile and malformed input: every case is a clean 4xx in the one error shape (never a 500), changes nothing,
 and a corrupt model directory stops the server at start-up with one clear line.
 
-tests/server/test_api.py already covers: invalid UTF-8 in text/plain scoring, NaN temperature on generate, the
+tests/server/api/test_api.py already covers: invalid UTF-8 in text/plain scoring, NaN temperature on generate, the
 basic generate limits (max_tokens 10**6, negative values, stop strings), oversized append and streamed bodies,
 empty append, form-encoded append. The cases below are the rest.
 """

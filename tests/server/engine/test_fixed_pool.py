@@ -14,9 +14,7 @@ from txl_server.errors import Overloaded
 from txl_server.runtime import Runtime
 from txl_server.settings import Persistence
 
-from tests.helpers.runtimes import running
-
-from .test_engine import OWNER, generate
+from tests.helpers.runtimes import OWNER, generate, running
 
 PROMPTS = [f"Session {i} begins with a line of its own, number {i}." for i in range(6)]
 

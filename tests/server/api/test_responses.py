@@ -19,10 +19,8 @@ from txl_server.sessions.store.responses import ResponseRecord, parse_response_i
 from txl_server.settings import TRANSCRIPT_TEMPLATE, Persistence
 
 from tests.helpers.live_server import client_fixture, live_server_fixture, serve
-from tests.helpers.runtimes import running
+from tests.helpers.runtimes import OWNER, generate, running
 from tests.helpers.tiny_models import make_byte_model_dir
-
-from .test_engine import OWNER, generate
 
 openai = pytest.importorskip("openai")
 

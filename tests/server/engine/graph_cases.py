@@ -1,7 +1,7 @@
 """Decoding through a CUDA graph's static buffers against the eager runner, for one attention kernel.
 
 Imported by test_graphs.py, and run as a process of its own with TRITON_INTERPRET=1 for the Triton kernel (Triton
-reads the switch when it is imported): `python -m tests.server.graph_cases triton` prints the largest difference.
+reads the switch when it is imported): `python -m tests.server.engine.graph_cases triton` prints the largest difference.
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@ from txl_server.engine.worker import WorkerObserver
 from txl_server.settings import Persistence
 
 from tests.helpers.live_server import live_server_fixture
-from tests.helpers.runtimes import running
-
-from .test_engine import OWNER, generate
+from tests.helpers.runtimes import OWNER, generate, running
 
 DOCUMENT = "The lighthouse stood on the northern rock, and every night its keeper climbed the stair. " * 3
 

@@ -16,7 +16,7 @@ from txl_server.check.report import CheckReport
 from txl_server.check.speed import Speed
 from txl_server.engine.device_report import DeviceReport, PoolReport, WindowReport
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.timeout(240)

@@ -11,9 +11,7 @@ from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.sessions.service import GenerateOutcome
 
-from tests.helpers.runtimes import leave_after, running
-
-from .test_engine import OWNER
+from tests.helpers.runtimes import OWNER, leave_after, running
 
 REQUESTS = [
     ("It was a dark and stormy", dict(max_tokens=30, sampling=SamplingParams(temperature=0.9, seed=1))),

@@ -9,7 +9,7 @@ import pytest
 import torch
 from txl.sampling import SamplingParams
 
-from .test_engine import OWNER, generate
+from tests.helpers.runtimes import OWNER, generate
 
 TEXT = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "

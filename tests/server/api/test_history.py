@@ -10,9 +10,7 @@ from txl.sampling import SamplingParams
 from txl_server.settings import Persistence, Settings
 
 from tests.helpers.live_server import LiveServer, client_fixture, live_server_fixture
-from tests.helpers.runtimes import running
-
-from .test_engine import OWNER, generate
+from tests.helpers.runtimes import OWNER, generate, running
 
 GREEDY = {"max_tokens": 24, "temperature": 0}
 

@@ -16,25 +16,11 @@ from txl_server.engine.worker import WorkerObserver
 from txl_server.errors import Conflict, Gone, InvalidRequest, NotFound
 from txl_server.runtime import Runtime
 from txl_server.sessions import service as service_module
-from txl_server.sessions.service import GenerateOutcome, new_session_id
+from txl_server.sessions.service import new_session_id
 from txl_server.sessions.state_cache import DEVICE, HOST
 from txl_server.settings import Persistence
 
-from tests.helpers.runtimes import leave_after, running
-
-OWNER = "tenant-a"
-
-
-async def generate(service, session_id, *, owner=OWNER, **kwargs):
-    kwargs.setdefault("max_tokens", 12)
-    kwargs.setdefault("sampling", SamplingParams(temperature=0))
-    tokens, outcome = [], None
-    async for event in service.generate(owner, session_id, **kwargs):
-        if isinstance(event, GenerateOutcome):
-            outcome = event
-        else:
-            tokens.append(event)
-    return tokens, outcome
+from tests.helpers.runtimes import OWNER, generate, leave_after, running
 
 
 async def check_cache_matches_redis(service, session_id):

@@ -1,4 +1,4 @@
-"""What a decoding iteration through the graphs asks of a GPU, counted on the CPU (tests/server/dispatch_counts.py):
+"""What a decoding iteration through the graphs asks of a GPU, counted on the CPU (tests/server/engine/dispatch_counts.py):
 nothing inside the captured body waits for the host, the iteration waits for the device once (reading its
 tokens back), and what runs outside the graph does not grow with the rows."""
 

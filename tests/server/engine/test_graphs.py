@@ -56,7 +56,7 @@ def test_static_decode_buffers_give_the_eager_results(kernel, same_length):
 @pytest.mark.skipif(triton_kernel.triton is None, reason="triton is not installed")
 def test_static_decode_buffers_with_the_triton_kernel_give_the_eager_results():
     """The Triton kernel under its interpreter (a process of its own: Triton reads the switch when imported)."""
-    done = run_interpreted("tests.server.graph_cases", "triton", timeout=300)
+    done = run_interpreted("tests.server.engine.graph_cases", "triton", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-5
 

@@ -10,9 +10,7 @@ import threading
 from txl.sampling import SamplingParams
 from txl_server.engine.jobs import DoneEvent, Job, Outbox, TokenEvent
 
-from tests.helpers.runtimes import running
-
-from .test_engine import OWNER, generate
+from tests.helpers.runtimes import OWNER, generate, running
 
 
 def _emit_on_a_thread(body) -> None:

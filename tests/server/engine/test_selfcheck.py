@@ -24,11 +24,10 @@ from txl_server.engine.rows import DecodeRow
 from txl_server.engine.runner import ModelRunner
 
 from tests.helpers.interpreted import run_interpreted
-from tests.helpers.runtimes import running
+from tests.helpers.runtimes import OWNER, generate, running
 from tests.helpers.tiny_models import tiny_model
 
 from .graph_cases import decode_rows, graphs_over
-from .test_engine import OWNER, generate
 
 PROMPTS = ["The sea was", "1234567890 abcdefghij", "a"]
 SAMPLING = [

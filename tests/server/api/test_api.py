@@ -605,7 +605,7 @@ def test_completions_can_continue_a_session(a):
 def test_openapi_document_matches_the_committed_one(server):
     import pathlib
 
-    committed = pathlib.Path(__file__).parents[2] / "docs" / "openapi.json"
+    committed = pathlib.Path(__file__).parents[3] / "docs" / "openapi.json"
     served = server.app.openapi()
     assert json.loads(committed.read_text()) == json.loads(json.dumps(served)), (
         "docs/openapi.json is stale: run `python -m txl_server.openapi > docs/openapi.json`"
