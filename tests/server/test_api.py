@@ -9,6 +9,7 @@ import uuid
 
 import httpx
 import pytest
+from txl_server.api.app import create_app
 from txl_server.settings import Persistence, Settings
 
 from .live_server import LiveServer, client_of, serve
@@ -211,7 +212,10 @@ def test_score_rejects_invalid_utf8_and_empty_documents(a):
     assert bad.status_code == 400 and error_of(bad) == {
         "type": "invalid_request", "message": "the body is not valid UTF-8: byte 3 (0xff)", "param": "body"
     }  # fmt: skip
-    assert a.post("/v1/score", json={"text": ""}).status_code == 400
+    # An empty document does not match the schema (minLength 1), as JSON or as text.
+    assert a.post("/v1/score", json={"text": ""}).status_code == 422
+    empty = a.post("/v1/score", content=b"", headers={"Content-Type": "text/plain"})
+    assert empty.status_code == 422 and error_of(empty)["param"] == "text"
     assert a.post("/v1/score", content=b"x", headers={"Content-Type": "application/xml"}).status_code == 400
 
 
@@ -622,14 +626,26 @@ def test_completions_can_continue_a_session(a):
     assert after["version"] == session["version"] + 1 and after["tokens"] == session["tokens"] + 3 + 5
 
 
-def test_openapi_document_matches_the_committed_one(server):
+def test_openapi_document_matches_the_committed_one():
+    """docs/openapi.json is the document with the default settings (a server shows its own limits)."""
     import pathlib
 
     committed = pathlib.Path(__file__).parents[2] / "docs" / "openapi.json"
-    served = server.app.openapi()
-    assert json.loads(committed.read_text()) == json.loads(json.dumps(served)), (
+    generated = create_app(Settings()).openapi()
+    assert json.loads(committed.read_text()) == json.loads(json.dumps(generated)), (
         "docs/openapi.json is stale: run `python -m txl_server.openapi > docs/openapi.json`"
     )
+
+
+def test_the_served_document_shows_the_operators_limits(server):
+    schemas = server.app.openapi()["components"]["schemas"]
+    generate = schemas["GenerateRequest"]["properties"]
+    assert generate["max_tokens"]["maximum"] == 256 and generate["max_tokens"]["default"] == 256
+    assert generate["text"]["maxLength"] == 8 * 1024
+    stop = generate["stop"]["anyOf"]
+    assert stop[0] == {"type": "string", "minLength": 1, "maxLength": 8}
+    assert stop[1]["maxItems"] == 2 and stop[1]["items"]["maxLength"] == 8
+    assert "x-txl-limit" not in json.dumps(schemas)
 
 
 def test_the_api_docs_example_body_makes_a_session_with_memory_that_lasts(server, a):

@@ -29,15 +29,15 @@ from .completions.router import router as completions_router
 from .fallback import Fallback
 from .memories.router import router as memories_router
 from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics
+from .openapi_document import serve_document
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
 from .responses.router import router as responses_router
 from .score.router import router as score_router
-from .sessions.router import history_router
 from .sessions.router import router as sessions_router
 from .shared.auth import ApiKeys
 from .shared.disconnect import CLIENT_CLOSED_REQUEST, ClientGone
 from .shared.error_shapes import INTERNAL_ERROR, error_response
-from .shared.openai_errors import OpenAIErrors
+from .shared.openai_errors import OpenAIErrors, error_body
 from .shared.validation import validation_message
 from .shutdown import Shutdown, ShutdownGate
 from .system.router import router as system_router
@@ -88,7 +88,6 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.state.replica = replica_name(settings)
     for router in (
         sessions_router,
-        history_router,
         memories_router,
         score_router,
         completions_router,
@@ -97,6 +96,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         system_router,
     ):
         app.include_router(router)
+    serve_document(app, settings)
     _install_error_handlers(app)
     # Outermost first: metrics see every response, including the limits' 413 and 429.
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
@@ -144,6 +144,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        body = {"error": INTERNAL_ERROR}
-        # Starlette sends this one from outside every middleware: it names its replica itself.
+        # Starlette sends this one from outside every middleware (OpenAIErrors included): it takes its
+        # family's shape itself.
+        body = error_body(request.url.path, 500, INTERNAL_ERROR)
+        # ... and names its replica itself.
         return JSONResponse(body, status_code=500, headers={REPLICA_HEADER: request.app.state.replica})

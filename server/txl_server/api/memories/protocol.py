@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from ...sessions.memories import MAX_NAME_CHARS
 from ..shared.timestamps import Seconds, SecondsUp
@@ -13,7 +14,7 @@ from ..shared.timestamps import Seconds, SecondsUp
 class MemoryCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # Documents are limited by the body size (TXL_MAX_BODY_BYTES), as scoring's are: memories exist for long ones.
-    text: str = Field(..., description="The document to read")
+    text: str = Field(..., min_length=1, description="The document to read")
     name: str | None = Field(None, max_length=MAX_NAME_CHARS, description="Your label for it")
     ttl_seconds: int | None = Field(
         None, ge=1, description="Expires this long after creation (not extended by use); default as sessions"
@@ -25,8 +26,10 @@ class MemoryCreate(BaseModel):
 
 
 class MemoryUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ttl_seconds: int | None = Field(None, ge=1, description="Expires this long from now")
+    # At least one field: an update that changes nothing is refused (memories/serving.py `update`).
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+    # Optional, but not null: a memory always expires (the schema shows an integer; a null is refused).
+    ttl_seconds: int | SkipJsonSchema[None] = Field(None, ge=1, description="Expires this long from now")
     name: str | None = Field(None, max_length=MAX_NAME_CHARS, description="A new label (null: none)")
     metadata: dict[str, Any] | None = Field(None, description="Replaces the metadata (null: none)")
 

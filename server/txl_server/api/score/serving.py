@@ -28,10 +28,10 @@ async def read(
         raise InvalidRequest("send the document as application/json or text/plain", param="content-type")
     if (error := utf8_error(raw, json_body=content_type != "text/plain")) is not None:
         raise error
-    if content_type == "text/plain":
-        text = raw.decode("utf-8")
-        return ScoreRequest(text=text, token_logprobs=token_logprobs, stream=stream, memory=memory)
     try:
+        if content_type == "text/plain":
+            options = {"token_logprobs": token_logprobs, "stream": stream, "memory": memory}
+            return ScoreRequest.model_validate({"text": raw.decode("utf-8"), **options})
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:
         message, param = validation_message(list(exc.errors()), content_type)
@@ -39,9 +39,6 @@ async def read(
 
 
 async def score(body: ScoreRequest, tenant: str, stateless: StatelessService, service: SessionService) -> Any:
-    if not body.text:  # documents are limited by the body size (TXL_MAX_BODY_BYTES), not the prompt limit
-        raise InvalidRequest("text to score is empty", param="text")
-
     async def scored(progress: Progress | None) -> dict[str, Any]:
         if body.memory is not None:  # after a preloaded memory of the caller's
             outcome = await service.memories.score(

@@ -7,13 +7,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from txl.sampling import SamplingParams
 
-from ..shared.limits import MAX_MEMORY_ID_CHARS, MaxTokens, Seed
+from ..shared.limits import MAX_MEMORY_ID_CHARS, MaxTokens, Seed, StopStrings, Text
 from ..shared.timestamps import Seconds, SecondsUp
 
 STREAM_DESCRIPTION = (
     "Answer with SSE: progress events while the text is fed (and keep-alive comments), then a `result` event "
     "holding the JSON answer. A long text then never times out a client."
 )
+
+
+# 256: a few sentences of a byte-level model (the bundled one), a paragraph of a word-level one.
+DEFAULT_MAX_TOKENS = 256
 
 
 class SessionObject(BaseModel):
@@ -39,7 +43,7 @@ class SessionCreate(BaseModel):
             "examples": [{"text": "It was a dark and stormy night", "metadata": {"user": "ada"}}]
         },
     )
-    text: str = Field("", description="Text the session starts with (may be empty)")
+    text: Text = Field("", description="Text the session starts with (may be empty)")
     mem_len: int | None = Field(None, ge=0, description="Positions of memory to keep; default: the model's")
     ttl_seconds: int | None = Field(
         None, ge=1, examples=[3600], description="Expires this long after its last use; default: the server's"
@@ -70,7 +74,7 @@ class SessionList(BaseModel):
 
 class AppendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(..., description="Text to add to the session")
+    text: Text = Field(..., min_length=1, description="Text to add to the session")
     stream: bool = Field(False, description=STREAM_DESCRIPTION)
 
 
@@ -82,15 +86,15 @@ class AppendResponse(BaseModel):
 
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    text: str = Field("", description="Text to add before generating")
-    # 256: a few sentences of a byte-level model (the bundled one), a paragraph of a word-level one.
-    max_tokens: MaxTokens = Field(256, description="Tokens to generate (fewer if a stop string appears)")
+    text: Text = Field("", description="Text to add before generating")
+    max_tokens: MaxTokens = Field(
+        DEFAULT_MAX_TOKENS,
+        description="Tokens to generate (fewer if a stop string appears); default 256, or the server's most",
+    )
     temperature: float = Field(1.0, ge=0, le=100, description="0: greedy")
     top_k: int = Field(0, ge=0, description="0: no limit")
     top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = Field(
-        None, description="Generation ends before the first of these strings"
-    )
+    stop: StopStrings = Field(None, description="Generation ends before the first of these strings")
     seed: Seed | None = None
     stream: bool = False
 
