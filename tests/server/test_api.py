@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -505,6 +506,19 @@ def test_a_garbage_import_says_what_a_snapshot_is(a):
             "message": "the body is not a session snapshot (export one with GET /v1/sessions/{id}/snapshot)",
             "param": "body",
         }
+
+
+def test_a_snapshot_of_an_unchanged_session_is_the_same_bytes(a):
+    session = create(a, text="Stable as a rock", metadata={"user": "ada", "tags": ["a", "b"], "n": 1})
+    first = a.get(f"/v1/sessions/{session['id']}/snapshot")
+    second = a.get(f"/v1/sessions/{session['id']}/snapshot")
+    assert first.status_code == second.status_code == 200
+    assert hashlib.sha256(first.content).hexdigest() == hashlib.sha256(second.content).hexdigest()
+    # ... and it still imports.
+    imported = a.post(
+        "/v1/sessions/import", content=first.content, headers={"Content-Type": "application/octet-stream"}
+    )
+    assert imported.status_code == 201 and imported.json()["tokens"] == session["tokens"]
 
 
 def test_internal_errors_leak_nothing(server, a, monkeypatch):

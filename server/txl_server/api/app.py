@@ -1,8 +1,9 @@
 """The FastAPI application: `create_app(settings)`.
 
 The lifespan starts the runtime (model, worker, Redis, sessions) and always stops it; on SIGTERM/SIGINT the
-requests are drained first (`api/shutdown.py`). Every error leaves as
-`{"error": {"type", "message", "param"}}` with its HTTP status; internals are logged, never returned.
+requests are drained first (`api/shutdown.py`). Every error leaves with its HTTP status in its family's shape: the
+server's `{"error": {"type", "message", "param"}}`, or OpenAI's on the OpenAI routes (`shared/openai_errors.py`);
+internals are logged, never returned.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .chat.router import router as chat_router
 from .completions.router import router as completions_router
 from .fallback import Fallback
 from .memories.router import router as memories_router
-from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics
+from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics, UnexpectedErrors
 from .openapi_document import serve_document
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
 from .responses.router import router as responses_router
@@ -98,7 +99,8 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         app.include_router(router)
     serve_document(app, settings)
     _install_error_handlers(app)
-    # Outermost first: metrics see every response, including the limits' 413 and 429.
+    # Innermost first; metrics see every response, including the limits' 413 and 429.
+    app.add_middleware(UnexpectedErrors)
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(ShutdownGate, shutdown=shutdown)
@@ -143,9 +145,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # An error in the layers around UnexpectedErrors. Starlette sends this answer from outside every layer
+        # (OpenAIErrors included): it takes its family's shape itself.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        # Starlette sends this one from outside every middleware (OpenAIErrors included): it takes its
-        # family's shape itself.
         body = error_body(request.url.path, 500, INTERNAL_ERROR)
         # ... and names its replica itself.
         return JSONResponse(body, status_code=500, headers={REPLICA_HEADER: request.app.state.replica})

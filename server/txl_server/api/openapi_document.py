@@ -51,7 +51,12 @@ def _fill_limits(node: Any, settings: Settings) -> None:
         _fill_limits(value, settings)
     default = node.get("default")
     most = _maximum(node)
-    if most is not None and isinstance(default, int | float) and not isinstance(default, bool) and default > most:
+    if (
+        most is not None
+        and isinstance(default, int | float)
+        and not isinstance(default, bool)
+        and default > most
+    ):
         node["default"] = most
 
 

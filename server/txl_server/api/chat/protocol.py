@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from ...errors import InvalidRequest
 from ..completions.protocol import (
@@ -18,6 +18,7 @@ from ..completions.protocol import (
 )
 from ..shared.chat_template import ChatMessage, ChatTemplate
 from ..shared.limits import MAX_USER_CHARS, MaxTokens, Seed, StopStrings
+from ..shared.request_body import RequestBody
 
 DEFAULT_MAX_TOKENS = 256  # a reply, not a document: it usually ends earlier, at the user's next turn
 # What a chat request passes on to its completion as it is.
@@ -36,7 +37,7 @@ _PASSED_ON = {
 }
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(RequestBody):
     # Unknown fields are ignored, as OpenAI clients send options this server has no use for.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = None
@@ -48,22 +49,21 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(1.0, ge=0, le=2)
     top_p: float | None = Field(1.0, gt=0, le=1)
     stop: StopStrings = None
-    stream: bool | None = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     seed: Seed | None = None
     n: int | None = Field(1, ge=1, le=MAX_N)
     user: str | None = Field(None, max_length=MAX_USER_CHARS)
     frequency_penalty: float | None = Field(None, ge=-2, le=2, json_schema_extra=NOT_SUPPORTED_BUT_0)
     presence_penalty: float | None = Field(None, ge=-2, le=2, json_schema_extra=NOT_SUPPORTED_BUT_0)
-    # Strict, as OpenAI's: `true` and `false` are not counts, nor 1 and 0 booleans.
-    logprobs: bool | None = Field(
-        None, strict=True, description="Return each generated token's log-probability (choices[].logprobs)"
+    # As OpenAI's: `true` and `false` are not counts, nor 1 and 0 booleans.
+    logprobs: StrictBool | None = Field(
+        None, description="Return each generated token's log-probability (choices[].logprobs)"
     )
     top_logprobs: int | None = Field(
         None,
         ge=0,
         le=MAX_LOGPROBS,
-        strict=True,
         description="With logprobs: the likeliest alternatives per token",
     )
 

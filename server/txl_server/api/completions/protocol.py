@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from txl.sampling import SamplingParams
 
 from ..shared.limits import (
@@ -17,6 +17,7 @@ from ..shared.limits import (
     Text,
     operator_limit,
 )
+from ..shared.request_body import RequestBody
 from ..shared.serving_info import ServingInfo
 
 MAX_N = 8  # choices in one request: prompts x n
@@ -29,10 +30,11 @@ TokenId = Annotated[int, Field(ge=0)]  # below the model's vocabulary size (`Pla
 # A prompt as token ids: as many as a text may have characters.
 TokenIds = Annotated[list[TokenId], Field(json_schema_extra=operator_limit(maxItems="max_text_chars"))]
 Prompts = Annotated[list[Text], Field(max_length=MAX_N)]
+PromptsOfTokenIds = Annotated[list[TokenIds], Field(max_length=MAX_N)]
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 def includes_usage(options: StreamOptions | None) -> bool:
@@ -40,20 +42,20 @@ def includes_usage(options: StreamOptions | None) -> bool:
     return options is not None and options.include_usage
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(RequestBody):
     # Unknown fields are ignored, as OpenAI clients send options this server has no use for.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = None
     # Several prompts first: an error names what is wrong with the list, not that it is not a string.
-    prompt: Prompts | TokenIds | list[TokenIds] | Text = ""
+    prompt: Prompts | TokenIds | PromptsOfTokenIds | Text = ""
     max_tokens: MaxTokens | None = DEFAULT_MAX_TOKENS
     temperature: float | None = Field(1.0, ge=0, le=2)
     top_p: float | None = Field(1.0, gt=0, le=1)
     stop: StopStrings = None
-    stream: bool | None = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool | None = False
+    echo: StrictBool | None = False
     seed: Seed | None = None
     n: int | None = Field(1, ge=1, le=MAX_N)
     user: str | None = Field(None, max_length=MAX_USER_CHARS)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import secrets
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from txl.sampling import SamplingParams
 
 from ...errors import InvalidRequest
 from ..shared.chat_template import ChatMessage, Role
 from ..shared.limits import MAX_USER_CHARS, MaxTokens, Text
+from ..shared.request_body import RequestBody
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256  # as chat completions: a reply, not a document
 MAX_INPUT_ITEMS = 256
@@ -58,7 +59,7 @@ MetadataValue = Annotated[str, Field(max_length=MAX_METADATA_VALUE)]
 InputItems = Annotated[list[InputItem], Field(min_length=1, max_length=MAX_INPUT_ITEMS)]
 
 
-class ResponseCreateRequest(BaseModel):
+class ResponseCreateRequest(RequestBody):
     # Unknown fields are ignored, as OpenAI clients send options this server has no use for.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = None
@@ -68,8 +69,8 @@ class ResponseCreateRequest(BaseModel):
     )
     instructions: Text | None = Field(None, description="Fed before this turn's input (and stays in memory)")
     previous_response_id: str | None = Field(None, max_length=256)
-    store: bool | None = True
-    stream: bool | None = False
+    store: StrictBool | None = True
+    stream: StrictBool | None = False
     max_output_tokens: MaxTokens | None = Field(None, description="Default 256, or the server's most")
     temperature: float | None = Field(1.0, ge=0, le=2)
     top_p: float | None = Field(1.0, gt=0, le=1)
@@ -80,7 +81,7 @@ class ResponseCreateRequest(BaseModel):
     user: str | None = Field(None, max_length=MAX_USER_CHARS)
     # Accepted only empty or off; the schema says so, and `refuse_unsupported` refuses the rest with its reason:
     tools: list[Any] | None = Field(None, json_schema_extra={"maxItems": 0})
-    background: bool | None = Field(None, json_schema_extra={"enum": [False, None]})
+    background: StrictBool | None = Field(None, json_schema_extra={"enum": [False, None]})
     conversation: Any = Field(None, json_schema_extra={"type": "null"})
     text: TextConfig | None = None
     top_logprobs: int | None = Field(None, ge=0, json_schema_extra={"maximum": 0})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from txl.sampling import SamplingParams
 
-from ..shared.limits import MAX_MEMORY_ID_CHARS, MaxTokens, Seed, StopStrings, Text
+from ..shared.limits import MAX_MEMORY_ID_CHARS, MaxTokens, Seed, StopStrings, Text, TtlSeconds
+from ..shared.request_body import RequestBody
 from ..shared.timestamps import Seconds, SecondsUp
 
 STREAM_DESCRIPTION = (
@@ -34,7 +35,7 @@ class SessionObject(BaseModel):
     metadata: dict[str, Any]
 
 
-class SessionCreate(BaseModel):
+class SessionCreate(RequestBody):
     # The example is what the API docs' sample bodies show: without one, they show each field's minimum
     # (mem_len 0, ttl_seconds 1), a session with no memory that expires in a second.
     model_config = ConfigDict(
@@ -45,11 +46,11 @@ class SessionCreate(BaseModel):
     )
     text: Text = Field("", description="Text the session starts with (may be empty)")
     mem_len: int | None = Field(None, ge=0, description="Positions of memory to keep; default: the model's")
-    ttl_seconds: int | None = Field(
-        None, ge=1, examples=[3600], description="Expires this long after its last use; default: the server's"
+    ttl_seconds: TtlSeconds | None = Field(
+        None, examples=[3600], description="Expires this long after its last use; default: the server's"
     )
     metadata: dict[str, Any] | None = Field(None, description="Your own JSON, returned with the session")
-    stream: bool = Field(False, description=STREAM_DESCRIPTION)
+    stream: StrictBool = Field(False, description=STREAM_DESCRIPTION)
     memory: str | None = Field(
         None,
         max_length=MAX_MEMORY_ID_CHARS,
@@ -57,7 +58,7 @@ class SessionCreate(BaseModel):
     )
 
 
-class SessionFork(BaseModel):
+class SessionFork(RequestBody):
     model_config = ConfigDict(extra="forbid")
     metadata: dict[str, Any] | None = Field(
         None, description="Metadata of the new session; default: the parent's"
@@ -75,7 +76,7 @@ class SessionList(BaseModel):
 class AppendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: Text = Field(..., min_length=1, description="Text to add to the session")
-    stream: bool = Field(False, description=STREAM_DESCRIPTION)
+    stream: StrictBool = Field(False, description=STREAM_DESCRIPTION)
 
 
 class AppendResponse(BaseModel):
@@ -84,7 +85,7 @@ class AppendResponse(BaseModel):
     logprob: float = Field(..., description="Natural-log probability of those tokens given everything before")
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(RequestBody):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     text: Text = Field("", description="Text to add before generating")
     max_tokens: MaxTokens = Field(
@@ -96,7 +97,7 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     stop: StopStrings = Field(None, description="Generation ends before the first of these strings")
     seed: Seed | None = None
-    stream: bool = False
+    stream: StrictBool = False
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -133,7 +134,7 @@ class VersionList(BaseModel):
     data: list[VersionObject] = Field(..., description="Newest first")
 
 
-class RewindRequest(BaseModel):
+class RewindRequest(RequestBody):
     model_config = ConfigDict(extra="forbid")
     version: int = Field(..., ge=1, description="A kept version (GET .../versions) to continue from")
 

@@ -3,7 +3,7 @@ the versions a session keeps, and going back to one (sessions/history.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.routing import Match
@@ -14,6 +14,7 @@ from ..shared.error_shapes import ERROR_RESPONSES
 from ..shared.event_stream import json_or_stream_post
 from ..shared.idempotency import Idempotent
 from ..shared.json_body import JsonBodyRoute
+from ..shared.limits import TtlSeconds
 from . import serving
 from .protocol import (
     STREAM_DESCRIPTION,
@@ -129,7 +130,9 @@ async def import_snapshot(
     service: Service,
     tenant: Tenant,
     idempotent: Idempotent,
-    ttl_seconds: int | None = Query(None, ge=1, description="Expires this long after its last use"),
+    ttl_seconds: Annotated[
+        TtlSeconds | None, Query(description="Expires this long after its last use")
+    ] = None,
     stream: bool = Query(False, description=STREAM_DESCRIPTION),
 ) -> Any:
     """A new session (new id, owned by the caller) from a snapshot exported by any TXL Serve of this model."""

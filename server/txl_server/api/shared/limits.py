@@ -36,7 +36,10 @@ StopStrings = (
     | Annotated[list[StopString], Field(json_schema_extra=operator_limit(maxItems="max_stop_strings"))]
     | None
 )
-Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # the largest signed 64-bit integer
+# A lifetime in seconds: at most the operator's (TXL_MAX_TTL_SECONDS; sessions/service.py checks it).
+TtlSeconds = Annotated[int, Field(ge=1, json_schema_extra=operator_limit(maximum="max_ttl_seconds"))]
+# At most the largest integer every JSON reader reads exactly (a double's 53 bits; JavaScript's MAX_SAFE_INTEGER).
+Seed = Annotated[int, Field(ge=0, le=2**53 - 1)]
 MAX_MEMORY_ID_CHARS = 64  # the longest preloaded memory's id a request may name
 MAX_USER_CHARS = 256  # OpenAI's `user`: the caller's label for its own user
 
