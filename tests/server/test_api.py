@@ -508,6 +508,38 @@ def test_a_garbage_import_says_what_a_snapshot_is(a):
         }
 
 
+def test_the_import_route_allows_only_post(a):
+    allowed = a.options("/v1/sessions/import")
+    assert allowed.status_code == 405 and allowed.headers["Allow"] == "POST"
+    for method in ("GET", "DELETE"):
+        refused = a.request(method, "/v1/sessions/import")
+        assert refused.status_code == 405 and refused.headers["Allow"] == "POST", method
+    assert a.options("/v1/sessions/abc").headers["Allow"] == "GET, DELETE"
+
+
+def test_an_idempotency_key_outside_its_pattern_is_a_schema_error(a):
+    for key in ("a b", "", "x" * 129, "a/b"):
+        response = a.post("/v1/sessions", json={}, headers={"Idempotency-Key": key})
+        assert response.status_code == 422, (key, response.text)
+        assert error_of(response)["param"] == "Idempotency-Key"
+
+
+def test_a_default_above_the_operators_most_is_lowered_to_it(tiny_model_dir, redis_server):
+    """A request that leaves max_tokens out is never refused for it: the default (256 for a session's
+    generation and a chat reply) is lowered to TXL_MAX_TOKENS."""
+    for live in serve(tiny_model_dir, redis_server.url, "low-max", max_tokens=5, chat_template="transcript"):
+        with live.client() as client:
+            session = create(client, text="x")
+            generated = client.post(f"/v1/sessions/{session['id']}/generate", json={})
+            assert generated.status_code == 200 and generated.json()["usage"]["completion_tokens"] <= 5
+            chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+            assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] <= 5
+            schema = live.app.openapi()["components"]["schemas"]["GenerateRequest"]["properties"][
+                "max_tokens"
+            ]
+            assert (schema["default"], schema["maximum"]) == (5, 5)
+
+
 def test_a_snapshot_of_an_unchanged_session_is_the_same_bytes(a):
     session = create(a, text="Stable as a rock", metadata={"user": "ada", "tags": ["a", "b"], "n": 1})
     first = a.get(f"/v1/sessions/{session['id']}/snapshot")

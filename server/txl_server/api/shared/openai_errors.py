@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...errors import NotFound
 from . import sse
+from .error_shapes import error_responses
 
 # The OpenAI routes: these paths, and everything under them (`/v1/models/{model}`, `/v1/responses/{id}`).
 OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses")
@@ -173,7 +174,5 @@ _ERRORS = {
     503: "server_error (code unavailable): Redis is unreachable, nothing was changed; (code server_shutting_down): "
     "the server is shutting down",
 }
-# For `APIRouter(responses=...)` of the OpenAI routes: their error shape, in the OpenAPI document.
-OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": OpenAIErrorBody, "description": text} for status, text in _ERRORS.items()
-}
+# The error shape on every OpenAI route, in the OpenAPI document.
+OPENAI_ERROR_RESPONSES = error_responses(_ERRORS, OpenAIErrorBody)
