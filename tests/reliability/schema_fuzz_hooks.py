@@ -38,6 +38,12 @@ ALLOWED = (
     ),
     Refusal(
         400,
+        "invalid_request_error",
+        "after",
+        "GET /v1/responses/{id}/input_items: an `after` naming no item of the response: the server's state",
+    ),
+    Refusal(
+        400,
         "invalid_request",
         "body",
         "POST /v1/sessions/import: bytes that are not a snapshot of this model; the schema says binary",
@@ -50,7 +56,7 @@ ALLOWED = (
     ),
     Refusal(
         400,
-        "invalid_request",
+        "invalid_request_error",
         "prompt",
         "token ids at or above the model's vocabulary size, which the document does not know",
     ),
