@@ -19,6 +19,7 @@ import pytest
 from txl_server.engine.jobs import ErrorEvent, GenerateJob, TokenEvent
 
 from .live_server import LiveServer, client_of, serve
+from .test_shutdown import Stream
 
 TOKENS_BEFORE_THE_FAULT = 3
 
@@ -204,7 +205,7 @@ def test_the_shutdown_ends_every_stream_in_its_routes_format(tiny_model_dir, red
                     {"input": "Once", "max_output_tokens": 100_000, "stream": True, "temperature": 0},
                 ),
             }
-            readers = {name: StreamReader(server.url, *request) for name, request in requests.items()}
+            readers = {name: Stream(server.url, *request) for name, request in requests.items()}
             for reader in readers.values():
                 reader.start()
             for name, reader in readers.items():
@@ -219,19 +220,19 @@ def test_the_shutdown_ends_every_stream_in_its_routes_format(tiny_model_dir, red
         with contextlib.suppress(StopIteration):
             next(servers)
     stopped = "the server is shutting down and stopped this request before its end"
-    completions = readers["completions"].payloads()
+    completions = payloads(readers["completions"])
     assert completions[-1] == "[DONE]" and completions[-2]["error"]["code"] == "server_shutting_down"
     assert (
         completions[-2]["error"]["type"] == "server_error" and stopped in completions[-2]["error"]["message"]
     )
-    chat = readers["chat"].payloads()
+    chat = payloads(readers["chat"])
     assert chat[-1] == "[DONE]" and chat[-2]["error"]["code"] == "server_shutting_down"
-    native = readers["session"].payloads()
+    native = payloads(readers["session"])
     assert native[-1] == "[DONE]" and native[-2]["type"] == "error"
     assert (
         native[-2]["error"]["code"] == "server_shutting_down" and native[-2]["error"]["type"] == "unavailable"
     )
-    responses = readers["responses"].payloads()
+    responses = payloads(readers["responses"])
     assert responses[-1]["type"] == "error" and responses[-1]["code"] == "server_shutting_down"
     numbers = [event["sequence_number"] for event in responses]
     assert numbers == list(range(len(numbers)))
@@ -242,27 +243,6 @@ def test_the_shutdown_ends_every_stream_in_its_routes_format(tiny_model_dir, red
     assert native_refusal.status_code == 503 and native_refusal.json()["error"]["type"] == "unavailable"
 
 
-class StreamReader(threading.Thread):
-    def __init__(self, url: str, path: str, body: dict) -> None:
-        super().__init__(daemon=True)
-        self.url, self.path, self.body = url, path, body
-        self.lines: list[str] = []
-        self.first = threading.Event()
-        self.error: Exception | None = None
-
-    def run(self) -> None:
-        try:
-            with httpx.stream("POST", self.url + self.path, json=self.body, timeout=60) as response:
-                assert response.status_code == 200, response.read()
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        self.lines.append(line.removeprefix("data: "))
-                        self.first.set()
-        except Exception as exc:  # reported by the test
-            self.error = exc
-        finally:
-            self.first.set()
-
-    def payloads(self) -> list:
-        assert self.error is None, self.error
-        return [line if line == "[DONE]" else json.loads(line) for line in self.lines]
+def payloads(stream: Stream) -> list:
+    assert stream.error is None, stream.error
+    return [line if line == "[DONE]" else json.loads(line) for line in stream.events]

@@ -41,6 +41,8 @@ def validation_message(errors: list[Any], content_type: str | None) -> tuple[str
         return f"{field} is required", field
     if kind == "extra_forbidden":
         return f"{field} is not a known field", field
+    if kind == "string_pattern_mismatch":
+        return f"{field} should match the pattern {(first.get('ctx') or {}).get('pattern')}", field
     if message.startswith("Input should "):
         return f"{field} should {message.removeprefix('Input should ')}", field
     return f"{field}: {message.removeprefix('Value error, ')}", field
