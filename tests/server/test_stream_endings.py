@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from txl_server.engine.jobs import ErrorEvent, GenerateJob, TokenEvent
+from txl_server.engine.jobs import AdvanceJob, ErrorEvent, GenerateJob, ProgressEvent, TokenEvent
 
 from .live_server import LiveServer, client_of, serve
 from .test_shutdown import Stream
@@ -61,14 +61,16 @@ def asgi_errors() -> Iterator[AsgiErrors]:
 
 
 @contextlib.contextmanager
-def failing_generations(server: LiveServer, after: int = TOKENS_BEFORE_THE_FAULT) -> Iterator[None]:
-    """Every generation fails after `after` tokens: the worker reports an error for its job, as it does for a
-    step that raised."""
+def failing_jobs(
+    server: LiveServer, kind: type = GenerateJob, after: int = TOKENS_BEFORE_THE_FAULT
+) -> Iterator[None]:
+    """Every job of `kind` fails after `after` of its tokens (or progress reports): the worker reports an error
+    for it, as it does for a step that raised."""
     worker = server.app.state.runtime.worker
     submit = worker.submit
 
     def faulty(job) -> None:
-        if isinstance(job, GenerateJob):
+        if isinstance(job, kind):
             _fail_after(job, after)
         submit(job)
 
@@ -79,7 +81,11 @@ def failing_generations(server: LiveServer, after: int = TOKENS_BEFORE_THE_FAULT
         del worker.submit
 
 
-def _fail_after(job: GenerateJob, after: int) -> None:
+def failing_generations(server: LiveServer, after: int = TOKENS_BEFORE_THE_FAULT):
+    return failing_jobs(server, GenerateJob, after)
+
+
+def _fail_after(job, after: int) -> None:
     emit = job.emit
     sent, failed = 0, threading.Event()
 
@@ -87,7 +93,7 @@ def _fail_after(job: GenerateJob, after: int) -> None:
         nonlocal sent
         if failed.is_set():
             return
-        if isinstance(event, TokenEvent):
+        if isinstance(event, TokenEvent | ProgressEvent):
             sent += 1
             if sent > after:
                 failed.set()
@@ -175,6 +181,25 @@ def test_a_fault_mid_stream_ends_a_response_with_an_error_event(server, client):
     assert (events[-1].code, events[-1].message) == ("internal", "internal error")
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert sum(e.type == "response.output_text.delta" for e in events) >= 1
+
+
+@pytest.mark.parametrize("route", ["append", "memory", "score"])
+def test_a_fault_mid_way_ends_a_long_work_stream_with_its_error_event_then_done(server, http, route):
+    text = "It was the best of times, it was the worst of times. " * 60
+    session = http.post("/v1/sessions", json={"text": "x"}).json()
+    path, body = {
+        "append": (f"/v1/sessions/{session['id']}/append", {"text": text, "stream": True}),
+        "memory": ("/v1/memories", {"text": text, "stream": True}),
+        "score": ("/v1/score", {"text": text, "stream": True}),
+    }[route]
+    with failing_jobs(server, AdvanceJob, after=1), http.stream("POST", path, json=body) as response:
+        assert response.status_code in (200, 201), response.read()
+        events = data_lines(response)
+    assert events[0]["type"] == "progress"
+    assert events[-2] == {
+        "type": "error", "error": {"type": "internal", "message": "internal error", "param": None}
+    }  # fmt: skip
+    assert events[-1] == "[DONE]"
 
 
 # ---------------------------------------------------------------------------------------------- the shutdown

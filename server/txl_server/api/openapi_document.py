@@ -10,6 +10,7 @@ with what the models alone cannot say.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI
@@ -73,8 +74,7 @@ def _drop_openai_validation_errors(spec: dict[str, Any]) -> None:
         if is_openai_path(path):
             for operation in operations.values():
                 operation.get("responses", {}).pop("422", None)
-    listed = str(spec.get("paths", {}))
     schemas = spec.get("components", {}).get("schemas", {})
-    if "#/components/schemas/HTTPValidationError" not in listed:
+    if '"#/components/schemas/HTTPValidationError"' not in json.dumps(spec.get("paths", {})):
         for name in _VALIDATION_SCHEMAS:
             schemas.pop(name, None)
