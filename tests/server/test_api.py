@@ -508,6 +508,18 @@ def test_a_garbage_import_says_what_a_snapshot_is(a):
         }
 
 
+def test_a_lone_surrogate_is_the_same_400_whether_or_not_the_field_has_constraints(a):
+    session = create(a, text="x")
+    # (Scoring reads its body with pydantic's JSON parser, which refuses the escape as not JSON: 422 `body`.)
+    for path in ("/v1/sessions", f"/v1/sessions/{session['id']}/append", "/v1/memories"):
+        raw = b'{"text": "\\ud800"}'
+        response = a.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (path, response.text)
+        assert error_of(response) == {
+            "type": "invalid_request", "message": "text is not valid Unicode (a lone surrogate)", "param": "text"
+        }, path  # fmt: skip
+
+
 def test_the_import_route_allows_only_post(a):
     allowed = a.options("/v1/sessions/import")
     assert allowed.status_code == 405 and allowed.headers["Allow"] == "POST"

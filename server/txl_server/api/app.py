@@ -39,7 +39,7 @@ from .shared.auth import ApiKeys
 from .shared.disconnect import CLIENT_CLOSED_REQUEST, ClientGone
 from .shared.error_shapes import INTERNAL_ERROR, error_response
 from .shared.openai_errors import OpenAIErrors, error_body
-from .shared.validation import validation_message
+from .shared.validation import validation_message, validation_status
 from .shutdown import Shutdown, ShutdownGate
 from .system.router import router as system_router
 
@@ -119,9 +119,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(list(exc.errors()), request.headers.get("content-type"))
+        errors = list(exc.errors())
+        message, param = validation_message(errors, request.headers.get("content-type"))
         body = {"error": {"type": "invalid_request", "message": message, "param": param}}
-        return JSONResponse(body, status_code=422)
+        return JSONResponse(body, status_code=validation_status(errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -14,7 +14,7 @@ from ...sessions.service import SessionService
 from ...sessions.stateless import ScoreOutcome, StatelessService
 from ..shared.json_body import utf8_error
 from ..shared.progress import Progress, long_work
-from ..shared.validation import validation_message
+from ..shared.validation import validation_message, validation_status
 from .protocol import ScoreRequest, ScoreResponse
 
 
@@ -34,8 +34,10 @@ async def read(
             return ScoreRequest.model_validate({"text": raw.decode("utf-8"), **options})
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:
-        message, param = validation_message(list(exc.errors()), content_type)
-        raise InvalidBody(message, param=param or "body") from exc
+        errors = list(exc.errors())
+        message, param = validation_message(errors, content_type)
+        refused = InvalidBody if validation_status(errors) == InvalidBody.status else InvalidRequest
+        raise refused(message, param=param or "body") from exc
 
 
 async def score(body: ScoreRequest, tenant: str, stateless: StatelessService, service: SessionService) -> Any:

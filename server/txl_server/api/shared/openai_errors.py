@@ -42,11 +42,11 @@ def is_openai_path(path: str) -> bool:
 class ModelNotFound(NotFound):
     """A `model` this server does not serve."""
 
-    def __init__(self, model: str, served: str, param: str = "model") -> None:
+    def __init__(self, model: str, served: str) -> None:
         shown = model if len(model) <= 100 else model[:100] + "..."
         super().__init__(
             f"the model {shown!r} does not exist; this server serves {served!r}",
-            param=param,
+            param="model",
             code=MODEL_NOT_FOUND,
         )
 
