@@ -104,7 +104,7 @@ def render(data: dict[str, Any]) -> str:
         "",
         "`TXL_LOAD_SECONDS` sets the load test's duration (default 60 s, the requirement), `TXL_LEAK_SESSIONS`",
         "the sessions of the leak test (default 2,000), `TXL_FUZZ_EXAMPLES` schemathesis' examples per operation",
-        "and mode (default 25).",
+        "and phase (default 25).",
         "",
         "## Machine and run",
         "",
@@ -224,13 +224,16 @@ def render(data: dict[str, Any]) -> str:
         ]
     out += ["", "## Bad input", ""]
     if f := s.get("schemathesis"):
+        failures = f["failures"]
         out += [
-            f"**schemathesis {f['version']}** on the server's OpenAPI document: {f['operations']} operations, "
-            f"{f['examples_per_operation_and_mode']} examples per operation and mode (positive, negative), "
-            f"{fmt(f['requests'])} requests ({f['requests_on_real_sessions']} on real sessions, "
-            f"{f['requests_on_random_ids']} on random ids) in {f['seconds']} s. Statuses: {fmt(f['statuses'])}. "
-            f"5xx: {f['server_errors']}; failing checks (`not_a_server_error`, `response_schema_conformance`, "
-            f"the error shape): {len(f['failing_checks'])}.",
+            f"**schemathesis {f['version']}** (its CLI) on the server's OpenAPI document: {f['operations']} "
+            f"operations, seed {f['seed']}, {f['examples_per_operation']} examples per operation and phase "
+            f"(examples, coverage, fuzzing; valid and invalid requests), all of its checks: {fmt(f['cases'])} "
+            f"cases in {f['seconds']} s, {f['failing_cases']} failing"
+            + (f" ({', '.join(sorted(failures))})" if failures else "")
+            + ". Schema-valid requests refused only as allowed, for what a schema cannot say:",
+            "",
+            *(f"- {reason}" for reason in f["allowed_refusals"]),
             "",
         ]
     if st := s.get("startup_failures"):

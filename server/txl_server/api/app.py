@@ -1,8 +1,9 @@
 """The FastAPI application: `create_app(settings)`.
 
 The lifespan starts the runtime (model, worker, Redis, sessions) and always stops it; on SIGTERM/SIGINT the
-requests are drained first (`api/shutdown.py`). Every error leaves as
-`{"error": {"type", "message", "param"}}` with its HTTP status; internals are logged, never returned.
+requests are drained first (`api/shutdown.py`). Every error leaves with its HTTP status in its family's shape: the
+server's `{"error": {"type", "message", "param"}}`, or OpenAI's on the OpenAI routes (`shared/openai_errors.py`);
+internals are logged, never returned.
 """
 
 from __future__ import annotations
@@ -28,17 +29,17 @@ from .chat.router import router as chat_router
 from .completions.router import router as completions_router
 from .fallback import Fallback
 from .memories.router import router as memories_router
-from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics
+from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics, UnexpectedErrors
+from .openapi_document import serve_document
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
 from .responses.router import router as responses_router
 from .score.router import router as score_router
-from .sessions.router import history_router
 from .sessions.router import router as sessions_router
 from .shared.auth import ApiKeys
 from .shared.disconnect import CLIENT_CLOSED_REQUEST, ClientGone
 from .shared.error_shapes import INTERNAL_ERROR, error_response
-from .shared.openai_errors import OpenAIErrors
-from .shared.validation import validation_message
+from .shared.openai_errors import OpenAIErrors, error_body
+from .shared.validation import validation_message, validation_status
 from .shutdown import Shutdown, ShutdownGate
 from .system.router import router as system_router
 
@@ -88,7 +89,6 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.state.replica = replica_name(settings)
     for router in (
         sessions_router,
-        history_router,
         memories_router,
         score_router,
         completions_router,
@@ -97,8 +97,10 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         system_router,
     ):
         app.include_router(router)
+    serve_document(app, settings)
     _install_error_handlers(app)
-    # Outermost first: metrics see every response, including the limits' 413 and 429.
+    # Innermost first; metrics see every response, including the limits' 413 and 429.
+    app.add_middleware(UnexpectedErrors)
     app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(ShutdownGate, shutdown=shutdown)
@@ -117,9 +119,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(list(exc.errors()), request.headers.get("content-type"))
+        errors = list(exc.errors())
+        message, param = validation_message(errors, request.headers.get("content-type"))
         body = {"error": {"type": "invalid_request", "message": message, "param": param}}
-        return JSONResponse(body, status_code=422)
+        return JSONResponse(body, status_code=validation_status(errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -143,7 +146,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # An error in the layers around UnexpectedErrors. Starlette sends this answer from outside every layer
+        # (OpenAIErrors included): it takes its family's shape itself.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        body = {"error": INTERNAL_ERROR}
-        # Starlette sends this one from outside every middleware: it names its replica itself.
+        body = error_body(request.url.path, 500, INTERNAL_ERROR)
+        # ... and names its replica itself.
         return JSONResponse(body, status_code=500, headers={REPLICA_HEADER: request.app.state.replica})

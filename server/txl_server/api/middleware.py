@@ -1,16 +1,20 @@
-"""The ASGI layers in front of every route that limit and count requests: the body's size, the requests in
-flight, and the requests' metrics by route template."""
+"""The ASGI layers in front of every route that limit and count requests (the body's size, the requests in flight,
+and the requests' metrics by route template), and the one that answers an error no handler took."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import Overloaded, PayloadTooLarge
 from ..metrics import Metrics
-from .shared.error_shapes import error_response
+from .shared.error_shapes import INTERNAL_ERROR, error_response
+
+log = logging.getLogger("txl_server")
 
 
 class HttpMiddleware:
@@ -108,3 +112,26 @@ class RequestMetrics(HttpMiddleware):
             method = scope.get("method", "GET")
             self.metrics.requests.labels(template, method, str(status["code"])).inc()
             self.metrics.request_seconds.labels(template, method).observe(time.perf_counter() - started)
+
+
+class UnexpectedErrors(HttpMiddleware):
+    """A 500 `internal` for an error no handler took (its traceback logged, nothing of it returned), answered
+    inside the other layers: so it takes its route's error shape (OpenAIErrors) and names its replica, as every
+    other error does. (Starlette's own answer comes from outside every layer, and uvicorn then logs the error
+    again as "Exception in ASGI application".) A stream ends its own errors (`EventStream`)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception:
+            if started:  # too late to answer: the connection is cut
+                raise
+            log.exception("unhandled error on %s %s", scope.get("method"), scope["path"])
+            await JSONResponse({"error": INTERNAL_ERROR}, status_code=500)(scope, receive, send)

@@ -6,14 +6,15 @@ On SIGTERM/SIGINT the server (`serving.TxlServer`) calls `Shutdown.drain` before
    `Connection: close` and Retry-After) and `/ready` is 503, so a load balancer sends traffic elsewhere;
 2. running requests (steps, streams) get until the grace period's end (`TXL_SHUTDOWN_GRACE_SECONDS`; in
    persistence `evict`, with sessions to save, its first half: the rest is for saving them);
-3. those still running then are stopped: a stream ends with an `error` event (code `server_shutting_down`)
-   and `data: [DONE]`, a request not yet answered gets the 503. Stopping cancels their work like a client
-   that left: nothing half-done is committed (a commit already begun runs to its end, and its response is
-   sent as usual). A second Ctrl-C stops them at once.
+3. those still running then are stopped: a stream ends with its route's error ending (code
+   `server_shutting_down`: the server's `error` event then `data: [DONE]`, OpenAI's error object then
+   `data: [DONE]` on completions and chat, an `error` event on the Responses API), a request not yet answered
+   gets the 503 (in OpenAI's shape on the OpenAI routes). Stopping cancels their work like a client that left:
+   nothing half-done is committed (a commit already begun runs to its end, and its response is sent as
+   usual). A second Ctrl-C stops them at once.
 
-Every API request passes through `ShutdownGate`, one ASGI layer: no route knows about shutdown, and a stream
-ends the same way whatever route made it. The event is `{"type": "error", "error": {...}}`, which both the
-session streams' readers and OpenAI's clients (who look for an `error` key) understand.
+Every API request passes through `ShutdownGate`, one ASGI layer: no route knows about shutdown. A stream leaves
+its ending in the request's scope (`event_stream.STREAM_ENDING`), and the gate ends a stream it stopped with it.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .shared import sse
+from .shared.event_stream import STREAM_ENDING, native_ending
 
 log = logging.getLogger("txl_server")
 
 SHUTTING_DOWN = "server_shutting_down"
+UNAVAILABLE_STATUS = 503
 # After the grace period, stopped requests get this long to clean up (release leases, finish a commit begun).
 STOP_SECONDS = 5.0
 RETRY_AFTER_SECONDS = 1  # behind a load balancer another replica answers; alone, the restarted server
@@ -158,7 +161,8 @@ class Shutdown:
         if request.finished:  # it completed anyway (a commit that had begun runs to its end)
             return
         if request.started:
-            await send({"type": "http.response.body", "body": sse.error_end(STOPPED).encode()})
+            ending = scope.get(STREAM_ENDING, native_ending)
+            await send({"type": "http.response.body", "body": ending(UNAVAILABLE_STATUS, STOPPED).encode()})
         else:
             await _send_error(send, STOPPED)
 
@@ -186,7 +190,7 @@ async def _send_error(send: Send, error: dict) -> None:
         (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
         (b"connection", b"close"),
     ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.start", "status": UNAVAILABLE_STATUS, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -70,7 +70,7 @@ class ModelState:
             "layout": json.dumps([layout.n_layer, layout.n_head, layout.d_head, layout.d_model]),
             **(extra or {}),
         }
-        return save_safetensors({k: v.cpu() for k, v in tensors.items()}, metadata=meta)
+        return _canonical(save_safetensors({k: v.cpu() for k, v in tensors.items()}, metadata=meta))
 
     @classmethod
     def from_bytes(
@@ -119,6 +119,16 @@ def snapshot_metadata(data: bytes) -> dict[str, str]:
         return _metadata(data)
     except Exception as exc:
         raise ValueError(f"not a session snapshot: {exc}") from exc
+
+
+def _canonical(data: bytes) -> bytes:
+    """The same safetensors file with its header's keys sorted, so that the same state gives the same bytes
+    (safetensors writes the metadata in a hash map's order, which changes from one call to the next)."""
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_len])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data stays 8-byte aligned, as safetensors writes it
+    return len(text).to_bytes(8, "little") + text + data[8 + header_len :]
 
 
 def _metadata(data: bytes) -> dict[str, str]:

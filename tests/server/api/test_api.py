@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -9,9 +10,10 @@ import uuid
 
 import httpx
 import pytest
+from txl_server.api.app import create_app
 from txl_server.settings import Persistence, Settings
 
-from tests.helpers.live_server import LiveServer, client_fixture, live_server_fixture
+from tests.helpers.live_server import LiveServer, client_fixture, live_server_fixture, serve
 from tests.helpers.sse import sse_events
 
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
@@ -191,7 +193,10 @@ def test_score_rejects_invalid_utf8_and_empty_documents(a):
     assert bad.status_code == 400 and error_of(bad) == {
         "type": "invalid_request", "message": "the body is not valid UTF-8: byte 3 (0xff)", "param": "body"
     }  # fmt: skip
-    assert a.post("/v1/score", json={"text": ""}).status_code == 400
+    # An empty document does not match the schema (minLength 1), as JSON or as text.
+    assert a.post("/v1/score", json={"text": ""}).status_code == 422
+    empty = a.post("/v1/score", content=b"", headers={"Content-Type": "text/plain"})
+    assert empty.status_code == 422 and error_of(empty)["param"] == "text"
     assert a.post("/v1/score", content=b"x", headers={"Content-Type": "application/xml"}).status_code == 400
 
 
@@ -483,6 +488,63 @@ def test_a_garbage_import_says_what_a_snapshot_is(a):
         }
 
 
+def test_a_lone_surrogate_is_the_same_400_whether_or_not_the_field_has_constraints(a):
+    session = create(a, text="x")
+    # (Scoring reads its body with pydantic's JSON parser, which refuses the escape as not JSON: 422 `body`.)
+    for path in ("/v1/sessions", f"/v1/sessions/{session['id']}/append", "/v1/memories"):
+        raw = b'{"text": "\\ud800"}'
+        response = a.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (path, response.text)
+        assert error_of(response) == {
+            "type": "invalid_request", "message": "text is not valid Unicode (a lone surrogate)", "param": "text"
+        }, path  # fmt: skip
+
+
+def test_the_import_route_allows_only_post(a):
+    allowed = a.options("/v1/sessions/import")
+    assert allowed.status_code == 405 and allowed.headers["Allow"] == "POST"
+    for method in ("GET", "DELETE"):
+        refused = a.request(method, "/v1/sessions/import")
+        assert refused.status_code == 405 and refused.headers["Allow"] == "POST", method
+    assert a.options("/v1/sessions/abc").headers["Allow"] == "GET, DELETE"
+
+
+def test_an_idempotency_key_outside_its_pattern_is_a_schema_error(a):
+    for key in ("a b", "", "x" * 129, "a/b"):
+        response = a.post("/v1/sessions", json={}, headers={"Idempotency-Key": key})
+        assert response.status_code == 422, (key, response.text)
+        assert error_of(response)["param"] == "Idempotency-Key"
+
+
+def test_a_default_above_the_operators_most_is_lowered_to_it(tiny_model_dir, redis_server):
+    """A request that leaves max_tokens out is never refused for it: the default (256 for a session's
+    generation and a chat reply) is lowered to TXL_MAX_TOKENS."""
+    for live in serve(tiny_model_dir, redis_server.url, "low-max", max_tokens=5, chat_template="transcript"):
+        with live.client() as client:
+            session = create(client, text="x")
+            generated = client.post(f"/v1/sessions/{session['id']}/generate", json={})
+            assert generated.status_code == 200 and generated.json()["usage"]["completion_tokens"] <= 5
+            chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+            assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] <= 5
+            schema = live.app.openapi()["components"]["schemas"]["GenerateRequest"]["properties"][
+                "max_tokens"
+            ]
+            assert (schema["default"], schema["maximum"]) == (5, 5)
+
+
+def test_a_snapshot_of_an_unchanged_session_is_the_same_bytes(a):
+    session = create(a, text="Stable as a rock", metadata={"user": "ada", "tags": ["a", "b"], "n": 1})
+    first = a.get(f"/v1/sessions/{session['id']}/snapshot")
+    second = a.get(f"/v1/sessions/{session['id']}/snapshot")
+    assert first.status_code == second.status_code == 200
+    assert hashlib.sha256(first.content).hexdigest() == hashlib.sha256(second.content).hexdigest()
+    # ... and it still imports.
+    imported = a.post(
+        "/v1/sessions/import", content=first.content, headers={"Content-Type": "application/octet-stream"}
+    )
+    assert imported.status_code == 201 and imported.json()["tokens"] == session["tokens"]
+
+
 def test_internal_errors_leak_nothing(server, a, monkeypatch):
     service = server.app.state.runtime.service
 
@@ -602,14 +664,26 @@ def test_completions_can_continue_a_session(a):
     assert after["version"] == session["version"] + 1 and after["tokens"] == session["tokens"] + 3 + 5
 
 
-def test_openapi_document_matches_the_committed_one(server):
+def test_openapi_document_matches_the_committed_one():
+    """docs/openapi.json is the document with the default settings (a server shows its own limits)."""
     import pathlib
 
     committed = pathlib.Path(__file__).parents[3] / "docs" / "openapi.json"
-    served = server.app.openapi()
-    assert json.loads(committed.read_text()) == json.loads(json.dumps(served)), (
+    generated = create_app(Settings()).openapi()
+    assert json.loads(committed.read_text()) == json.loads(json.dumps(generated)), (
         "docs/openapi.json is stale: run `python -m txl_server.openapi > docs/openapi.json`"
     )
+
+
+def test_the_served_document_shows_the_operators_limits(server):
+    schemas = server.app.openapi()["components"]["schemas"]
+    generate = schemas["GenerateRequest"]["properties"]
+    assert generate["max_tokens"]["maximum"] == 256 and generate["max_tokens"]["default"] == 256
+    assert generate["text"]["maxLength"] == 8 * 1024
+    stop = generate["stop"]["anyOf"]
+    assert stop[0] == {"type": "string", "minLength": 1, "maxLength": 8}
+    assert stop[1]["maxItems"] == 2 and stop[1]["items"]["maxLength"] == 8
+    assert "x-txl-limit" not in json.dumps(schemas)
 
 
 def test_the_api_docs_example_body_makes_a_session_with_memory_that_lasts(server, a):

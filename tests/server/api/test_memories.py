@@ -102,7 +102,7 @@ def test_a_memory_is_created_listed_changed_and_deleted(server, http):
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
-        ({"text": ""}, 400, "text"),
+        ({"text": ""}, 422, "text"),  # the schema's minLength
         ({"text": "x", "name": "n" * 129}, 422, "name"),
         ({"text": "x", "ttl_seconds": 0}, 422, "ttl_seconds"),
         ({"text": "x", "ttl_seconds": 10**9}, 400, "ttl_seconds"),

@@ -145,6 +145,77 @@ def test_a_chat_template_must_hold_the_content_once():
             Settings(chat_template=bad)
 
 
+def test_chat_logprobs_are_openais_and_the_stream_joins_to_the_json(openai_client):
+    messages = [{"role": "user", "content": "Hello there"}]
+    options = {
+        "model": "tiny-byte",
+        "messages": messages,
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+    }
+    whole = openai_client.chat.completions.create(**options, top_logprobs=2).choices[0]
+    content = whole.logprobs.content
+    assert len(content) == 8  # one entry per generated token (the reply's leading whitespace included)
+    for entry in content:
+        assert entry.logprob <= 0 and entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 2  # exactly top_logprobs, the likeliest first
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.logprob == pytest.approx(
+            entry.top_logprobs[0].logprob, abs=1e-5
+        )  # greedy: the likeliest
+    assert "".join(entry.token for entry in content).lstrip() == whole.message.content
+    streamed = []
+    for chunk in openai_client.chat.completions.create(**options, top_logprobs=2, stream=True):
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                streamed += choice.logprobs.content
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [
+        (e.token, round(e.logprob, 4)) for e in content
+    ]
+    plain = openai_client.chat.completions.create(**options).choices[0]
+    assert all(entry.top_logprobs == [] for entry in plain.logprobs.content)
+    assert openai_client.chat.completions.create(**{**options, "logprobs": False}).choices[0].logprobs is None
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"logprobs": True, "top_logprobs": False}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user"}]}, "messages.0.content"),
+        ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.role"),
+        ({"n": True}, "n"),
+    ],
+)
+def test_chat_refuses_what_openai_refuses(client, body, param):
+    request = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, **body}
+    response = client.post("/v1/chat/completions", json=request)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+
+
+def test_too_many_prompts_are_refused_naming_the_prompt_unless_n_was_raised(client):
+    nine = client.post("/v1/completions", json={"prompt": ["x"] * 9, "max_tokens": 1})
+    assert nine.status_code == 400 and nine.json()["error"]["param"] == "prompt"
+    product = client.post("/v1/completions", json={"prompt": ["x"] * 3, "n": 3, "max_tokens": 1})
+    assert product.status_code == 400 and product.json()["error"]["param"] == "n"
+
+
+def test_the_official_client_lists_and_retrieves_the_model(openai_client):
+    openai = pytest.importorskip("openai")
+    [listed] = openai_client.models.list().data
+    model = openai_client.models.retrieve("tiny-byte")
+    assert (model.id, model.object, model.owned_by) == ("tiny-byte", "model", "txl-serve")
+    assert model.model_dump() == listed.model_dump() and model.model_extra["serving"]["device"] == "cpu"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        openai_client.models.retrieve("gpt-4o")
+    assert unknown.value.code == "model_not_found" and unknown.value.param == "model"
+
+
 def test_chat_refuses_what_it_cannot_do(client):
     image = [{"type": "image_url", "image_url": {"url": "data:,"}}]
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": image}]})

@@ -251,7 +251,7 @@ def test_every_responses_route_needs_a_key(server):
             ("GET", "/v1/responses/resp_x.1/input_items"),
         ]:
             reply = anonymous.request(method, path, json={"input": "x"} if method == "POST" else None)
-            assert reply.status_code == 401 and reply.json()["error"]["type"] == "unauthorized", path
+            assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key", path
 
 
 def test_store_false_answers_and_keeps_nothing(client, http):
@@ -278,7 +278,6 @@ def test_store_false_answers_and_keeps_nothing(client, http):
     ("body", "param"),
     [
         ({"max_output_tokens": 10**6}, "max_output_tokens"),
-        ({"model": "gpt-4o"}, "model"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input.0.type"),

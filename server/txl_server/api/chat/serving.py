@@ -16,7 +16,15 @@ from ..completions.streaming import Envelope, event_stream
 from ..shared.chat_template import ChatTemplate
 from ..shared.dependencies import AppSettings
 from ..shared.text_log import log_text
-from .protocol import AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest
+from .logprobs import chat_logprobs
+from .protocol import (
+    DEFAULT_MAX_TOKENS,
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChoiceLogprobs,
+)
 
 
 def chat_template(settings: AppSettings) -> ChatTemplate:
@@ -34,7 +42,14 @@ async def create_chat_completion(
 ) -> Any:
     """The reply's JSON, or its stream of chunks (with `stream`)."""
     completion = body.to_completion(template)
-    plan = Plan.build(completion, sources.model_id, sources.service.tokenizer, sources.settings)
+    plan = Plan.build(
+        completion,
+        sources.model_id,
+        sources.service.tokenizer,
+        sources.settings,
+        turn_end=template.stop(),
+        default_max_tokens=DEFAULT_MAX_TOKENS,
+    )
     assert isinstance(completion.prompt, str)
     log_text(sources.settings, "chat prompt", completion.prompt)
     envelope = Envelope.new("chatcmpl-", sources.model_id)
@@ -42,12 +57,15 @@ async def create_chat_completion(
     if body.stream:
         chunk = envelope.chunk("chat.completion.chunk")
         return await event_stream(
-            source, chunk, ChatDeltas(), include_usage=includes_usage(body.stream_options)
+            source, chunk, ChatDeltas(plan.top), include_usage=includes_usage(body.stream_options)
         )
     finished, usage = await collect(source)
     replies = [
         ChatChoice(
-            index=index, message=AssistantMessage(content=item.text.lstrip()), finish_reason=item.reason
+            index=index,
+            message=AssistantMessage(content=item.text.lstrip()),
+            finish_reason=item.reason,
+            logprobs=chat_logprobs(item.logprobs, plan.top),
         )
         for index, item in finished
     ]
@@ -58,9 +76,11 @@ async def create_chat_completion(
 
 class ChatDeltas:
     """The chunks of a streamed chat: each choice opens with the assistant's role, then its text (without the
-    leading whitespace, as a reply that is not streamed), then its finish reason."""
+    leading whitespace, as a reply that is not streamed) with its tokens' log-probs (with `logprobs`), then its
+    finish reason."""
 
-    def __init__(self) -> None:
+    def __init__(self, top: int) -> None:
+        self.top = top  # alternatives per token, with logprobs
         self.opened: set[int] = set()  # choices whose first chunk (the role) was sent
         self.speaking: set[int] = set()  # choices whose reply began
 
@@ -71,13 +91,18 @@ class ChatDeltas:
             out.append(_delta(index, {"role": "assistant", "content": ""}))
         if isinstance(event, Piece):
             text = event.text if index in self.speaking else event.text.lstrip()
+            logprobs = chat_logprobs(event.logprobs, self.top)
             if text:
                 self.speaking.add(index)
-                out.append(_delta(index, {"content": text}))
+            if text or logprobs is not None:  # a token's log-probs even where its text was dropped
+                out.append(_delta(index, {"content": text}, logprobs=logprobs))
         else:
             out.append(_delta(index, {}, event.reason))
         return out
 
 
-def _delta(index: int, content: dict[str, str], finish: str | None = None) -> dict[str, Any]:
-    return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish}
+def _delta(
+    index: int, content: dict[str, str], finish: str | None = None, logprobs: ChoiceLogprobs | None = None
+) -> dict[str, Any]:
+    shown = logprobs.model_dump() if logprobs is not None else None
+    return {"index": index, "delta": content, "logprobs": shown, "finish_reason": finish}

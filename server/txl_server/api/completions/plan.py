@@ -11,9 +11,9 @@ from txl.tokenizers import Tokenizer
 
 from ...errors import InvalidRequest
 from ...settings import Settings
-from ..shared.limits import check_max_tokens, check_stop, check_text
+from ..shared.limits import check_stop, check_text, max_tokens_of
 from ..shared.openai_errors import ModelNotFound
-from .protocol import MAX_N, CompletionRequest
+from .protocol import DEFAULT_MAX_TOKENS, MAX_N, CompletionRequest
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,19 @@ class Plan:
     tokenizer: Tokenizer
 
     @classmethod
-    def build(cls, body: CompletionRequest, model_id: str, tokenizer: Tokenizer, settings: Settings) -> Plan:
+    def build(
+        cls,
+        body: CompletionRequest,
+        model_id: str,
+        tokenizer: Tokenizer,
+        settings: Settings,
+        *,
+        turn_end: str | None = None,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> Plan:
+        """The plan of `body`; `turn_end`: a stop string of the server's own (a chat template's), on top of the
+        request's (not counted against its limits); `default_max_tokens`: the route's, when `max_tokens` is not
+        given."""
         if body.model is not None and body.model != model_id:
             raise ModelNotFound(body.model, model_id)
         if body.suffix:
@@ -44,18 +56,20 @@ class Plan:
             raise InvalidRequest("give session_id or memory, not both", param="memory")
         if body.session_id is not None and len(prompts) != 1:
             raise InvalidRequest("with session_id, give a single prompt", param="prompt")
-        max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        check_max_tokens(settings, max_tokens)
+        sent = body.max_tokens if "max_tokens" in body.model_fields_set else None
+        max_tokens = max_tokens_of(settings, sent, default_max_tokens)
         n = body.n or 1
         if body.session_id is not None and n != 1:
             raise InvalidRequest("with session_id, n must be 1", param="n")
         if len(prompts) * n > MAX_N:
-            raise InvalidRequest(f"prompts x n must be at most {MAX_N}", param="n")
+            # With one choice each, the prompts are too many; else the choices per prompt.
+            param = "prompt" if n == 1 else "n"
+            raise InvalidRequest(f"prompts x n must be at most {MAX_N}", param=param)
         return cls(
             prompts,
             n,
             body.to_sampling_params(),
-            check_stop(settings, body.stop),
+            check_stop(settings, body.stop) + ([turn_end] if turn_end else []),
             max_tokens,
             body.logprobs or 0,
             tokenizer,

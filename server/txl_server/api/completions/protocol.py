@@ -3,20 +3,38 @@ the edge only), and its conversion to the engine's sampling parameters."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from txl.sampling import SamplingParams
 
-from ..shared.limits import MAX_MEMORY_ID_CHARS, MAX_USER_CHARS, MaxTokens, Seed
+from ..shared.limits import (
+    MAX_MEMORY_ID_CHARS,
+    MAX_USER_CHARS,
+    MaxTokens,
+    Seed,
+    StopStrings,
+    Text,
+    operator_limit,
+)
+from ..shared.request_body import RequestBody
 from ..shared.serving_info import ServingInfo
 
-MAX_N = 8
+MAX_N = 8  # choices in one request: prompts x n
 MAX_LOGPROBS = 5
+DEFAULT_MAX_TOKENS = 16  # OpenAI's
+# A penalty this server does not apply: the schema accepts only 0 (`Plan.build` refuses the rest, saying so).
+NOT_SUPPORTED_BUT_0: dict[str, Any] = {"minimum": 0, "maximum": 0, "description": "Not supported: only 0"}
+
+TokenId = Annotated[int, Field(ge=0)]  # below the model's vocabulary size (`Plan.build`)
+# A prompt as token ids: as many as a text may have characters.
+TokenIds = Annotated[list[TokenId], Field(json_schema_extra=operator_limit(maxItems="max_text_chars"))]
+Prompts = Annotated[list[Text], Field(max_length=MAX_N)]
+PromptsOfTokenIds = Annotated[list[TokenIds], Field(max_length=MAX_N)]
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 def includes_usage(options: StreamOptions | None) -> bool:
@@ -24,26 +42,30 @@ def includes_usage(options: StreamOptions | None) -> bool:
     return options is not None and options.include_usage
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(RequestBody):
     # Unknown fields are ignored, as OpenAI clients send options this server has no use for.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = None
-    prompt: str | list[str] | list[int] | list[list[int]] = ""
-    max_tokens: MaxTokens | None = 16
+    # Several prompts first: an error names what is wrong with the list, not that it is not a string.
+    prompt: Prompts | TokenIds | PromptsOfTokenIds | Text = ""
+    max_tokens: MaxTokens | None = DEFAULT_MAX_TOKENS
     temperature: float | None = Field(1.0, ge=0, le=2)
     top_p: float | None = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = None
-    stream: bool | None = False
+    stop: StopStrings = None
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool | None = False
+    echo: StrictBool | None = False
     seed: Seed | None = None
     n: int | None = Field(1, ge=1, le=MAX_N)
     user: str | None = Field(None, max_length=MAX_USER_CHARS)
-    best_of: int | None = Field(None, ge=1, le=MAX_N)
-    suffix: str | None = None
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    # Accepted only where they change nothing (`Plan.build` refuses the rest, saying so):
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="Only equal to n")
+    suffix: str | None = Field(
+        None, json_schema_extra={"maxLength": 0}, description="Not supported: only empty"
+    )
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, json_schema_extra=NOT_SUPPORTED_BUT_0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2, json_schema_extra=NOT_SUPPORTED_BUT_0)
     session_id: str | None = Field(None, description="Extension: continue (and advance) this session")
     memory: str | None = Field(
         None,

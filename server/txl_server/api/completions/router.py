@@ -1,4 +1,4 @@
-"""`POST /v1/completions` and `GET /v1/models`, usable by the official `openai` client."""
+"""`POST /v1/completions`, `GET /v1/models` and `GET /v1/models/{model}`, usable by the official `openai` client."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..shared.event_stream import json_or_stream_post
 from ..shared.json_body import JsonBodyRoute
 from ..shared.openai_errors import OPENAI_ERROR_RESPONSES
 from . import serving
-from .protocol import Completion, CompletionRequest, ModelList
+from .protocol import Completion, CompletionRequest, ModelCard, ModelList
 from .sources import CompletionSources
 
 router = APIRouter(tags=["openai"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
@@ -21,6 +21,13 @@ router = APIRouter(tags=["openai"], responses=OPENAI_ERROR_RESPONSES, route_clas
 async def list_models(request: Request, tenant: Tenant, model_id: ModelId) -> ModelList:
     state = request.app.state
     return serving.list_models(state.runtime.device_report(), model_id, state.started_at)
+
+
+@router.get("/v1/models/{model}", response_model=ModelCard)
+async def retrieve_model(model: str, request: Request, tenant: Tenant, model_id: ModelId) -> ModelCard:
+    """The served model (OpenAI's model object); any other: 404 `model_not_found`."""
+    state = request.app.state
+    return serving.retrieve_model(model, state.runtime.device_report(), model_id, state.started_at)
 
 
 @json_or_stream_post(router, "/v1/completions", Completion, "JSON, or SSE chunks with stream")

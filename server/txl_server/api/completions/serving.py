@@ -1,4 +1,4 @@
-"""OpenAI-compatible completions: a completion (JSON, or a stream of chunks) and the model list.
+"""OpenAI-compatible completions: a completion (JSON, or a stream of chunks), the model list and the model.
 
 Stateless by default: each prompt starts from an empty memory. The extension field `session_id` continues an
 existing session instead (the prompt and the completion become part of it, as with /generate); `memory` starts
@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from ...engine.device_report import DeviceReport
+from ..shared.openai_errors import ModelNotFound
 from ..shared.serving_info import ServingInfo
 from ..shared.text_log import log_text
 from .generation import Finished, Piece, completion_source
@@ -80,5 +81,16 @@ async def collect(
 
 def list_models(report: DeviceReport | None, model_id: str, started_at: float) -> ModelList:
     """The one model this server serves, and (once it is up) how its device serves it."""
+    return ModelList(data=[_card(report, model_id, started_at)])
+
+
+def retrieve_model(model: str, report: DeviceReport | None, model_id: str, started_at: float) -> ModelCard:
+    """The served model, if `model` names it."""
+    if model != model_id:
+        raise ModelNotFound(model, model_id)
+    return _card(report, model_id, started_at)
+
+
+def _card(report: DeviceReport | None, model_id: str, started_at: float) -> ModelCard:
     serving = ServingInfo.of(report) if report is not None else None
-    return ModelList(data=[ModelCard(id=model_id, created=int(started_at), serving=serving)])
+    return ModelCard(id=model_id, created=int(started_at), serving=serving)

@@ -9,10 +9,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ServiceError
 from ..shared import sse
 from ..shared.event_stream import EventStream
-from ..shared.openai_errors import stream_error
+from ..shared.openai_errors import openai_ending
 from .generation import Finished, Piece
 
 # The chunks one (choice index, Piece or Finished) becomes.
@@ -46,7 +45,9 @@ async def event_stream(
     """The streamed response of `source`, once its first item came (an error before any output is an HTTP
     error, not a stream)."""
     first = await anext(source)
-    return EventStream(stream_choices(first, source, envelope, chunks, include_usage=include_usage))
+    return EventStream(
+        stream_choices(first, source, envelope, chunks, include_usage=include_usage), ending=openai_ending
+    )
 
 
 async def stream_choices(
@@ -58,8 +59,9 @@ async def stream_choices(
     include_usage: bool,
 ) -> AsyncIterator[str]:
     """The SSE lines of a streamed OpenAI response: per (choice index, Piece or Finished) of `source` (whose
-    first item is `first`), the chunks `chunks` makes of it inside `envelope`; then the usage, if asked for; an
-    error after the first chunk as an error event; then `[DONE]`."""
+    first item is `first`), the chunks `chunks` makes of it inside `envelope`; then the usage, if asked for; then
+    `[DONE]`. (An error after the first chunk ends the stream with OpenAI's error event, then `[DONE]`: the
+    EventStream's `openai_ending`.)"""
     usage = [0, 0, 0]
     try:
         item: tuple[int, Any] | None = first
@@ -80,8 +82,6 @@ async def stream_choices(
                 "prompt_tokens_details": {"cached_tokens": usage[2]},
             }
             yield sse.event({**envelope, "choices": [], "usage": counts})
-    except ServiceError as exc:
-        yield sse.event(stream_error(exc))
     finally:
         await source.aclose()
     yield sse.DONE

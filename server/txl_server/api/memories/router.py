@@ -8,15 +8,16 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from ..shared.dependencies import AppSettings, Service, Tenant
-from ..shared.disconnect import WatchedRoute, watch_connection
+from ..shared.disconnect import watch_connection
 from ..shared.error_shapes import ERROR_RESPONSES
 from ..shared.event_stream import json_or_events
 from ..shared.idempotency import Idempotent
+from ..shared.json_body import JsonBodyRoute
 from . import serving
 from .protocol import MemoryCreate, MemoryList, MemoryObject, MemoryUpdate
 
 router = APIRouter(
-    prefix="/v1/memories", tags=["memories"], responses=ERROR_RESPONSES, route_class=WatchedRoute
+    prefix="/v1/memories", tags=["memories"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute
 )
 
 

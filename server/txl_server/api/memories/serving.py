@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from ...errors import InvalidRequest, ServiceError
+from ...errors import InvalidRequest
 from ...sessions.memories import MemoryService
 from ...settings import Settings
 from ..shared import sse
@@ -25,8 +25,6 @@ from .protocol import MemoryCreate, MemoryObject, MemoryUpdate
 async def create(
     memories: MemoryService, tenant: str, settings: Settings, idempotent: IdempotentCall, body: MemoryCreate
 ) -> Any:
-    if not body.text:
-        raise InvalidRequest("text must not be empty", param="text")
     check_unicode(body.text, "text")
     if body.name is not None:
         check_unicode(body.name, "name")
@@ -103,9 +101,8 @@ async def _progress_stream(
         finished = True
         await call.succeeded(memory)
         yield sse.event({"type": "result", **memory})
-    except ServiceError as exc:
-        yield sse.error_event(exc.body()["error"])
-    finally:
+        yield sse.DONE
+    finally:  # an error ends the stream with its error event, then [DONE] (EventStream)
         # Shielded: when the client leaves, this runs inside a cancelled scope and must still stop the reading
         # and settle the Idempotency-Key.
         with anyio.CancelScope(shield=True):
@@ -121,4 +118,3 @@ async def _progress_stream(
                     await call.succeeded(MemoryObject.model_validate(made).model_dump())
                 else:
                     await call.failed()
-    yield sse.DONE

@@ -1,24 +1,23 @@
 """The OpenAI Responses protocol as this server speaks it: what `POST /v1/responses` takes (pydantic, at the edge
-only), the response object and its input items, and the errors as the OpenAPI document shows them."""
+only), the response object and its input items. (Its errors are OpenAI's: `shared/openai_errors.py`.)"""
 
 from __future__ import annotations
 
 import secrets
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from txl.sampling import SamplingParams
 
 from ...errors import InvalidRequest
-from ..shared.chat_template import ChatMessage
-from ..shared.error_shapes import ERROR_RESPONSES
-from ..shared.limits import MAX_USER_CHARS, MaxTokens
+from ..shared.chat_template import ChatMessage, Role
+from ..shared.limits import MAX_USER_CHARS, MaxTokens, Text
+from ..shared.request_body import RequestBody
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256  # as chat completions: a reply, not a document
 MAX_INPUT_ITEMS = 256
 # OpenAI's limits on metadata: 16 pairs, keys of at most 64 characters, values of at most 512.
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
-ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -31,22 +30,23 @@ def item_id(kind: str = "msg") -> str:
 
 class InputContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: str = Field(..., max_length=64)
-    text: str | None = None
+    # Other kinds of content (images, files) are refused with their reason (`messages`).
+    type: str = Field(..., max_length=64, json_schema_extra={"enum": list(TEXT_PARTS)})
+    text: str = ""
 
 
 class InputItem(BaseModel):
-    """A message (`{"role", "content"}`, `type` "message" or left out); other kinds of items are refused."""
+    """A message (`{"role", "content"}`, `type` "message" or left out): the only kind of item supported."""
 
     model_config = ConfigDict(extra="ignore")
-    type: str = Field("message", max_length=64)
-    role: str | None = Field(None, max_length=64)
-    content: str | list[InputContentPart] | None = None
+    type: Literal["message"] = "message"
+    role: Role
+    content: str | list[InputContentPart]
 
 
 class TextFormat(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: str = Field("text", max_length=64)
+    type: str = Field("text", max_length=64, json_schema_extra={"enum": ["text"]})
 
 
 class TextConfig(BaseModel):
@@ -54,31 +54,37 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
-class ResponseCreateRequest(BaseModel):
+MetadataKey = Annotated[str, Field(max_length=MAX_METADATA_KEY)]
+MetadataValue = Annotated[str, Field(max_length=MAX_METADATA_VALUE)]
+InputItems = Annotated[list[InputItem], Field(min_length=1, max_length=MAX_INPUT_ITEMS)]
+
+
+class ResponseCreateRequest(RequestBody):
     # Unknown fields are ignored, as OpenAI clients send options this server has no use for.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = None
-    input: str | list[InputItem] = Field(
+    # Messages first: an error names what is wrong with an item, not that the input is not a string.
+    input: InputItems | Text = Field(
         "", description="A string (continued verbatim) or messages (written out with TXL_CHAT_TEMPLATE)"
     )
-    instructions: str | None = Field(None, description="Fed before this turn's input (and stays in memory)")
+    instructions: Text | None = Field(None, description="Fed before this turn's input (and stays in memory)")
     previous_response_id: str | None = Field(None, max_length=256)
-    store: bool | None = True
-    stream: bool | None = False
-    max_output_tokens: MaxTokens | None = None
+    store: StrictBool | None = True
+    stream: StrictBool | None = False
+    max_output_tokens: MaxTokens | None = Field(None, description="Default 256, or the server's most")
     temperature: float | None = Field(1.0, ge=0, le=2)
     top_p: float | None = Field(1.0, gt=0, le=1)
-    metadata: dict[str, str] | None = None
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=MAX_METADATA_PAIRS)
     truncation: Literal["auto", "disabled"] | None = Field(
         None, description="Accepted and never needed: the memory is bounded by mem_len"
     )
     user: str | None = Field(None, max_length=MAX_USER_CHARS)
-    # Refused unless empty or off (see `refuse_unsupported`):
-    tools: list[Any] | None = None
-    background: bool | None = None
-    conversation: Any = None
+    # Accepted only empty or off; the schema says so, and `refuse_unsupported` refuses the rest with its reason:
+    tools: list[Any] | None = Field(None, json_schema_extra={"maxItems": 0})
+    background: StrictBool | None = Field(None, json_schema_extra={"enum": [False, None]})
+    conversation: Any = Field(None, json_schema_extra={"type": "null"})
     text: TextConfig | None = None
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, json_schema_extra={"maximum": 0})
 
     def refuse_unsupported(self) -> None:
         if self.tools:
@@ -93,17 +99,6 @@ class ResponseCreateRequest(BaseModel):
             raise InvalidRequest("only the text format is supported", param="text.format")
         if self.top_logprobs:
             raise InvalidRequest("top_logprobs is not supported on responses", param="top_logprobs")
-        if isinstance(self.input, list) and not 1 <= len(self.input) <= MAX_INPUT_ITEMS:
-            raise InvalidRequest(f"input must hold 1 to {MAX_INPUT_ITEMS} items", param="input")
-        metadata = self.metadata or {}
-        if len(metadata) > MAX_METADATA_PAIRS or any(
-            len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE for k, v in metadata.items()
-        ):
-            raise InvalidRequest(
-                f"metadata holds at most {MAX_METADATA_PAIRS} pairs, keys of at most {MAX_METADATA_KEY} "
-                f"characters and values of at most {MAX_METADATA_VALUE}",
-                param="metadata",
-            )
 
     def to_sampling_params(self) -> SamplingParams:
         return SamplingParams(
@@ -116,14 +111,7 @@ class ResponseCreateRequest(BaseModel):
         assert isinstance(self.input, list)
         out = []
         for i, item in enumerate(self.input):
-            if item.type != "message":
-                raise InvalidRequest(
-                    f"input items of type {item.type!r} are not supported (only messages)",
-                    param=f"input.{i}.type",
-                )
-            if item.role not in ROLES:
-                raise InvalidRequest(f"role must be one of {', '.join(ROLES)}", param=f"input.{i}.role")
-            parts = [item.content] if isinstance(item.content, str | None) else item.content
+            parts = [item.content] if isinstance(item.content, str) else item.content
             texts = []
             for part in parts:
                 if isinstance(part, InputContentPart):
@@ -240,27 +228,7 @@ class InputItemList(BaseModel):
     has_more: bool
 
 
-class ResponsesErrorDetail(BaseModel):
-    type: str = Field(
-        ..., description="invalid_request_error for previous_response_not_found, else as elsewhere"
-    )
-    message: str
-    param: str | None
-    code: str | None = Field(None, description="previous_response_not_found: resend the whole conversation")
-
-
-class ResponsesErrorBody(BaseModel):
-    error: ResponsesErrorDetail
-
-
 class DeletedResponse(BaseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: Literal[True] = True
-
-
-# OpenAI's own error for a previous response that cannot be continued: type invalid_request_error (a 400).
-RESPONSES_ERRORS = {
-    **ERROR_RESPONSES,
-    400: {"model": ResponsesErrorBody, "description": "a value the server refuses"},
-}

@@ -4,18 +4,17 @@ OpenAI's sequence of stream events."""
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
-from ...errors import ServiceError
 from ...sessions.events import TokenEvent
 from ...sessions.responses import ResponseTurns, Turn, TurnStarted
 from ...sessions.service import GenerateOutcome
 from ...sessions.store.responses import ResponseRecord
 from ..shared import sse
 from ..shared.chat_template import ChatMessage
+from ..shared.openai_errors import openai_body
 from .protocol import (
     IncompleteDetails,
     OutputMessage,
@@ -26,8 +25,6 @@ from .protocol import (
     item_id,
 )
 from .turn_input import input_items
-
-log = logging.getLogger(__name__)
 
 
 class Reply:
@@ -150,16 +147,29 @@ class ClosingStream:
         await self.events.aclose()
 
 
-async def stream_events(reply: Reply, events: AsyncGenerator[Any, None]) -> AsyncGenerator[str, None]:
-    """OpenAI's event sequence, each event numbered: created, in_progress, the output item and its text part
-    added, text deltas, then each done, then completed (or incomplete, at max_output_tokens). An error after the
-    stream began is an `error` event, which ends it."""
-    numbers = itertools.count()
+class NumberedEvents:
+    """A Responses stream's events, each named (`event: TYPE`) and numbered from 0 (`sequence_number`)."""
 
-    def event(kind: str, **fields: Any) -> str:
-        payload = {"type": kind, "sequence_number": next(numbers), **fields}
+    def __init__(self) -> None:
+        self.numbers = itertools.count()
+
+    def event(self, kind: str, **fields: Any) -> str:
+        payload = {"type": kind, "sequence_number": next(self.numbers), **fields}
         return f"event: {kind}\n" + sse.event(payload)
 
+    def ending(self, status: int, error: dict[str, Any]) -> str:
+        """The `error` event that ends a stream cut short (`StreamEnding`): OpenAI's code, message and param."""
+        detail = openai_body(status, error)["error"]
+        return self.event("error", code=detail["code"], message=detail["message"], param=detail["param"])
+
+
+async def stream_events(
+    reply: Reply, events: AsyncGenerator[Any, None], numbered: NumberedEvents
+) -> AsyncGenerator[str, None]:
+    """OpenAI's event sequence, each event numbered: created, in_progress, the output item and its text part
+    added, text deltas, then each done, then completed (or incomplete, at max_output_tokens). An error after the
+    stream began ends it with an `error` event (`NumberedEvents.ending`, sent by the EventStream)."""
+    event = numbered.event
     where = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
     try:
         yield event("response.created", response=reply.object().model_dump())
@@ -176,10 +186,5 @@ async def stream_events(reply: Reply, events: AsyncGenerator[Any, None]) -> Asyn
         yield event("response.output_item.done", output_index=0, item=reply.message().model_dump())
         final = "response.completed" if reply.status == "completed" else "response.incomplete"
         yield event(final, response=reply.object().model_dump())
-    except ServiceError as exc:
-        yield event("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
-    except Exception:
-        log.exception("a streamed response failed")
-        yield event("error", code="internal", message="internal error", param=None)
     finally:
         await events.aclose()

@@ -11,12 +11,13 @@ from fastapi.responses import JSONResponse
 
 from ...sessions.responses import ResponseTurns
 from ..shared.dependencies import AppSettings, MetricsDep, ModelId, Tenant
-from ..shared.disconnect import WatchedRoute
 from ..shared.event_stream import json_or_stream_post
+from ..shared.json_body import JsonBodyRoute
+from ..shared.openai_errors import OPENAI_ERROR_RESPONSES
 from . import serving
-from .protocol import RESPONSES_ERRORS, DeletedResponse, InputItemList, ResponseCreateRequest, ResponseObject
+from .protocol import DeletedResponse, InputItemList, ResponseCreateRequest, ResponseObject
 
-router = APIRouter(tags=["responses"], responses=RESPONSES_ERRORS, route_class=WatchedRoute)
+router = APIRouter(tags=["responses"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 Turns = Annotated[ResponseTurns, Depends(serving.get_turns)]
 

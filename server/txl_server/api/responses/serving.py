@@ -19,11 +19,12 @@ from ...settings import Settings
 from ..shared.chat_template import ChatTemplate
 from ..shared.dependencies import AppSettings, Service
 from ..shared.event_stream import EventStream
-from ..shared.limits import check_max_tokens, check_metadata, check_text, check_unicode
+from ..shared.limits import check_metadata, check_text, check_unicode, max_tokens_of
+from ..shared.openai_errors import ModelNotFound
 from ..shared.text_log import log_text
 from ..shared.timing import TokenTiming, timed
 from .protocol import DEFAULT_MAX_OUTPUT_TOKENS, InputItemList, InputMessageItem, ResponseCreateRequest
-from .reply import ClosingStream, Reply, stream_events
+from .reply import ClosingStream, NumberedEvents, Reply, stream_events
 from .turn_input import turn_text
 
 
@@ -67,7 +68,9 @@ async def create_response(
     assert isinstance(started, TurnStarted)
     reply = Reply(body, turn, started, messages, model_id, turns, tenant)
     if body.stream:
-        return EventStream(ClosingStream(stream_events(reply, events), events))
+        numbered = NumberedEvents()
+        lines = ClosingStream(stream_events(reply, events, numbered), events)
+        return EventStream(lines, ending=numbered.ending)
     async with contextlib.aclosing(events):
         async for item in events:
             reply.take(item)
@@ -82,18 +85,14 @@ def _token_choice(item: Any) -> int | None:
 def _checked(body: ResponseCreateRequest, settings: Settings, model_id: str) -> int:
     """Checks the request's limits; its max_output_tokens."""
     if body.model is not None and body.model != model_id:
-        raise InvalidRequest(
-            f"unknown model {body.model[:100]!r}; this server serves {model_id!r}", param="model"
-        )
+        raise ModelNotFound(body.model, model_id)
     body.refuse_unsupported()
     check_metadata(settings, body.metadata)
     check_unicode(body.user or "", "user")
     check_text(settings, body.instructions or "", "instructions")
     if isinstance(body.input, str):
         check_text(settings, body.input, "input")
-    max_tokens = DEFAULT_MAX_OUTPUT_TOKENS if body.max_output_tokens is None else body.max_output_tokens
-    check_max_tokens(settings, max_tokens, "max_output_tokens")
-    return max_tokens
+    return max_tokens_of(settings, body.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS, "max_output_tokens")
 
 
 async def find(turns: ResponseTurns, tenant: str, response_id: str) -> ResponseRecord:

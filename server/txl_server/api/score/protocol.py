@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from ..shared.limits import MAX_MEMORY_ID_CHARS
 
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(..., description="The document")
-    token_logprobs: bool = Field(False, description="Also return each token's log-probability and text")
-    stream: bool = Field(False, description="Stream progress events, then the result")
+    # Documents are limited by the body size (TXL_MAX_BODY_BYTES), not the prompt limit.
+    text: str = Field(..., min_length=1, description="The document")
+    token_logprobs: StrictBool = Field(False, description="Also return each token's log-probability and text")
+    stream: StrictBool = Field(False, description="Stream progress events, then the result")
     memory: str | None = Field(
         None,
         max_length=MAX_MEMORY_ID_CHARS,
@@ -43,7 +44,7 @@ SCORE_BODY_DOC: dict[str, Any] = {
         "content": {
             # Inline: the route reads its body itself, so FastAPI lists no ScoreRequest component to refer to.
             "application/json": {"schema": ScoreRequest.model_json_schema()},
-            "text/plain": {"schema": {"type": "string"}},
+            "text/plain": {"schema": {"type": "string", "minLength": 1}},
         },
     }
 }

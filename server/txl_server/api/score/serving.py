@@ -14,7 +14,7 @@ from ...sessions.service import SessionService
 from ...sessions.stateless import ScoreOutcome, StatelessService
 from ..shared.json_body import utf8_error
 from ..shared.progress import Progress, long_work
-from ..shared.validation import validation_message
+from ..shared.validation import validation_message, validation_status
 from .protocol import ScoreRequest, ScoreResponse
 
 
@@ -28,20 +28,19 @@ async def read(
         raise InvalidRequest("send the document as application/json or text/plain", param="content-type")
     if (error := utf8_error(raw, json_body=content_type != "text/plain")) is not None:
         raise error
-    if content_type == "text/plain":
-        text = raw.decode("utf-8")
-        return ScoreRequest(text=text, token_logprobs=token_logprobs, stream=stream, memory=memory)
     try:
+        if content_type == "text/plain":
+            options = {"token_logprobs": token_logprobs, "stream": stream, "memory": memory}
+            return ScoreRequest.model_validate({"text": raw.decode("utf-8"), **options})
         return ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:
-        message, param = validation_message(list(exc.errors()), content_type)
-        raise InvalidBody(message, param=param or "body") from exc
+        errors = list(exc.errors())
+        message, param = validation_message(errors, content_type)
+        refused = InvalidBody if validation_status(errors) == InvalidBody.status else InvalidRequest
+        raise refused(message, param=param or "body") from exc
 
 
 async def score(body: ScoreRequest, tenant: str, stateless: StatelessService, service: SessionService) -> Any:
-    if not body.text:  # documents are limited by the body size (TXL_MAX_BODY_BYTES), not the prompt limit
-        raise InvalidRequest("text to score is empty", param="text")
-
     async def scored(progress: Progress | None) -> dict[str, Any]:
         if body.memory is not None:  # after a preloaded memory of the caller's
             outcome = await service.memories.score(

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from txl.sampling import SamplingParams
 
-from ..shared.limits import MAX_MEMORY_ID_CHARS, MaxTokens, Seed
+from ..shared.limits import MAX_MEMORY_ID_CHARS, MaxTokens, Seed, StopStrings, Text, TtlSeconds
+from ..shared.request_body import RequestBody
 from ..shared.timestamps import Seconds, SecondsUp
 
 STREAM_DESCRIPTION = (
     "Answer with SSE: progress events while the text is fed (and keep-alive comments), then a `result` event "
     "holding the JSON answer. A long text then never times out a client."
 )
+
+
+# 256: a few sentences of a byte-level model (the bundled one), a paragraph of a word-level one.
+DEFAULT_MAX_TOKENS = 256
 
 
 class SessionObject(BaseModel):
@@ -30,7 +35,7 @@ class SessionObject(BaseModel):
     metadata: dict[str, Any]
 
 
-class SessionCreate(BaseModel):
+class SessionCreate(RequestBody):
     # The example is what the API docs' sample bodies show: without one, they show each field's minimum
     # (mem_len 0, ttl_seconds 1), a session with no memory that expires in a second.
     model_config = ConfigDict(
@@ -39,13 +44,13 @@ class SessionCreate(BaseModel):
             "examples": [{"text": "It was a dark and stormy night", "metadata": {"user": "ada"}}]
         },
     )
-    text: str = Field("", description="Text the session starts with (may be empty)")
+    text: Text = Field("", description="Text the session starts with (may be empty)")
     mem_len: int | None = Field(None, ge=0, description="Positions of memory to keep; default: the model's")
-    ttl_seconds: int | None = Field(
-        None, ge=1, examples=[3600], description="Expires this long after its last use; default: the server's"
+    ttl_seconds: TtlSeconds | None = Field(
+        None, examples=[3600], description="Expires this long after its last use; default: the server's"
     )
     metadata: dict[str, Any] | None = Field(None, description="Your own JSON, returned with the session")
-    stream: bool = Field(False, description=STREAM_DESCRIPTION)
+    stream: StrictBool = Field(False, description=STREAM_DESCRIPTION)
     memory: str | None = Field(
         None,
         max_length=MAX_MEMORY_ID_CHARS,
@@ -53,7 +58,7 @@ class SessionCreate(BaseModel):
     )
 
 
-class SessionFork(BaseModel):
+class SessionFork(RequestBody):
     model_config = ConfigDict(extra="forbid")
     metadata: dict[str, Any] | None = Field(
         None, description="Metadata of the new session; default: the parent's"
@@ -70,8 +75,8 @@ class SessionList(BaseModel):
 
 class AppendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(..., description="Text to add to the session")
-    stream: bool = Field(False, description=STREAM_DESCRIPTION)
+    text: Text = Field(..., min_length=1, description="Text to add to the session")
+    stream: StrictBool = Field(False, description=STREAM_DESCRIPTION)
 
 
 class AppendResponse(BaseModel):
@@ -80,19 +85,19 @@ class AppendResponse(BaseModel):
     logprob: float = Field(..., description="Natural-log probability of those tokens given everything before")
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(RequestBody):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    text: str = Field("", description="Text to add before generating")
-    # 256: a few sentences of a byte-level model (the bundled one), a paragraph of a word-level one.
-    max_tokens: MaxTokens = Field(256, description="Tokens to generate (fewer if a stop string appears)")
+    text: Text = Field("", description="Text to add before generating")
+    max_tokens: MaxTokens = Field(
+        DEFAULT_MAX_TOKENS,
+        description="Tokens to generate (fewer if a stop string appears); default 256, or the server's most",
+    )
     temperature: float = Field(1.0, ge=0, le=100, description="0: greedy")
     top_k: int = Field(0, ge=0, description="0: no limit")
     top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = Field(
-        None, description="Generation ends before the first of these strings"
-    )
+    stop: StopStrings = Field(None, description="Generation ends before the first of these strings")
     seed: Seed | None = None
-    stream: bool = False
+    stream: StrictBool = False
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -129,7 +134,7 @@ class VersionList(BaseModel):
     data: list[VersionObject] = Field(..., description="Newest first")
 
 
-class RewindRequest(BaseModel):
+class RewindRequest(RequestBody):
     model_config = ConfigDict(extra="forbid")
     version: int = Field(..., ge=1, description="A kept version (GET .../versions) to continue from")
 

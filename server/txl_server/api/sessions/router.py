@@ -3,16 +3,18 @@ the versions a session keeps, and going back to one (sessions/history.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from starlette.routing import Match
+from starlette.types import Scope
 
 from ..shared.dependencies import AppSettings, MetricsDep, Service, Tenant
-from ..shared.disconnect import WatchedRoute
 from ..shared.error_shapes import ERROR_RESPONSES
 from ..shared.event_stream import json_or_stream_post
 from ..shared.idempotency import Idempotent
 from ..shared.json_body import JsonBodyRoute
+from ..shared.limits import TtlSeconds
 from . import serving
 from .protocol import (
     STREAM_DESCRIPTION,
@@ -30,13 +32,23 @@ from .protocol import (
     VersionObject,
 )
 
+IMPORT_PATH = "/v1/sessions/import"
+
+
+class SessionRoute(JsonBodyRoute):
+    """`/v1/sessions/import` is the import route's alone: the session's own route (`/v1/sessions/{session_id}`)
+    does not take `import` for an id (no session has it), so the other methods there are 405 with
+    `Allow: POST`, not a search for a session called "import"."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE and self.path.endswith("/{session_id}") and scope["path"] == IMPORT_PATH:
+            return Match.NONE, {}
+        return match, child
+
+
 router = APIRouter(
-    prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute
-)
-# The history's routes: a body that is not UTF-8 gets FastAPI's own answer there (no JsonBodyRoute), as it always
-# has.
-history_router = APIRouter(
-    prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=WatchedRoute
+    prefix="/v1/sessions", tags=["sessions"], responses=ERROR_RESPONSES, route_class=SessionRoute
 )
 
 
@@ -118,7 +130,9 @@ async def import_snapshot(
     service: Service,
     tenant: Tenant,
     idempotent: Idempotent,
-    ttl_seconds: int | None = Query(None, ge=1, description="Expires this long after its last use"),
+    ttl_seconds: Annotated[
+        TtlSeconds | None, Query(description="Expires this long after its last use")
+    ] = None,
     stream: bool = Query(False, description=STREAM_DESCRIPTION),
 ) -> Any:
     """A new session (new id, owned by the caller) from a snapshot exported by any TXL Serve of this model."""
@@ -161,7 +175,7 @@ async def generate(
 # ---------------------------------------------------------------------------------------------- history
 
 
-@history_router.get("/{session_id}/versions", response_model=VersionList)
+@router.get("/{session_id}/versions", response_model=VersionList)
 async def list_versions(session_id: str, service: Service, tenant: Tenant) -> VersionList:
     """The versions the session keeps (TXL_KEEP_VERSIONS), newest first."""
     return VersionList(
@@ -169,7 +183,7 @@ async def list_versions(session_id: str, service: Service, tenant: Tenant) -> Ve
     )
 
 
-@history_router.post("/{session_id}/rewind", response_model=RewindResponse)
+@router.post("/{session_id}/rewind", response_model=RewindResponse)
 async def rewind(
     session_id: str, body: RewindRequest, service: Service, tenant: Tenant, idempotent: Idempotent
 ) -> Any:

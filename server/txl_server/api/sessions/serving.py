@@ -3,26 +3,25 @@ while a long text is fed; tokens as they are generated), and once per Idempotenc
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 
-from ...errors import InvalidRequest, ServiceError
+from ...errors import InvalidRequest
 from ...metrics import Metrics
 from ...sessions.events import ProgressEvent
 from ...sessions.service import GenerateOutcome, SessionService
 from ...settings import Settings
 from ..shared import sse
-from ..shared.error_shapes import INTERNAL_ERROR
 from ..shared.event_stream import EventStream
 from ..shared.idempotency import IdempotentCall
-from ..shared.limits import check_max_tokens, check_metadata, check_stop, check_text
+from ..shared.limits import check_metadata, check_stop, check_text, max_tokens_of
 from ..shared.progress import Progress, ProgressThrottle, long_work, progress_event
 from ..shared.text_log import log_text
 from ..shared.timing import TokenTiming
 from .protocol import (
+    DEFAULT_MAX_TOKENS,
     AppendRequest,
     AppendResponse,
     GenerateRequest,
@@ -33,9 +32,6 @@ from .protocol import (
     SessionObject,
     Usage,
 )
-
-log = logging.getLogger(__name__)
-
 
 # ---------------------------------------------------------------------------------------------- lifecycle
 
@@ -129,7 +125,7 @@ async def append(
     session_id: str,
     body: AppendRequest,
 ) -> Any:
-    check_text(settings, body.text, "text", allow_empty=False)
+    check_text(settings, body.text, "text")
 
     async def step(progress: Progress | None) -> dict[str, Any]:
         outcome = await service.append(tenant, session_id, body.text, progress=progress)
@@ -155,7 +151,8 @@ async def generate(
     finished one gets its answer again (its tokens too, when streamed)."""
     timing = TokenTiming(metrics)
     check_text(settings, body.text, "text")
-    check_max_tokens(settings, body.max_tokens)
+    sent = body.max_tokens if "max_tokens" in body.model_fields_set else None
+    max_tokens = max_tokens_of(settings, sent, DEFAULT_MAX_TOKENS)
     stops = check_stop(settings, body.stop)
     if (stored := await idempotent.replay()) is not None:
         return EventStream(_replay(stored)) if body.stream else _without_tokens(stored)
@@ -163,7 +160,7 @@ async def generate(
         tenant,
         session_id,
         text=body.text,
-        max_tokens=body.max_tokens,
+        max_tokens=max_tokens,
         sampling=body.sampling(),
         stop=stops,
         report_progress=body.stream,
@@ -236,14 +233,7 @@ async def _stream(
             tokens.append(token)
             yield sse.event({"type": "token", "token": token})
             item = await anext(source)
-    except ServiceError as exc:
-        yield sse.error_event(exc.body()["error"])
-        yield sse.DONE
-    except Exception:
-        log.exception("generation failed mid-stream")
-        yield sse.error_event(INTERNAL_ERROR)
-        yield sse.DONE
-    finally:
+    finally:  # an error ends the stream with its error event, then [DONE] (EventStream)
         # Shielded: when the client leaves, this runs inside a cancelled scope and must still release the
         # Idempotency-Key and close the generation (which cancels its job and commits nothing).
         with anyio.CancelScope(shield=True):

@@ -8,28 +8,37 @@ assistant's prefix (`Assistant:`), and the reply ends where the model begins the
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import InvalidRequest
 
+# The roles of a chat's messages (OpenAI's, but for tools, which this server has none of).
+Role = Literal["system", "developer", "user", "assistant"]
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: str
-    text: str | None = None
+    # Other kinds of content (images, audio) are refused with their reason (`ChatMessage.text`).
+    type: str = Field(..., max_length=64, json_schema_extra={"enum": ["text"]})
+    text: str = ""
 
 
 class ChatMessage(BaseModel):
+    """A message as OpenAI's chat completions take it: its role, and its content, which OpenAI requires of every
+    message but an assistant's tool calls (none here)."""
+
     model_config = ConfigDict(extra="ignore")
-    role: str = Field(..., min_length=1, max_length=64)
-    content: str | list[ContentPart] | None = None
+    role: Role
+    content: str | list[ContentPart]
 
     def text(self, index: int) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
+        if isinstance(self.content, str):
+            return self.content
         if any(part.type != "text" for part in self.content):
             raise InvalidRequest("only text content is supported", param=f"messages.{index}.content")
-        return "".join(part.text or "" for part in self.content)
+        return "".join(part.text for part in self.content)
 
 
 class ChatTemplate:

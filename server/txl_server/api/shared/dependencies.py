@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPBearer
 
 from ...metrics import Metrics
 from ...sessions.service import SessionService
@@ -39,8 +40,17 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
-def get_tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
-    tenant: str = request.app.state.api_keys.tenant(authorization)
+# The OpenAPI document's security scheme: `Authorization: Bearer <key>`. The key is checked by `get_tenant` (a
+# missing or wrong one is a 401 in the route's error shape), not by FastAPI's own HTTPBearer answer.
+API_KEY = HTTPBearer(
+    scheme_name="ApiKey",
+    description="An API key, when the server has keys configured (TXL_API_KEYS): each key is a tenant",
+    auto_error=False,
+)
+
+
+def get_tenant(request: Request, _: Annotated[object, Depends(API_KEY)] = None) -> str:
+    tenant: str = request.app.state.api_keys.tenant(request.headers.get("authorization"))
     return tenant
 
 

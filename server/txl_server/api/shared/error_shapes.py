@@ -62,9 +62,29 @@ _ERRORS = {
     "another body",
     429: "overloaded: retry after Retry-After seconds",
     500: "internal",
-    503: "unavailable: Redis is unreachable; nothing was changed",
+    503: "unavailable: Redis is unreachable, nothing was changed; (code server_shutting_down): the server is "
+    "shutting down",
 }
-# For `APIRouter(responses=...)`: the error shape on every route, in the OpenAPI document.
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": text} for status, text in _ERRORS.items()
+# Where a retry helps, the answer says when (`error_response`).
+RETRY_AFTER: dict[str, Any] = {
+    "Retry-After": {
+        "description": "Seconds to wait before a retry",
+        "schema": {"type": "integer"},
+        "required": True,
+    }
 }
+
+
+def error_responses(descriptions: dict[int, str], body: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """For `APIRouter(responses=...)`: each status with its description and `body`'s schema (and Retry-After
+    where every such answer has one)."""
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status, text in descriptions.items():
+        responses[status] = {"model": body, "description": text}
+        if status in (409, 429):
+            responses[status]["headers"] = RETRY_AFTER
+    return responses
+
+
+# The error shape on every native route, in the OpenAPI document.
+ERROR_RESPONSES = error_responses(_ERRORS, ErrorBody)

@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import math
-import re
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
@@ -28,12 +27,13 @@ from urllib.parse import parse_qsl
 
 from fastapi import Depends, Header, Request
 
-from ...errors import Conflict, IdempotencyKeyReused, InvalidRequest, Unavailable
+from ...errors import Conflict, IdempotencyKeyReused, Unavailable
 from ...sessions.step import to_the_end
 from ...sessions.store.idempotency import IdempotencyStore
 from .dependencies import AppSettings, Service, Tenant
 
-_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# What a key may be: the header's `pattern` in the OpenAPI document, checked with the request's other fields (422).
+KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 # Fields that change how a result is delivered, not what is done: a streamed retry of a JSON request replays it.
 _DELIVERY_FIELDS = ("stream",)
 
@@ -49,10 +49,6 @@ class IdempotentCall:
         ttl: int,
         claim_ttl: int = 10,
     ) -> None:
-        if key is not None and not _KEY.match(key):
-            raise InvalidRequest(
-                "Idempotency-Key must be 1-128 characters of [A-Za-z0-9._:-]", param="Idempotency-Key"
-            )
         self.store, self.owner, self.fingerprint, self.ttl = store, owner, fingerprint, ttl
         self.claim_ttl = claim_ttl  # seconds a claim outlives its process
         self.key = f"{scope}:{key}" if key else None
@@ -180,6 +176,7 @@ async def idempotent_call(
         str | None,
         Header(
             alias="Idempotency-Key",
+            pattern=KEY_PATTERN,
             description="Retries with this key return the first request's result (1-128 of [A-Za-z0-9._:-])",
         ),
     ] = None,

@@ -1,6 +1,9 @@
-"""A JSON body that is not UTF-8 gets an error naming the first bad byte's offset and, where it can be told, the
-field that holds it: `the body is not valid UTF-8: byte 13 (0xff), in text`. (FastAPI's own answer is "There was
-an error parsing the body".)
+"""FastAPI's own answer to a JSON body it cannot read ("There was an error parsing the body", 400) replaced by
+the documented ones, naming the field where it can:
+
+- a body that is not UTF-8: 400 with the first bad byte's offset and, where it can be told, the field that holds
+  it (`the body is not valid UTF-8: byte 13 (0xff), in text`);
+- a body nested too deeply to read (a 100,000-deep array): 422, `param` `body`, as any body that is not JSON.
 
 Routers that let FastAPI read their JSON bodies use `route_class=JsonBodyRoute`; a route that reads its body
 itself (scoring) calls `utf8_error`.
@@ -16,7 +19,7 @@ from typing import Any
 from fastapi import Request, Response
 from starlette.exceptions import HTTPException
 
-from ...errors import InvalidRequest
+from ...errors import InvalidBody, InvalidRequest
 from .disconnect import WatchedRoute
 
 # What a byte that cannot be decoded becomes with errors="surrogateescape".
@@ -65,7 +68,8 @@ def _find(value: Any, path: list[str]) -> str | None:
 
 
 class JsonBodyRoute(WatchedRoute):
-    """A route whose JSON body, when it is not UTF-8, is refused with `utf8_error`'s message (400)."""
+    """A route whose JSON body, when it is not UTF-8, is refused with `utf8_error`'s message (400), and when it
+    nests too deeply to read, as a body that is not JSON (422)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -79,6 +83,10 @@ class JsonBodyRoute(WatchedRoute):
                     error = utf8_error(await request.body())
                     if error is not None:
                         raise error from exc
+                if isinstance(exc.__cause__, RecursionError):
+                    raise InvalidBody(
+                        "the body is not valid JSON (it nests too deeply to read)", param="body"
+                    ) from exc
                 raise
 
         return checked

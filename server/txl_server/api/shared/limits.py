@@ -1,6 +1,7 @@
 """The limits on what a request may carry, each set here once: text, stop strings, metadata, the number of
-tokens to generate, the seed, and the lengths of names. Limits the operator sets (`Settings`) are checked by these functions; fixed
-bounds are in the types the schemas' fields use (`MaxTokens`, `Seed`)."""
+tokens to generate, the seed, and the lengths of names. Limits the operator sets (`Settings`) are checked by these
+functions, and the fields they bound carry them into the OpenAPI document (`operator_limit`); fixed bounds are in
+the types the schemas' fields use (`MaxTokens`, `Seed`, `StopStrings`)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,32 @@ from pydantic import Field
 from ...errors import InvalidRequest, PayloadTooLarge
 from ...settings import Settings
 
+# In a field's JSON schema: JSON Schema keywords whose values are the operator's settings, e.g.
+# {"maximum": "max_tokens"}. The served OpenAPI document puts the settings' values there (api/openapi_document.py).
+OPERATOR_LIMIT = "x-txl-limit"
+
+
+def operator_limit(**keywords: str) -> dict[str, Any]:
+    """`json_schema_extra` of a field bounded by the operator: JSON Schema keyword -> `Settings` attribute."""
+    return {OPERATOR_LIMIT: keywords}
+
+
 # Every count of tokens to generate (`max_tokens`, `max_output_tokens`, ...): the most is the operator's
 # (`check_max_tokens`).
-MaxTokens = Annotated[int, Field(ge=0)]
-Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # the largest signed 64-bit integer
+MaxTokens = Annotated[int, Field(ge=0, json_schema_extra=operator_limit(maximum="max_tokens"))]
+# Text a request feeds the model (`check_text`).
+Text = Annotated[str, Field(json_schema_extra=operator_limit(maxLength="max_text_chars"))]
+StopString = Annotated[str, Field(min_length=1, json_schema_extra=operator_limit(maxLength="max_stop_chars"))]
+# Generation ends before the first of these (`check_stop`).
+StopStrings = (
+    StopString
+    | Annotated[list[StopString], Field(json_schema_extra=operator_limit(maxItems="max_stop_strings"))]
+    | None
+)
+# A lifetime in seconds: at most the operator's (TXL_MAX_TTL_SECONDS; sessions/service.py checks it).
+TtlSeconds = Annotated[int, Field(ge=1, json_schema_extra=operator_limit(maximum="max_ttl_seconds"))]
+# At most the largest integer every JSON reader reads exactly (a double's 53 bits; JavaScript's MAX_SAFE_INTEGER).
+Seed = Annotated[int, Field(ge=0, le=2**53 - 1)]
 MAX_MEMORY_ID_CHARS = 64  # the longest preloaded memory's id a request may name
 MAX_USER_CHARS = 256  # OpenAI's `user`: the caller's label for its own user
 
@@ -29,9 +52,7 @@ def check_unicode(text: str, param: str) -> None:
         raise InvalidRequest(f"{param} is not valid Unicode (a lone surrogate)", param=param) from None
 
 
-def check_text(settings: Settings, text: str, param: str, *, allow_empty: bool = True) -> None:
-    if not allow_empty and not text:
-        raise InvalidRequest(f"{param} must not be empty", param=param)
+def check_text(settings: Settings, text: str, param: str) -> None:
     if len(text) > settings.max_text_chars:
         raise PayloadTooLarge(f"{param} is longer than {settings.max_text_chars} characters", param=param)
     check_unicode(text, param)
@@ -78,3 +99,12 @@ def check_max_tokens(settings: Settings, max_tokens: int, param: str = "max_toke
     """The operator's most tokens one request may generate (TXL_MAX_TOKENS), whatever the field is called."""
     if max_tokens > settings.max_tokens:
         raise InvalidRequest(f"{param} must be at most {settings.max_tokens}", param=param)
+
+
+def max_tokens_of(settings: Settings, given: int | None, default: int, param: str = "max_tokens") -> int:
+    """The most tokens a request generates: as `given` (checked), else the route's `default`, lowered to the
+    operator's most (a request that leaves it out is never refused for it)."""
+    if given is None:
+        return min(default, settings.max_tokens)
+    check_max_tokens(settings, given, param)
+    return given

@@ -1,18 +1,21 @@
-"""Errors of the OpenAI-compatible routes in OpenAI's shape and statuses, so that OpenAI clients read them as they
-read OpenAI's own: `{"error": {"message", "type", "param", "code"}}`.
+"""Errors of the OpenAI-compatible routes (completions, chat, models, responses) in OpenAI's shape and statuses, so
+that OpenAI clients read them as they read OpenAI's own: `{"error": {"message", "type", "param", "code"}}`.
 
 The rest of the server answers in its own documented shape (`{"error": {"type", "message", "param"}}`, errors.py);
 a middleware rewrites the error responses of the OpenAI routes, whatever raised them (a route, a dependency such
-as authentication, or the body and concurrency limits in front of the routes):
+as authentication, the body and concurrency limits in front of the routes, or the shutdown):
 
 - the status stays, except that a request that does not match the schema (a value out of range, a wrong type) is
-  400, not 422, and an unknown model is 404;
+  400, not 422;
 - `type` is `invalid_request_error` for a 4xx (OpenAI's word for them all), `requests` for 429 (as OpenAI's
   rate limits), `server_error` for a 5xx;
-- `code` is `model_not_found` for an unknown model, `invalid_api_key` for a 401, null for other invalid requests,
-  else the server's own type (`not_found`, `conflict`, `gone`, `payload_too_large`, `overloaded`, ...).
+- `code` is the error's own code where it has one (`model_not_found` for an unknown model,
+  `previous_response_not_found`, `server_shutting_down`), `invalid_api_key` for a 401, null for other invalid
+  requests, else the server's own type (`not_found`, `conflict`, `gone`, `payload_too_large`, `overloaded`,
+  `internal`, `unavailable`).
 
-An error in the middle of a stream is sent as an SSE event holding the same object (`openai_body`).
+A completions or chat stream that fails after it began ends with an event holding the same object, then
+`data: [DONE]` (`openai_ending`), as OpenAI's API does; a Responses stream with its `error` event.
 """
 
 from __future__ import annotations
@@ -23,18 +26,29 @@ from typing import Any
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ...errors import NotFound, ServiceError
+from ...errors import NotFound
+from . import sse
+from .error_shapes import error_responses
 
-OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models"})
+# The OpenAI routes: these paths, and everything under them (`/v1/models/{model}`, `/v1/responses/{id}`).
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses")
+MODEL_NOT_FOUND = "model_not_found"
+
+
+def is_openai_path(path: str) -> bool:
+    return any(path == route or path.startswith(route + "/") for route in OPENAI_PATHS)
 
 
 class ModelNotFound(NotFound):
     """A `model` this server does not serve."""
 
-    code = "model_not_found"
-
     def __init__(self, model: str, served: str) -> None:
-        super().__init__(f"the model {model!r} does not exist; this server serves {served!r}", param="model")
+        shown = model if len(model) <= 100 else model[:100] + "..."
+        super().__init__(
+            f"the model {shown!r} does not exist; this server serves {served!r}",
+            param="model",
+            code=MODEL_NOT_FOUND,
+        )
 
 
 def openai_body(status: int, error: dict[str, Any]) -> dict[str, Any]:
@@ -46,8 +60,9 @@ def openai_body(status: int, error: dict[str, Any]) -> dict[str, Any]:
         kind = "requests"
     else:
         kind = "invalid_request_error"
-    if status == 404 and error.get("param") == "model":
-        code: str | None = ModelNotFound.code
+    code: str | None
+    if error.get("code"):
+        code = str(error["code"])
     elif status == 401:
         code = "invalid_api_key"
     elif native == "invalid_request":
@@ -64,9 +79,14 @@ def openai_status(status: int) -> int:
     return 400 if status == 422 else status
 
 
-def stream_error(exc: ServiceError) -> dict[str, Any]:
-    """The SSE event of an error in the middle of an OpenAI stream."""
-    return openai_body(exc.status, exc.body()["error"])
+def error_body(path: str, status: int, error: dict[str, Any]) -> dict[str, Any]:
+    """The body of `error` (in the server's shape) answered with `status` on `path`, in the path's family's shape."""
+    return openai_body(status, error) if is_openai_path(path) else {"error": error}
+
+
+def openai_ending(status: int, error: dict[str, Any]) -> str:
+    """The end of a completions or chat stream cut short by `error`: its event in OpenAI's shape, then `[DONE]`."""
+    return sse.event(openai_body(status, error)) + sse.DONE
 
 
 class OpenAIErrors:
@@ -77,7 +97,7 @@ class OpenAIErrors:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in OPENAI_PATHS:
+        if scope["type"] != "http" or not is_openai_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         held: Message | None = None  # the start of an error response, until its body is complete
@@ -141,18 +161,18 @@ class OpenAIErrorBody(BaseModel):
 
 
 _ERRORS = {
-    400: "invalid_request_error: a value the server refuses, or a body that does not match the schema",
+    400: "invalid_request_error: a value the server refuses, or a body that does not match the schema; on "
+    "/v1/responses, (code previous_response_not_found): a previous response that cannot be continued",
     401: "invalid_request_error (code invalid_api_key): missing or wrong API key",
-    404: "invalid_request_error (code model_not_found): an unknown model; (code not_found): an unknown session",
+    404: "invalid_request_error (code model_not_found): an unknown model; (code not_found): an unknown session or "
+    "response",
     409: "invalid_request_error (code conflict): another step on the session is in progress",
     410: "invalid_request_error (code gone): the session's memory was dropped",
     413: "invalid_request_error (code payload_too_large)",
-    422: "never sent: a body that does not match the schema is 400, as on OpenAI",
     429: "requests (code overloaded): retry after Retry-After seconds",
-    500: "server_error",
-    503: "server_error (code unavailable): Redis is unreachable; nothing was changed",
+    500: "server_error (code internal)",
+    503: "server_error (code unavailable): Redis is unreachable, nothing was changed; (code server_shutting_down): "
+    "the server is shutting down",
 }
-# For `APIRouter(responses=...)` of the OpenAI routes: their error shape, in the OpenAPI document.
-OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": OpenAIErrorBody, "description": text} for status, text in _ERRORS.items()
-}
+# The error shape on every OpenAI route, in the OpenAPI document.
+OPENAI_ERROR_RESPONSES = error_responses(_ERRORS, OpenAIErrorBody)

@@ -16,20 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 
-from ...errors import ServiceError
 from . import sse
-from .error_shapes import INTERNAL_ERROR
 from .event_stream import EventStream
 from .idempotency import IdempotentCall
-
-log = logging.getLogger(__name__)
 
 # Below any sane client timeout, above the time a step may wait for its session's writer.
 FIRST_EVENT_WAIT_SECONDS = 15.0
@@ -131,15 +126,8 @@ class RunningWork:
                 break
             self._news.clear()
             await self._news.wait()
-        try:
-            result = self._task.result()
-        except ServiceError as exc:
-            yield sse.error_event(exc.body()["error"])
-        except Exception:
-            log.exception("long work failed mid-stream")
-            yield sse.error_event(INTERNAL_ERROR)
-        else:
-            yield sse.event({"type": "result", **result})
+        # The work's error, if it failed, ends the stream with its error event, then [DONE] (EventStream).
+        yield sse.event({"type": "result", **self._task.result()})
         yield sse.DONE
 
 

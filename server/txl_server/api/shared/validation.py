@@ -11,6 +11,12 @@ _TYPE_TAG = re.compile(r"^([a-z]+(-[a-z]+)*(\[.*\])?)$")
 _TYPE_NAMES = {"str", "int", "float", "bool", "none", "dict", "list", "constrained-str", "constrained-int"}
 
 
+def validation_status(errors: list[Any]) -> int:
+    """422 for a request that does not match the schema; but a lone surrogate in a string, which the schema
+    cannot tell from text, is 400 as everywhere else (`limits.check_unicode`)."""
+    return 400 if errors and errors[0].get("type") == "string_unicode" else 422
+
+
 def validation_message(errors: list[Any], content_type: str | None) -> tuple[str, str | None]:
     """One sentence naming the field, and the field, for the first of pydantic's (or FastAPI's) errors."""
     if not errors:
@@ -41,6 +47,10 @@ def validation_message(errors: list[Any], content_type: str | None) -> tuple[str
         return f"{field} is required", field
     if kind == "extra_forbidden":
         return f"{field} is not a known field", field
+    if kind == "string_unicode":  # as `limits.check_unicode` says it
+        return f"{field} is not valid Unicode (a lone surrogate)", field
+    if kind == "string_pattern_mismatch":
+        return f"{field} should match the pattern {(first.get('ctx') or {}).get('pattern')}", field
     if message.startswith("Input should "):
         return f"{field} should {message.removeprefix('Input should ')}", field
     return f"{field}: {message.removeprefix('Value error, ')}", field

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..shared.dependencies import ModelId, Tenant
-from ..shared.error_shapes import ERROR_RESPONSES
+from ..shared.error_shapes import ERROR_RESPONSES, ErrorBody
 from . import serving
 from .protocol import SystemInfo
 
@@ -21,7 +21,12 @@ async def health() -> dict[str, str]:
 
 @router.get(
     "/ready",
-    responses={503: {"description": "Not ready: model not loaded, Redis unreachable, device failed"}},
+    responses={
+        503: {
+            "model": ErrorBody,
+            "description": "Not ready: model not loaded, Redis unreachable, device failed",
+        }
+    },
 )
 async def ready(request: Request) -> Response:
     """Ready to take traffic: the model is loaded and checked on its device, the device works, Redis answers.
