@@ -29,6 +29,7 @@ from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateJob, GenerateResult
 from ..engine.state import ModelState
 from ..engine.worker import Worker
 from ..errors import Conflict, InvalidRequest
+from ..limits import check_max_tokens
 from ..settings import Settings
 from .admission import Admission
 from .history import SessionHistory
@@ -364,10 +365,7 @@ class SessionService:
         are: a request's text is encoded once. With `expected_version`, the step runs only if the session is at
         that version when its lease is taken (else Conflict, code `version_moved`, before any event).
         """
-        if not 0 <= max_tokens <= self.settings.max_tokens:
-            raise InvalidRequest(
-                f"max_tokens must be between 0 and {self.settings.max_tokens}", param="max_tokens"
-            )
+        check_max_tokens(self.settings, max_tokens)
         prompt = self.tokenizer.encode(text) if prompt_tokens is None else list(prompt_tokens)
         async with self.steps.hold(owner, session_id) as (meta, state, lease):
             if expected_version is not None and meta.version != expected_version:

@@ -44,10 +44,13 @@ def _session(http, **body) -> dict:
 
 def _continuation(http, session_id: str) -> tuple[str, float]:
     """Greedy text after the session (on a fork), and the log-prob of a fixed append after the session."""
-    fork = http.post(f"/v1/sessions/{session_id}/fork").json()["id"]
-    text = http.post(f"/v1/sessions/{fork}/generate", json=GREEDY).json()["text"]
-    logprob = http.post(f"/v1/sessions/{session_id}/append", json={"text": " The end."}).json()["logprob"]
-    return text, logprob
+    fork = http.post(f"/v1/sessions/{session_id}/fork")
+    assert fork.status_code == 201, fork.text
+    generated = http.post(f"/v1/sessions/{fork.json()['id']}/generate", json=GREEDY)
+    assert generated.status_code == 200, generated.text
+    appended = http.post(f"/v1/sessions/{session_id}/append", json={"text": " The end."})
+    assert appended.status_code == 200, appended.text
+    return generated.json()["text"], appended.json()["logprob"]
 
 
 def _read_it_all(http, text: str = "") -> tuple[str, float]:

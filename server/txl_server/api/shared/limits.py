@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ...errors import InvalidRequest, PayloadTooLarge
+from ...limits import check_max_tokens
 from ...settings import Settings
 
 # In a field's JSON schema: JSON Schema keywords whose values are the operator's settings, e.g.
@@ -93,12 +94,6 @@ def check_metadata(settings: Settings, metadata: dict[str, Any] | None, *, max_d
         raise InvalidRequest(
             f"metadata is larger than {settings.max_metadata_bytes} bytes as JSON", param="metadata"
         )
-
-
-def check_max_tokens(settings: Settings, max_tokens: int, param: str = "max_tokens") -> None:
-    """The operator's most tokens one request may generate (TXL_MAX_TOKENS), whatever the field is called."""
-    if max_tokens > settings.max_tokens:
-        raise InvalidRequest(f"{param} must be at most {settings.max_tokens}", param=param)
 
 
 def max_tokens_of(settings: Settings, given: int | None, default: int, param: str = "max_tokens") -> int:
