@@ -45,7 +45,10 @@ try:
     from txl_server.engine.rows import DecodeRow
 except ImportError:  # a tree before
     from txl_server.engine.runner import DecodeRow
-from tests.model.helpers import tiny_model
+try:
+    from tests.helpers.tiny_models import tiny_model
+except ImportError:  # a tree before the test helpers had one home
+    from tests.model.helpers import tiny_model
 
 torch.set_num_threads(1)
 MEM, STEPS = 64, {steps}
@@ -90,11 +93,11 @@ print(json.dumps({{batch: host_ms(batch) for batch in {batches}}}))
 """
 
 
-def _probe(tree: Path) -> dict[int, float]:
+def probe(tree: Path, *, steps: int = STEPS, batches: tuple[int, ...] = BATCHES) -> dict[int, float]:
     """Host ms per iteration for each batch size, measured by the code in `tree`."""
     path = os.pathsep.join(str(p) for p in (tree / "model", tree / "server", tree))
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(steps=STEPS, batches=BATCHES)],
+        [sys.executable, "-c", _PROBE.format(steps=steps, batches=batches)],
         cwd=tree,
         env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
@@ -117,7 +120,7 @@ def run(quick: bool = False) -> Section:
         old_tree = export_revision(BEFORE, Path(tmp) / "before")
         for _ in range(1 if quick else ROUNDS):
             for tree, best in ((old_tree, before), (ROOT, now)):
-                for batch, ms in _probe(tree).items():
+                for batch, ms in probe(tree).items():
                     best[batch] = min(best.get(batch, float("inf")), ms)
     rows = []
     for batch in BATCHES:
