@@ -29,6 +29,7 @@ from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateJob, GenerateResult
 from ..engine.state import ModelState
 from ..engine.worker import Worker
 from ..errors import Conflict, InvalidRequest
+from ..memory_budgets import MemoryBudgets
 from ..settings import Settings
 from .admission import Admission
 from .history import SessionHistory
@@ -78,6 +79,7 @@ class SessionService:
         tokenizer: Tokenizer,
         worker: Worker,
         stores: Stores,
+        budgets: MemoryBudgets,
         model_id: str,
         observer: SessionObserver | None = None,
         replica: Replica | None = None,
@@ -99,12 +101,8 @@ class SessionService:
         self.replica = replica or Replica.new(settings.port)
         self.recovery = Recovery(stores, me=self.replica, exclusive=exclusive)
 
-        self.cache = StateCache(
-            device_budget=settings.device_memory_bytes, host_budget=settings.host_memory_bytes
-        )
-        self.prefix_cache = PrefixCache(
-            budget_bytes=settings.prefix_cache_budget, grid=worker.grid, salt=model_id
-        )
+        self.cache = StateCache(device_budget=budgets.device, host_budget=budgets.host)
+        self.prefix_cache = PrefixCache(budget_bytes=budgets.prefix_cache, grid=worker.grid, salt=model_id)
         self.prompts = PromptReader(self.prefix_cache, worker, self.start_id)
         self.admission = Admission(
             settings=settings, model=model, worker=worker, cache=self.cache, store=self.store
@@ -380,8 +378,10 @@ class SessionService:
                 raise InvalidRequest("nothing to continue from: give text", param="text")
             start, to_feed = state, prompt
             if report_progress and len(prompt) > self.segment_len:
-                # Fed as a job of its own, which the worker reports segment by segment; decoding then starts
-                # from the state the generation's own prompt ingestion would have reached.
+                # Fed as a job of its own, which the worker reports segment by segment (after a first 0 once the
+                # session is held, as every long step reports); decoding then starts from the state the
+                # generation's own prompt ingestion would have reached.
+                yield ProgressEvent(0, len(prompt))
                 fed = AdvanceJob(state, prompt, report_progress=True)
                 async with contextlib.aclosing(self.steps.events(fed, lease)) as events:
                     async for event in events:
