@@ -41,17 +41,29 @@ class MemoryBudgets:
 
 def memory_budgets(settings: Settings, model: TransfoXLLMHeadModel) -> MemoryBudgets:
     """The budgets the settings set, and for the rest the defaults of the model's device (see the module)."""
-    cpu = model.device.type == "cpu"
-    session = session_peak_bytes(settings, model)
+    on_cpu = model.device.type == "cpu"
+    return choose_budgets(
+        settings,
+        on_cpu=on_cpu,
+        session_bytes=session_peak_bytes(settings, model),
+        position_bytes=model.memory_layout().bytes_per_position(),
+        machine_bytes=machine_memory() if on_cpu else 0,
+    )
+
+
+def choose_budgets(
+    settings: Settings, *, on_cpu: bool, session_bytes: int, position_bytes: int, machine_bytes: int
+) -> MemoryBudgets:
+    """`memory_budgets` from what it measured: one session's memory at its largest, one position's, and the
+    machine's memory (CPU only)."""
     how: list[str] = []
     if settings.device_memory_bytes is not None:
         device = settings.device_memory_bytes
         how.append("device: TXL_DEVICE_MEMORY_BYTES")
-    elif cpu:
-        memory = machine_memory()
-        device = max(memory // CPU_SHARE, CPU_SESSIONS * session)
+    elif on_cpu:
+        device = max(machine_bytes // CPU_SHARE, CPU_SESSIONS * session_bytes)
         how.append(
-            f"device: 1/{CPU_SHARE} of this machine's {memory / 2**30:.1f} GiB, at least {CPU_SESSIONS} "
+            f"device: 1/{CPU_SHARE} of this machine's {machine_bytes / 2**30:.1f} GiB, at least {CPU_SESSIONS} "
             "sessions at their largest"
         )
     else:
@@ -60,8 +72,8 @@ def memory_budgets(settings: Settings, model: TransfoXLLMHeadModel) -> MemoryBud
     if settings.prefix_cache_bytes is not None:
         prefix_cache = settings.prefix_cache_bytes
         how.append("prefix cache: TXL_PREFIX_CACHE_BYTES")
-    elif cpu:
-        prefix_cache = min(device // 4, CPU_PREFIX_POSITIONS * model.memory_layout().bytes_per_position())
+    elif on_cpu:
+        prefix_cache = min(device // 4, CPU_PREFIX_POSITIONS * position_bytes)
         how.append(f"prefix cache: a quarter of the device's, at most {CPU_PREFIX_POSITIONS:,} positions")
     else:
         prefix_cache = device // 4
@@ -69,7 +81,7 @@ def memory_budgets(settings: Settings, model: TransfoXLLMHeadModel) -> MemoryBud
     if settings.host_memory_bytes is not None:
         host = settings.host_memory_bytes
         how.append("host: TXL_HOST_MEMORY_BYTES")
-    elif cpu:
+    elif on_cpu:
         host = 0
         how.append("host: none on a CPU (the same memory as the device)")
     else:
@@ -88,18 +100,18 @@ def session_peak_bytes(settings: Settings, model: TransfoXLLMHeadModel) -> int:
     return positions * model.memory_layout().bytes_per_position()
 
 
-def machine_memory() -> int:
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def machine_memory(limit_files: tuple[Path, ...] = CGROUP_LIMITS) -> int:
     """This machine's memory in bytes, or the container's limit (cgroup v2 or v1) where that is lower."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in (
-        Path("/sys/fs/cgroup/memory.max"),
-        Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-    ):
+    for limit_file in limit_files:
         try:
             limit = limit_file.read_text().strip()
         except OSError:
             continue
-        if limit.isdigit():
+        if limit.isdigit():  # cgroup v2 says "max" when there is none
             total = min(total, int(limit))
     return total
 
