@@ -1,6 +1,6 @@
 """What serves, as it stands now: the device, the dtype, the attention kernel and the graphs the start-up checks
-left on (and why not), the memory pool and the budgets of session memory, the window grid. `GET /v1/system`, `/ready`, `/v1/models` and
-`python -m txl_server check` report it."""
+left on (and why not), the memory pool and the budgets of session memory, the window grid. `GET /v1/system`,
+`/ready`, `/v1/models` and `python -m txl_server check` report it."""
 
 from __future__ import annotations
 

@@ -83,9 +83,8 @@ class IngestTask:
     logprobs: list[Tensor] = field(default_factory=list)
     top: list[TopLogprobs | None] = field(default_factory=list)
     boundaries: int = 0  # > 0: segments end on multiples of it (AdvanceJob.boundaries)
-    keep_boundaries: int | None = (
-        None  # the states of at most this many are kept (AdvanceJob.keep_boundaries)
-    )
+    # The states of at most this many are kept (AdvanceJob.keep_boundaries).
+    keep_boundaries: int | None = None
     # (state, index in `logprobs` of its segments' end) at each boundary reached
     reached: list[tuple[ModelState, int]] = field(default_factory=list)
     then: DecodeTask | None = None  # a prompt's generation, which decodes once the prompt is fed
