@@ -3,8 +3,9 @@
 - docs/api.md, the session object: `mem_tokens` is the last `mem_len` positions plus those since the last
   boundary of the segment grid, the separator included, so at most `window.max_positions` of `/v1/system`
   (it was documented as at most `mem_len`, which it exceeds between boundaries);
-- docs/clients.md, long work: `on_progress` is first called with 0 and last with `done == total`, for append,
-  create, score and a generation whose text is longer than a segment;
+- docs/clients.md, long work: `on_progress` is first called with 0 and last with `done == total` for append,
+  create and score; for a generation whose text is longer than a segment, first at the end of the first segment
+  (it was documented as 0 for every call);
 - docs/server.md, one writer per session: 20 appends sent at once to one session all succeed, one after the
   other, each from the previous one's commit (docs/reliability.md said 5 of 20).
 """
@@ -61,8 +62,13 @@ def test_progress_starts_at_zero_and_ends_at_the_total_for_every_long_call(serve
         client.score(TEXT, on_progress=recorder("score"))
         client.generate(session.id, TEXT, max_tokens=3, on_progress=recorder("generate"))
     total = len(TEXT.encode())  # a byte-level model
+    segment = server.app.state.runtime.worker.segment_len
     for name, progress in calls.items():
-        assert progress[0] == (0, total) and progress[-1] == (total, total), (name, progress)
+        assert progress[-1] == (total, total) and progress[0][1] == total, (name, progress)
+        if name == "generate":  # after its first segment (which ends on the segment grid)
+            assert 0 < progress[0][0] <= segment, (name, progress)
+        else:
+            assert progress[0][0] == 0, (name, progress)
         assert [done for done, _ in progress] == sorted(done for done, _ in progress), (name, progress)
 
 

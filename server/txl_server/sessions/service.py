@@ -378,10 +378,8 @@ class SessionService:
                 raise InvalidRequest("nothing to continue from: give text", param="text")
             start, to_feed = state, prompt
             if report_progress and len(prompt) > self.segment_len:
-                # Fed as a job of its own, which the worker reports segment by segment (after a first 0 once the
-                # session is held, as every long step reports); decoding then starts from the state the
-                # generation's own prompt ingestion would have reached.
-                yield ProgressEvent(0, len(prompt))
+                # Fed as a job of its own, which the worker reports segment by segment; decoding then starts
+                # from the state the generation's own prompt ingestion would have reached.
                 fed = AdvanceJob(state, prompt, report_progress=True)
                 async with contextlib.aclosing(self.steps.events(fed, lease)) as events:
                     async for event in events:
