@@ -23,6 +23,7 @@ from txl_server.check.benchmark_docs import Section
 from txl_server.engine.jobs import AdvanceJob, GenerateJob, job_result
 from txl_server.engine.state import ModelState
 from txl_server.engine.worker import Worker
+from txl_server.memory_budgets import memory_budgets
 from txl_server.runtime import default_batch_tokens, device_pool, worker_threads
 from txl_server.settings import Settings
 
@@ -151,7 +152,9 @@ def run(quick: bool = False) -> Section:
                 max_queued=4096,
                 # Sized up front to the device budget, as the server's is: no round pays for the pool growing
                 # (a growable pool copies itself when it does).
-                pool=device_pool(model, Settings()),
+                pool=device_pool(
+                    model, Settings(), memory_budgets(Settings(), model), max_batch_tokens=budget
+                ),
             )
             worker.start()
             try:

@@ -9,6 +9,8 @@ import os
 import pytest
 import torch
 
+from tests.stages import stage_of
+
 pytest_plugins = ["tests.helpers.fixtures"]
 
 # Two threads for the test process, as on the CI machine.
@@ -26,3 +28,10 @@ def _collect_garbage_after_each_module():
     memory."""
     yield
     gc.collect()
+
+
+def pytest_collection_modifyitems(items):
+    """The second stage's tests listed in tests/stages.py are marked `slow` (`bash scripts/test.sh` runs the others)."""
+    for item in items:
+        if stage_of(item.nodeid) is not None:
+            item.add_marker(pytest.mark.slow)

@@ -70,13 +70,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     if not settings.model_dir.is_dir():
         print(f"model directory not found: {settings.model_dir}", file=sys.stderr)
         return 2
-    from .serving import PortUnavailable, bind_sockets
+    from .serving import PortUnavailable, bind_sockets, warn_if_open
 
     try:  # first: a port in use is known in a millisecond, before torch is even imported
         sockets = bind_sockets(settings.host, settings.port)
     except PortUnavailable as exc:
         print(f"{exc} (another server?): stop it or choose another --port (TXL_PORT)", file=sys.stderr)
         return 2
+    warn_if_open(sockets, has_api_keys=settings.has_api_keys)
     if settings.redis_url is None and (data_dir := settings.private_redis_dir()) is not None:
         from .sessions.redis_server import DataDirInUse, lock_data_dir
 

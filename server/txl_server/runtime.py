@@ -28,6 +28,7 @@ from .engine.device_report import DeviceReport, describe
 from .engine.selfcheck import ServingPath, graphs_setting, prepare
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
+from .memory_budgets import MemoryBudgets, describe_budgets, memory_budgets
 from .sessions.observer import SessionObserver
 from .sessions.placement import Released
 from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Recovery, Replica
@@ -88,15 +89,18 @@ def worker_threads(settings: Settings) -> int:
     return max(1, cores - 1) if torch.device(settings.device).type == "cpu" else max(1, min(cores, 4))
 
 
-def device_pool(model: TransfoXLLMHeadModel, settings: Settings, *, max_batch_tokens: int) -> BlockPool:
+def device_pool(
+    model: TransfoXLLMHeadModel, settings: Settings, budgets: MemoryBudgets, *, max_batch_tokens: int
+) -> BlockPool:
     """The device's memory pool, allocated once, up front: the device budget (sessions at rest), the prefix
-    cache's, and room for one iteration's new blocks beside them (a step's blocks exist before the memory tiers move other sessions out at
-    its commit).
+    cache's, and room for one iteration's new blocks beside them (a step's blocks exist before the memory tiers
+    move other sessions out at its commit).
 
     On a GPU it never grows (vLLM allocates its KV cache once too): captured graphs hold its address, and doubling
     a pool sized near the GPU's memory would fail in the middle of a step. When it is full, the worker runs what
     fits, asks the session tiers to move idle sessions off the device, and preempts the newest work if that is not
-    enough. On a CPU it grows on demand by default (`TXL_FIXED_POOL` chooses)."""
+    enough. On a CPU it grows on demand by default (`TXL_FIXED_POOL` chooses), and its pages are left untouched
+    until blocks are first handed out (BlockPool): the memory it takes follows the sessions it holds."""
     layout = model.memory_layout()
     block_size = settings.block_size
     block_bytes = block_size * layout.bytes_per_position()
@@ -105,9 +109,7 @@ def device_pool(model: TransfoXLLMHeadModel, settings: Settings, *, max_batch_to
     return BlockPool(
         layout,
         block_size=block_size,
-        blocks=(settings.device_memory_bytes + settings.prefix_cache_budget) // block_bytes
-        + one_iteration
-        + 2,
+        blocks=(budgets.device + budgets.prefix_cache) // block_bytes + one_iteration + 2,
         growable=not fixed,
     )
 
@@ -118,9 +120,17 @@ def default_batch_tokens(device: torch.device, segment_len: int) -> int:
     return max(2 * segment_len, 256) if device.type == "cpu" else max(8 * segment_len, 2048)
 
 
-def make_worker(settings: Settings, loaded: LoadedModel, observer: WorkerObserver | None = None) -> Worker:
-    """The device worker the settings describe, its pool allocated (not started, not yet checked)."""
+def make_worker(
+    settings: Settings,
+    loaded: LoadedModel,
+    observer: WorkerObserver | None = None,
+    budgets: MemoryBudgets | None = None,
+) -> Worker:
+    """The device worker the settings describe, its pool allocated for `budgets` (default: those the settings
+    give for the model; not started, not yet checked)."""
     model, tokenizer, _ = loaded
+    if budgets is None:
+        budgets = memory_budgets(settings, model)
     segment_len = settings.segment_len or model.config.segment_len
     max_batch_tokens = settings.max_batch_tokens or default_batch_tokens(model.device, segment_len)
     return Worker(
@@ -130,7 +140,7 @@ def make_worker(settings: Settings, loaded: LoadedModel, observer: WorkerObserve
         max_batch_size=settings.max_batch_size,
         max_batch_tokens=max_batch_tokens,
         max_queued=settings.max_queued_jobs,
-        pool=device_pool(model, settings, max_batch_tokens=max_batch_tokens),
+        pool=device_pool(model, settings, budgets, max_batch_tokens=max_batch_tokens),
         graphs=graphs_setting(settings.cuda_graphs, model.device)[0],
         max_mem_len=settings.mem_lens(model.config.mem_len)[1],
         observer=observer,
@@ -168,6 +178,7 @@ class Runtime:
         self.service: SessionService | None = None
         self.stateless: StatelessService | None = None
         self.serving: ServingPath | None = None
+        self.budgets: MemoryBudgets | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self.replica = Replica.new(settings.port)
@@ -181,7 +192,9 @@ class Runtime:
         if loaded is None:
             loaded = await asyncio.to_thread(load_model, settings)
         model, tokenizer, self.model_id = loaded
-        self.worker = make_worker(settings, loaded, self.worker_observer)
+        self.budgets = budgets = memory_budgets(settings, model)
+        log.info("session memory budgets: %s", describe_budgets(budgets))
+        self.worker = make_worker(settings, loaded, self.worker_observer, budgets)
         self.serving = await asyncio.to_thread(prepare_worker, settings, self.worker)
         self.worker.start()
         url = settings.redis_url
@@ -210,6 +223,7 @@ class Runtime:
             tokenizer=tokenizer,
             worker=self.worker,
             stores=stores,
+            budgets=budgets,
             model_id=self.model_id,
             observer=self.session_observer,
             replica=self.replica,
@@ -309,10 +323,12 @@ class Runtime:
 
     def device_report(self) -> DeviceReport | None:
         """What serves: device, dtype, attention kernel, graphs, pool and windows (None before start-up)."""
-        if self.worker is None or self.serving is None:
+        if self.worker is None or self.serving is None or self.budgets is None:
             return None
         mem_len, max_mem_len = self.settings.mem_lens(self.worker.model.config.mem_len)
-        return describe(self.worker, self.serving, mem_len=mem_len, max_mem_len=max_mem_len)
+        return describe(
+            self.worker, self.serving, mem_len=mem_len, max_mem_len=max_mem_len, budgets=self.budgets
+        )
 
     async def ready(self) -> bool:
         """Not stopping, Redis answers and the device works (a CUDA error that poisoned the context is not

@@ -4,6 +4,8 @@ server with start-up and shutdown the way this server wants them.
 - The port is taken (bound and listening) before the model loads or Redis starts: a port in use is one line and
   exit status 2 at once, not uvicorn's raw `[Errno 98]` after seconds of loading. Connections made meanwhile
   wait in the socket's queue and are answered once the server starts.
+- Listening beyond loopback without API keys (e.g. `--host 0.0.0.0`, the Docker image's default) is said at once,
+  as a warning: anyone who reaches the address can then use every session.
 - Once it answers, the log ends with where to go.
 - SIGTERM/SIGINT drain the app first (`api/shutdown.py`: no new requests, running ones finish within the grace
   period, open streams end with an error event), then uvicorn closes the connections and the lifespan stops
@@ -14,6 +16,7 @@ server with start-up and shutdown the way this server wants them.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import signal
 import socket
@@ -61,6 +64,27 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
         why = "the address is already in use" if exc.errno == 98 else (exc.strerror or str(exc))
         raise PortUnavailable(f"cannot listen on {host}:{port}: {why}") from exc
     return sockets
+
+
+def beyond_loopback(sockets: list[socket.socket]) -> list[str]:
+    """The addresses of `sockets` that other machines may reach (not loopback), as host:port."""
+    reachable = []
+    for sock in sockets:
+        host, port = sock.getsockname()[:2]
+        if not ipaddress.ip_address(host.split("%")[0]).is_loopback:
+            reachable.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return reachable
+
+
+def warn_if_open(sockets: list[socket.socket], *, has_api_keys: bool) -> None:
+    """A warning when other machines may reach the server and no API key is required."""
+    reachable = beyond_loopback(sockets)
+    if reachable and not has_api_keys:
+        log.warning(
+            "listening on %s without API keys: anyone who can reach it can read, change and delete every "
+            "session. Set TXL_API_KEYS (or TXL_API_KEYS_FILE), or listen on loopback only (--host 127.0.0.1)",
+            ", ".join(reachable),
+        )
 
 
 class TxlServer(uvicorn.Server):

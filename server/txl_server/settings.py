@@ -66,11 +66,13 @@ class Settings(BaseSettings):
     default_mem_len: int | None = Field(None, ge=0, le=16384)  # default: the model's mem_len
 
     # ---- memory tiers and persistence
-    device_memory_bytes: int = Field(2 * 1024**3, ge=0)
+    # Byte budgets of session memory per tier; None: chosen for the device and the machine (memory_budgets.py:
+    # on a GPU 2 GiB and 4 GiB; on a CPU a sixteenth of the machine's memory, and no host tier).
+    device_memory_bytes: int | None = Field(None, ge=0)
     # States of recently read prompts at segment boundaries, on the device beside the sessions; None: a quarter of
-    # device_memory_bytes; 0: no prefix cache.
+    # the device's budget (on a CPU at most 16 sessions' worth); 0: no prefix cache.
     prefix_cache_bytes: int | None = Field(None, ge=0)
-    host_memory_bytes: int = Field(4 * 1024**3, ge=0)
+    host_memory_bytes: int | None = Field(None, ge=0)
     # "always" by default: a stateful server keeps its state, as a database keeps its rows (each step writes
     # the memory blocks its new positions touch; docs/benchmarks.md, persistence)
     persistence: Persistence = Persistence.ALWAYS
@@ -177,8 +179,10 @@ class Settings(BaseSettings):
         return value
 
     @property
-    def prefix_cache_budget(self) -> int:
-        return self.device_memory_bytes // 4 if self.prefix_cache_bytes is None else self.prefix_cache_bytes
+    def has_api_keys(self) -> bool:
+        """Whether requests need an API key (keys given, or a file of them)."""
+        given = self.api_keys is not None and self.api_keys.get_secret_value().strip(", ") != ""
+        return given or self.api_keys_file is not None
 
     @property
     def model_dir(self) -> Path:

@@ -160,6 +160,8 @@ def test_playground_generates_forks_deletes_and_scores(server, browser, sdk):
         text_of("session-tokens") == str(expected.session.tokens) == str(sdk.get_session(session_id).tokens)
     )
     assert re.fullmatch(r"\d+ / 32", text_of("session-mem"))
+    # The last line keeps the rate (docs/clients.md, the playground) beside why it finished.
+    assert re.fullmatch(r"40 tokens · \d+\.\d tokens/s · finished: max tokens", text_of("gen-status"))
     screenshot(driver, "playground-generate.png")
 
     # ---- fork, keep extending the fork, delete it

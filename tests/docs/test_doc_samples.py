@@ -13,14 +13,15 @@ Blocks in other languages (`json`, `text`, none) show data or output and are not
 The samples see what a reader has after "Connecting": a server at `$TXL_URL` with the key `$TXL_API_KEY` (serving
 a tiny model under the bundled model's name, with the `transcript` chat template), text files to read
 (`book.txt`, `moby.txt`, `chapter1.txt`, `chapter2.txt`) in the working directory, and, in shell blocks, a fresh
-session's id in `$SESSION`.
+session's id in `$SESSION`. Shell blocks run in a fresh shell where the project's environment is active, as the
+README says (`source .venv/bin/activate`; tests/helpers/fresh_shell.py), and nothing else of the test's
+environment: so `txl` and `python` are the environment's, found as a reader finds them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import pytest
 from txl_client import Client
 
 from tests.clients.conftest import server_settings
+from tests.helpers.fresh_shell import fresh_shell, needs_a_venv
 from tests.helpers.live_server import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,21 +115,19 @@ def run_shell(sample: Sample, workdir: Path) -> None:
         script = sample.code
     with Client() as client:  # a fresh session for the sample to use as $SESSION
         session = client.create_session(text="Call me Ishmael.")
-    environment = {
-        **os.environ,
+    reader = {
+        "TXL_URL": os.environ["TXL_URL"],
+        "TXL_API_KEY": os.environ["TXL_API_KEY"],
         "SESSION": session.id,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", SHELL_PREAMBLE + script],
-        cwd=workdir, env=environment, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = fresh_shell(SHELL_PREAMBLE + script, cwd=workdir, home=workdir, env=reader)
     assert result.returncode == 0, (
         f"{sample.where}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     )
     assert "Traceback" not in result.stderr, f"{sample.where}:\n{result.stderr}"
 
 
+@needs_a_venv
 @pytest.mark.parametrize("page", PAGES)
 def test_the_samples_of_a_page_run_against_a_live_server(page, workdir):
     found = samples(page)

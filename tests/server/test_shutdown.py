@@ -91,7 +91,7 @@ def test_a_shutdown_lets_steps_finish_then_ends_open_streams_and_commits_nothing
         assert 3.5 < took < 20, took  # the grace period, then the stream was ended
         log = server.log()
         assert "Traceback" not in log and "timeout graceful shutdown exceeded" not in log, log
-        assert "stopped 1 requests still running" in log
+        assert "stopped 1 requests still running at the end of the grace period (4 s)" in log, log
 
         server.start()  # the cut generation committed nothing; the finished one is there
         with server.client() as client:
@@ -130,5 +130,8 @@ def test_a_second_ctrl_c_stops_the_running_requests_at_once(tiny_model_dir, tmp_
         )  # OpenAI's clients raise it
         log = server.log()
         assert "stopping the running requests now" in log and "Traceback" not in log, log
+        # It says what happened: the second Ctrl-C, not the grace period, ended them.
+        assert "stopped 2 requests still running at a second Ctrl-C" in log, log
+        assert "at the end of the grace period" not in log, log
     finally:
         server.kill()

@@ -101,12 +101,27 @@ class Shutdown:
         stopped = [(task, request) for task, request in self._running.items() if self._stop(task, request)]
         if stopped:
             log.info(
-                "stopped %d requests still running at the end of the grace period (streams ended with %s; "
-                "nothing they computed was kept)",
+                "stopped %d requests still running %s (streams ended with %s; nothing they computed was kept)",
                 len(stopped),
+                self._why_stopped(until),
                 SHUTTING_DOWN,
             )
             await asyncio.wait([task for task, _ in stopped], timeout=STOP_SECONDS)
+
+    def _why_stopped(self, until: float) -> str:
+        """When the running requests were stopped, as it happened: a second signal cuts the wait short."""
+        assert self._hurry is not None
+        left = until - time.monotonic()
+        if self._hurry.is_set() and left > 0:
+            return f"at a second Ctrl-C (or signal), {left:.0f} s before the end of the grace period"
+        assert self.deadline is not None
+        saving = self.deadline - until
+        if saving > 0:
+            return (
+                f"at the end of the grace period's {self.grace_seconds - saving:g} s for requests (the other "
+                f"{saving:g} s are for saving sessions)"
+            )
+        return f"at the end of the grace period ({self.grace_seconds:g} s)"
 
     async def _wait(self, until: float) -> None:
         assert self._hurry is not None

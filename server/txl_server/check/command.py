@@ -30,6 +30,7 @@ import torch
 from pydantic import ValidationError
 
 from ..engine.device_report import describe
+from ..memory_budgets import memory_budgets
 from ..settings import Settings
 from .gpu_section import repository_docs, write_section
 from .parity import check_parity, repeated_generation
@@ -95,12 +96,13 @@ def run_check(settings: Settings, loaded: tuple, *, tokens: int = 300) -> CheckR
     """Every check and measurement, on a worker made and prepared as the server makes it."""
     from ..runtime import make_worker, prepare_worker
 
-    worker = make_worker(settings, loaded)
+    budgets = memory_budgets(settings, loaded[0])
+    worker = make_worker(settings, loaded, budgets=budgets)
     started = time.perf_counter()
     path = prepare_worker(settings, worker)
     prepared = time.perf_counter() - started
     mem_len, max_mem_len = settings.mem_lens(worker.model.config.mem_len)
-    report = CheckReport(describe(worker, path, mem_len=mem_len, max_mem_len=max_mem_len))
+    report = CheckReport(describe(worker, path, mem_len=mem_len, max_mem_len=max_mem_len, budgets=budgets))
     describe_device(report, path, prepared)
     if not report.device.device_ok:
         report.add("device", f"failed at start-up: {worker.device_error}", False)
@@ -111,7 +113,7 @@ def run_check(settings: Settings, loaded: tuple, *, tokens: int = 300) -> CheckR
         describe_parity(report, report.parity)
         same = asyncio.run(repeated_generation(worker, mem_len))
         report.add("seeded generation", "the same tokens twice" if same else "different tokens", same)
-        describe_budget(report, settings, worker.pool.block_nbytes)
+        describe_budget(report, worker.pool.block_nbytes)
         report.speed = asyncio.run(measure_speed(worker, mem_len))
         describe_speed(report, report.speed)
     finally:

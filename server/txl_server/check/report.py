@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from ..engine.device_report import DeviceReport
 from ..engine.selfcheck import Comparison, ServingPath
-from ..settings import Settings
 from .parity import Parity
 from .speed import Speed
 
@@ -109,9 +108,9 @@ def describe_parity(report: CheckReport, parity: Parity) -> None:
     )
 
 
-def describe_budget(report: CheckReport, settings: Settings, block_bytes: int) -> None:
+def describe_budget(report: CheckReport, block_bytes: int) -> None:
     d = report.device
-    pool = d.pool
+    pool, budgets = d.pool, d.budgets
     report.add(
         "memory pool",
         f"{pool.blocks:,} blocks of {pool.block_size} positions, {pool.bytes / 2**20:,.1f} MiB, "
@@ -120,8 +119,9 @@ def describe_budget(report: CheckReport, settings: Settings, block_bytes: int) -
     per_session = -(-(d.window.max_positions + pool.block_size - 1) // pool.block_size) * block_bytes
     report.add(
         "budgets",
-        f"device {settings.device_memory_bytes / 2**20:,.0f} MiB (~{settings.device_memory_bytes // per_session:,} "
-        f"sessions at mem_len {d.window.max_mem_len}), host {settings.host_memory_bytes / 2**20:,.0f} MiB",
+        f"device {budgets.device / 2**20:,.0f} MiB (~{budgets.device // per_session:,} sessions at mem_len "
+        f"{d.window.max_mem_len}), prefix cache {budgets.prefix_cache / 2**20:,.0f} MiB, host "
+        f"{budgets.host / 2**20:,.0f} MiB ({budgets.how})",
     )
 
 

@@ -1,6 +1,6 @@
 """What serves, as it stands now: the device, the dtype, the attention kernel and the graphs the start-up checks
-left on (and why not), the memory pool, the window grid. `GET /v1/system`, `/ready`, `/v1/models` and
-`python -m txl_server check` report it."""
+left on (and why not), the memory pool and the budgets of session memory, the window grid. `GET /v1/system`,
+`/ready`, `/v1/models` and `python -m txl_server check` report it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..memory_budgets import MemoryBudgets
 from .selfcheck import ServingPath
 from .worker import Worker
 
@@ -43,11 +44,14 @@ class DeviceReport:
     cuda_graphs_reason: str | None  # why off; on a CPU, that the buffers run eagerly
     graphs: int  # decoding graphs captured (on a CPU: static buffers built)
     pool: PoolReport
+    budgets: MemoryBudgets
     window: WindowReport
     device_ok: bool  # no device error has poisoned the context
 
 
-def describe(worker: Worker, path: ServingPath, *, mem_len: int, max_mem_len: int) -> DeviceReport:
+def describe(
+    worker: Worker, path: ServingPath, *, mem_len: int, max_mem_len: int, budgets: MemoryBudgets
+) -> DeviceReport:
     pool, model = worker.pool, worker.model
     graphs = worker.runner.graphs
     on = graphs is not None and graphs.off is None
@@ -70,6 +74,7 @@ def describe(worker: Worker, path: ServingPath, *, mem_len: int, max_mem_len: in
         cuda_graphs_reason=reason,
         graphs=graphs.built if graphs is not None and on else 0,
         pool=PoolReport(pool.capacity, pool.block_size, pool.n_blocks * pool.block_nbytes, not pool.growable),
+        budgets=budgets,
         window=WindowReport(
             worker.grid, mem_len, max_mem_len, worker.max_positions, model.config.same_length
         ),

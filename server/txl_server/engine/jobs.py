@@ -179,6 +179,9 @@ class AdvanceJob(Job):
     # > 0: segments end at every multiple of this many positions fed, and the states there are kept
     # (the prefix cache: sessions/prefix_cache.py)
     boundaries: int = 0
+    # The states of at most this many boundaries (the first) are kept: a long document's later ones would only be
+    # dropped by the cache after the job, having held their memory until its end.
+    keep_boundaries: int | None = None
 
     def __post_init__(self) -> None:
         super().__init__()

@@ -49,7 +49,7 @@ class Outputs:
             task.logprobs.append(out.logprobs)
         if out.top is not None:
             task.top.extend(out.top)
-        if task.boundaries and task.state.fed % task.boundaries == 0:
+        if task.boundaries and task.state.fed % task.boundaries == 0 and task.keeps_another_boundary:
             task.reached.append((task.state, len(task.logprobs)))
         if isinstance(task.job, AdvanceJob) and task.job.report_progress:
             task.job.emit(ProgressEvent(task.cursor, len(task.tokens)))

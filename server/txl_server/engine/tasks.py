@@ -83,6 +83,8 @@ class IngestTask:
     logprobs: list[Tensor] = field(default_factory=list)
     top: list[TopLogprobs | None] = field(default_factory=list)
     boundaries: int = 0  # > 0: segments end on multiples of it (AdvanceJob.boundaries)
+    # The states of at most this many are kept (AdvanceJob.keep_boundaries).
+    keep_boundaries: int | None = None
     # (state, index in `logprobs` of its segments' end) at each boundary reached
     reached: list[tuple[ModelState, int]] = field(default_factory=list)
     then: DecodeTask | None = None  # a prompt's generation, which decodes once the prompt is fed
@@ -90,7 +92,15 @@ class IngestTask:
     @classmethod
     def advance(cls, job: AdvanceJob, state: ModelState) -> IngestTask:
         top_k = job.top_logprobs if job.token_logprobs else 0
-        return cls(job, state, job.tokens, True, top_k, boundaries=job.boundaries)
+        return cls(
+            job,
+            state,
+            job.tokens,
+            True,
+            top_k,
+            boundaries=job.boundaries,
+            keep_boundaries=job.keep_boundaries,
+        )
 
     @classmethod
     def prompt(cls, generation: DecodeTask) -> IngestTask:
@@ -105,6 +115,10 @@ class IngestTask:
     @property
     def pending(self) -> int:
         return len(self.tokens) - self.cursor
+
+    @property
+    def keeps_another_boundary(self) -> bool:
+        return self.keep_boundaries is None or len(self.reached) < self.keep_boundaries
 
     @property
     def chunk_limit(self) -> int:

@@ -163,7 +163,7 @@ class Placement:
         process. Holds the lock."""
         entry = self.cache.peek(victim)
         assert entry is not None
-        if tier == DEVICE:
+        if tier == DEVICE and self.cache.budget(HOST) > 0:  # none on a CPU by default: no copy for nothing
             moved = await asyncio.to_thread(entry.state.moved, self.host_pool)
             host_needs = self.cache.added_bytes(HOST, moved)
             await self._make_room(HOST, host_needs)

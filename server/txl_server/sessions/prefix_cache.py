@@ -103,6 +103,11 @@ class PrefixCache:
             return Hit(k * self.grid, entry.state, logprobs)
         return None
 
+    def boundaries_within_budget(self, block_bytes: int, block_size: int) -> int:
+        """How many consecutive boundaries of one prompt the budget holds at most (each adds a grid's positions
+        to the one before; one block more for the start token's)."""
+        return self.budget * block_size // (self.grid * block_bytes) + 1 if self.enabled else 0
+
     def put(self, key: str, boundary: CachedBoundary) -> None:
         """Caches a boundary, then drops least recently used entries until the cache is within its budget."""
         if not self.enabled:
@@ -238,6 +243,9 @@ class PromptReader:
                 top_logprobs=top_logprobs,
                 report_progress=progress is not None,
                 boundaries=cache.grid if use else 0,
+                keep_boundaries=cache.boundaries_within_budget(
+                    self.worker.pool.block_nbytes, self.worker.pool.block_size
+                ),
             )
             result: AdvanceResult = await job_result(self.worker, job, on_event)
             parent = keys[fed // cache.grid - 1] if fed else None

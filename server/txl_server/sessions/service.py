@@ -30,6 +30,7 @@ from ..engine.state import ModelState
 from ..engine.worker import Worker
 from ..errors import Conflict, InvalidRequest
 from ..limits import check_max_tokens
+from ..memory_budgets import MemoryBudgets
 from ..settings import Settings
 from .admission import Admission
 from .history import SessionHistory
@@ -79,6 +80,7 @@ class SessionService:
         tokenizer: Tokenizer,
         worker: Worker,
         stores: Stores,
+        budgets: MemoryBudgets,
         model_id: str,
         observer: SessionObserver | None = None,
         replica: Replica | None = None,
@@ -100,12 +102,8 @@ class SessionService:
         self.replica = replica or Replica.new(settings.port)
         self.recovery = Recovery(stores, me=self.replica, exclusive=exclusive)
 
-        self.cache = StateCache(
-            device_budget=settings.device_memory_bytes, host_budget=settings.host_memory_bytes
-        )
-        self.prefix_cache = PrefixCache(
-            budget_bytes=settings.prefix_cache_budget, grid=worker.grid, salt=model_id
-        )
+        self.cache = StateCache(device_budget=budgets.device, host_budget=budgets.host)
+        self.prefix_cache = PrefixCache(budget_bytes=budgets.prefix_cache, grid=worker.grid, salt=model_id)
         self.prompts = PromptReader(self.prefix_cache, worker, self.start_id)
         self.admission = Admission(
             settings=settings, model=model, worker=worker, cache=self.cache, store=self.store

@@ -245,8 +245,11 @@ async function generate() {
         state.lastGeneration = { version: from.version, text };
         remember(event.session);
         showSession(event.session);
+        const seconds = (performance.now() - started) / 1000;
+        const made = event.usage.completion_tokens;
         $("gen-status").textContent =
-          `${event.usage.completion_tokens} tokens · finished: ${event.finish_reason === "stop" ? "stop string" : "max tokens"}`;
+          `${made} tokens · ${(made / Math.max(seconds, 1e-3)).toFixed(1)} tokens/s · ` +
+          `finished: ${event.finish_reason === "stop" ? "stop string" : "max tokens"}`;
       }
     });
     if (!finished) throw new Error("the stream ended before the generation finished; nothing was added");

@@ -41,6 +41,14 @@ def test_system_reports_the_device_the_kernel_the_graphs_the_pool_and_the_grid(c
         "bytes": pool.n_blocks * pool.block_nbytes,
         "fixed": False,
     }
+    budgets = server.app.state.runtime.budgets  # a CPU's defaults (tests/server/test_memory_budgets.py)
+    assert serving["budgets"] == {
+        "device": budgets.device,
+        "prefix_cache": budgets.prefix_cache,
+        "host": 0,
+        "how": budgets.how,
+    }
+    assert "1/16 of this machine's" in budgets.how
     # The tiny model: mem_len 32, segments of 8; a memory on the grid holds up to 32 + 8 - 1 positions.
     assert serving["window"] == {
         "grid": 8,

@@ -15,6 +15,7 @@ from txl_server.check.parity import Parity
 from txl_server.check.report import CheckReport
 from txl_server.check.speed import Speed
 from txl_server.engine.device_report import DeviceReport, PoolReport, WindowReport
+from txl_server.memory_budgets import MemoryBudgets
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -87,6 +88,7 @@ def test_the_gpu_section_holds_the_checks_and_the_speed_against_the_floor(tmp_pa
         cuda_graphs_reason=None,
         graphs=42,
         pool=PoolReport(131072, 16, 2 * 2**30, True),
+        budgets=MemoryBudgets(2 * 2**30, 2**29, 4 * 2**30, "device: 2 GiB on a GPU"),
         window=WindowReport(128, 512, 512, 639, False),
         device_ok=True,
     )

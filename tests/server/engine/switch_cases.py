@@ -14,6 +14,7 @@ import sys
 from txl.sampling import SamplingParams
 from txl_server.engine.device_report import describe
 from txl_server.engine.jobs import GenerateJob, job_result
+from txl_server.memory_budgets import memory_budgets
 from txl_server.runtime import load_model, make_worker, prepare_worker
 from txl_server.settings import Settings
 
@@ -36,10 +37,11 @@ def main() -> None:
         for triton in (False, True):
             settings = Settings(model=model_dir, cuda_graphs=graphs, triton_kernels=triton, max_batch_size=1)
             loaded = load_model(settings)
-            worker = make_worker(settings, loaded)
+            budgets = memory_budgets(settings, loaded[0])
+            worker = make_worker(settings, loaded, budgets=budgets)
             path = prepare_worker(settings, worker)
             mem_len, largest = settings.mem_lens(loaded[0].config.mem_len)
-            report = describe(worker, path, mem_len=mem_len, max_mem_len=largest)
+            report = describe(worker, path, mem_len=mem_len, max_mem_len=largest, budgets=budgets)
             worker.start()
             try:
                 tokens = asyncio.run(generate(worker, loaded[1], mem_len))

@@ -117,3 +117,25 @@ def test_openai_usage_reports_cached_prompt_tokens_and_metrics_count_them(server
         if line.startswith('txl_prefix_cache_tokens_total{source="cache"}')
     ]
     assert float(cached[0].split()[-1]) >= len(prompt) - 16
+
+
+async def test_a_document_longer_than_the_cache_holds_keeps_its_beginning(make_settings, monkeypatch):
+    """A read keeps only the boundaries the budget can hold (the first ones), instead of holding every boundary of
+    a long document until its end and then letting the cache drop most of them: what stays is a prefix, whose
+    every token keeps its log-prob."""
+    block_bytes = 16 * 512  # the tiny test model: 16 positions of 512 bytes
+    async with running(make_settings(prefix_cache_bytes=12 * block_bytes)) as rt:
+        cache, pool = rt.service.prefix_cache, rt.worker.pool
+        keep = cache.boundaries_within_budget(pool.block_nbytes, pool.block_size)
+        put = []
+        original = type(cache).put
+        monkeypatch.setattr(
+            type(cache), "put", lambda self, key, b: (put.append(key), original(self, key, b))
+        )
+        document = DOCUMENT * 4
+        first = await rt.stateless.score(document, owner=OWNER)
+        assert len(put) == keep < len(document) // rt.worker.grid
+        assert 0 < cache.used <= cache.budget
+        again = await rt.stateless.score(document, owner=OWNER, token_logprobs=True)
+        assert again.cached_tokens >= (keep // 2) * rt.worker.grid  # a hit that needs every earlier boundary
+        assert again.logprob == pytest.approx(first.logprob, abs=1e-4)

@@ -18,6 +18,17 @@ class PoolInfo(BaseModel):
     fixed: bool = Field(description="allocated once at start-up and never grows (always on a GPU)")
 
 
+class BudgetsInfo(BaseModel):
+    device: int = Field(description="bytes of session memory on the device (TXL_DEVICE_MEMORY_BYTES)")
+    prefix_cache: int = Field(
+        description="bytes of cached prompt states beside them, 0 when off (TXL_PREFIX_CACHE_BYTES)"
+    )
+    host: int = Field(
+        description="bytes of sessions moved off the device into host RAM (TXL_HOST_MEMORY_BYTES)"
+    )
+    how: str = Field(description="how they were chosen: set, or the defaults of the device and the machine")
+
+
 class WindowInfo(BaseModel):
     grid: int = Field(description="every query's window sits on this segment grid")
     mem_len: int = Field(description="a new session's mem_len")
@@ -36,6 +47,9 @@ class ServingInfo(BaseModel):
     cuda_graphs_reason: str | None = Field(description="why they are off; on a CPU, what 'on' means there")
     graphs: int = Field(description="decoding graphs captured at start-up (on a CPU: static buffers built)")
     pool: PoolInfo
+    budgets: BudgetsInfo = Field(
+        description="the byte budgets of session memory (docs/server.md, memory tiers)"
+    )
     window: WindowInfo
     device_ok: bool = Field(description="false once a device error has poisoned the context (/ready fails)")
 
