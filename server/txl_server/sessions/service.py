@@ -190,12 +190,31 @@ class SessionService:
         state shared: the cost does not depend on the document's length)."""
         if memory is not None:
             return await self._create_from(owner, memory, text, mem_len, ttl_seconds, metadata, progress)
+        meta, _ = await self._create_reading(
+            owner, text, self.tokenizer.encode(text), mem_len, ttl_seconds, metadata, progress
+        )
+        return meta
+
+    async def create_reading(self, owner: str, text: str, tokens: list[int]) -> tuple[SessionMeta, int]:
+        """A new session that read `text` (already encoded as `tokens`), and how many of its tokens came from the
+        prefix cache."""
+        return await self._create_reading(owner, text, tokens, None, None, None, None)
+
+    async def _create_reading(
+        self,
+        owner: str,
+        text: str,
+        tokens: list[int],
+        mem_len: int | None,
+        ttl_seconds: int | None,
+        metadata: dict[str, Any] | None,
+        progress: Progress | None,
+    ) -> tuple[SessionMeta, int]:
         mem_len = self.default_mem_len if mem_len is None else mem_len
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
         ttl = self.admission.ttl(ttl_seconds)
         await self.admission.session(owner, mem_len)
-        tokens = self.tokenizer.encode(text)
         if progress is not None:
             progress(0, len(tokens))
         read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress)
@@ -204,7 +223,7 @@ class SessionService:
         )
         self.observer.on_tokens("ingested", len(tokens) + 1)
         self.observer.on_prefix_cache(read.cached, len(tokens) + 1)
-        return meta
+        return meta, max(0, read.cached - 1)  # the start token is not the caller's
 
     async def _create_from(
         self,
