@@ -27,6 +27,7 @@ from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
 from .chat.router import router as chat_router
 from .completions.router import router as completions_router
+from .conversations.router import router as conversations_router
 from .fallback import Fallback
 from .memories.router import router as memories_router
 from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics, UnexpectedErrors
@@ -94,6 +95,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         completions_router,
         chat_router,
         responses_router,
+        conversations_router,
         system_router,
     ):
         app.include_router(router)

@@ -63,7 +63,7 @@ class BackgroundJobs:
         number = await self.store.count(response_id)
         error = {"type": "server_error", "param": None, **INTERRUPTED}
         events: list[dict[str, Any]] = [
-            {"type": "error", "sequence_number": number, **error, "error": error},
+            {**error, "type": "error", "sequence_number": number, "error": error},
             {"type": "response.failed", "sequence_number": number + 1, "response": response},
         ]
         await self.store.write(response_id, response=response, events=events)

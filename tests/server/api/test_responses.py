@@ -171,27 +171,46 @@ def test_stream_sends_the_documented_events_whose_deltas_join_to_the_text(client
     assert client.responses.retrieve(final.id).output_text == text  # stored before the stream ended
 
 
-def test_each_streamed_event_names_its_type_and_no_done_follows(http):
+def test_each_streamed_event_names_its_type_and_the_stream_ends_with_done(http):
     body = {"input": "Hi", "stream": True, "max_output_tokens": 3}
     with http.stream("POST", "/v1/responses", json=body) as reply:
         lines = [line for line in reply.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"  # Open Responses: the terminal event is the literal [DONE]
     names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
-    data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    data = [json.loads(line.removeprefix("data: ")) for line in lines[:-1] if line.startswith("data: ")]
     assert names == [d["type"] for d in data] and names[0] == "response.created"
-    assert "data: [DONE]" not in lines
 
 
-def test_an_error_mid_stream_is_an_error_event(server, client):
-    with client.responses.create(input="Long", stream=True, temperature=0, max_output_tokens=400) as stream:
-        events = []
-        for event in stream:
-            events.append(event)
-            if event.type == "response.created":
+def test_an_error_mid_stream_is_an_error_event_then_response_failed_then_done(server, http):
+    body = {"input": "Long", "stream": True, "temperature": 0, "max_output_tokens": 400}
+    with http.stream("POST", "/v1/responses", json=body) as reply:
+        lines = []
+        for line in reply.iter_lines():
+            lines.append(line)
+            if line.startswith("data: {") and json.loads(line[6:])["type"] == "response.created":
                 # The session expires while the turn runs: its commit finds nothing to commit to.
                 store = server.app.state.runtime.service.store
-                server.run(store.redis.delete(store.keys.session(_session_of(event.response))))
-    assert events[-1].type == "error" and events[-1].code == "not_found"
-    assert [e.sequence_number for e in events] == list(range(len(events)))
+                session = parse_response_id(json.loads(line[6:])["response"]["id"])[0]
+                server.run(store.redis.delete(store.keys.session(session)))
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert lines[-2:] == ["data: [DONE]", ""] or lines[-1] == "data: [DONE]"
+    # Open Responses: an error mid-stream is followed by response.failed; its `error` object is the spec's, its
+    # top-level code, message and param OpenAI's.
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["code"] == "not_found" == events[-2]["error"]["code"]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "not_found"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_the_openai_client_raises_the_error_of_a_stream_that_failed(server, client):
+    with pytest.raises(openai.APIError) as caught:
+        with client.responses.create(input="Long", stream=True, temperature=0, max_output_tokens=400) as stream:
+            for event in stream:
+                if event.type == "response.created":
+                    store = server.app.state.runtime.service.store
+                    server.run(store.redis.delete(store.keys.session(_session_of(event.response))))
+    assert caught.value.body["code"] == "not_found"
 
 
 # ---------------------------------------------------------------------------------------------- stored responses

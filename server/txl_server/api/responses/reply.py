@@ -248,7 +248,7 @@ class NumberedEvents:
         """What ends a stream cut short by `error`: an `error` event (OpenAI's fields, and Open Responses'
         `error` object), then `response.failed`."""
         detail = openai_body(status, error)["error"]
-        payloads = [self.number({"type": "error", **detail, "error": detail})]
+        payloads = [self.number({**detail, "type": "error", "error": detail})]
         if self.reply is not None:
             self.reply.fail(status, error)
             payloads.append(
