@@ -54,7 +54,9 @@ def test_create_retrieve_update_delete(client):
     conversation = client.conversations.create(metadata={"topic": "tides"})
     assert conversation.id.startswith("conv_") and conversation.object == "conversation"
     assert client.conversations.retrieve(conversation.id).metadata == {"topic": "tides"}
-    assert client.conversations.update(conversation.id, metadata={"topic": "wind"}).metadata == {"topic": "wind"}
+    assert client.conversations.update(conversation.id, metadata={"topic": "wind"}).metadata == {
+        "topic": "wind"
+    }
     deleted = client.conversations.delete(conversation.id)
     assert deleted.deleted and deleted.id == conversation.id
     with pytest.raises(openai.NotFoundError):
@@ -116,7 +118,9 @@ def test_conversation_with_previous_response_id_is_a_400(client):
     conversation = client.conversations.create()
     first = client.responses.create(input="x", **GREEDY)
     with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(conversation=conversation.id, previous_response_id=first.id, input="y", **GREEDY)
+        client.responses.create(
+            conversation=conversation.id, previous_response_id=first.id, input="y", **GREEDY
+        )
     assert caught.value.body["param"] == "conversation"
 
 

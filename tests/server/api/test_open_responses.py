@@ -156,7 +156,8 @@ def test_a_chained_stream_is_valid_and_ends_with_done(http):
 
 def test_logprobs_are_included_as_specified(http):
     response = create(
-        http, {"input": [message("user", "Hi.")], "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+        http,
+        {"input": [message("user", "Hi.")], "include": ["message.output_text.logprobs"], "top_logprobs": 2},
     )
     part = response["output"][0]["content"][0]
     assert len(part["logprobs"]) == len(" Hi!\nUser:")  # every token of the reply, the stop's included
@@ -175,7 +176,9 @@ def test_an_include_this_server_has_nothing_for_is_refused(http):
 
 def test_truncation_disabled_fails_rather_than_let_the_window_slide(http):
     long = "a long message " * 4  # 60 bytes: more than the memory's window of 32 positions
-    refused = http.post("/v1/responses", json={"input": long, "truncation": "disabled", "max_output_tokens": 4})
+    refused = http.post(
+        "/v1/responses", json={"input": long, "truncation": "disabled", "max_output_tokens": 4}
+    )
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "context_length_exceeded"
     short = create(http, {"input": "Hi", "truncation": "disabled", "max_output_tokens": 4})
