@@ -204,14 +204,14 @@ def test_an_error_mid_stream_is_an_error_event_then_response_failed_then_done(se
 
 
 def test_the_openai_client_raises_the_error_of_a_stream_that_failed(server, client):
-    with pytest.raises(openai.APIError) as caught:
-        with client.responses.create(
-            input="Long", stream=True, temperature=0, max_output_tokens=400
-        ) as stream:
-            for event in stream:
-                if event.type == "response.created":
-                    store = server.app.state.runtime.service.store
-                    server.run(store.redis.delete(store.keys.session(_session_of(event.response))))
+    with (
+        pytest.raises(openai.APIError) as caught,
+        client.responses.create(input="Long", stream=True, temperature=0, max_output_tokens=400) as stream,
+    ):
+        for event in stream:
+            if event.type == "response.created":
+                store = server.app.state.runtime.service.store
+                server.run(store.redis.delete(store.keys.session(_session_of(event.response))))
     assert caught.value.body["code"] == "not_found"
 
 
