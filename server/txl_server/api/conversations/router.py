@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query
 
 from ...errors import NotFound
 from ...sessions.conversations import ConversationService
-from ..responses.serving import Responses, get_responses
+from ..responses.context import Responses, get_responses
 from ..shared.dependencies import AppSettings, Tenant
 from ..shared.json_body import JsonBodyRoute
 from ..shared.openai_errors import OPENAI_ERROR_RESPONSES

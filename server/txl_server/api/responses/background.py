@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from fastapi.responses import JSONResponse
@@ -23,12 +23,10 @@ from ..shared.chat_template import ChatMessage
 from ..shared.error_shapes import INTERNAL_ERROR
 from ..shared.event_stream import EventStream
 from ..shared.timing import TokenTiming, timed
+from .context import Responses
 from .conversation_turns import ConversationTurns
 from .protocol import ResponseCreateRequest
 from .reply import NumberedEvents, Payload, Reply, response_events, written
-
-if TYPE_CHECKING:
-    from .serving import Responses
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,12 @@ from ..shared.event_stream import json_or_events, json_or_stream_post
 from ..shared.json_body import JsonBodyRoute
 from ..shared.openai_errors import OPENAI_ERROR_RESPONSES
 from . import serving
+from .context import Responses, get_responses
 from .protocol import DeletedResponse, InputItemList, ResponseCreateRequest, ResponseObject
 
 router = APIRouter(tags=["responses"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
 
-ResponsesDep = Annotated[serving.Responses, Depends(serving.get_responses)]
+ResponsesDep = Annotated[Responses, Depends(get_responses)]
 CANCEL_WAIT_SECONDS = 5.0
 
 

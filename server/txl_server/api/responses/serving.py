@@ -8,53 +8,26 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Literal
 
-from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from ...errors import InvalidRequest, NotFound
 from ...metrics import Metrics
-from ...sessions.background import BackgroundJobs
-from ...sessions.conversations import ConversationService
 from ...sessions.events import TokenEvent
 from ...sessions.responses import ResponseTurns, Turn, TurnStarted
-from ...sessions.store.conversations import ConversationStore
-from ...sessions.store.jobs import JobStore
-from ...sessions.store.responses import ResponseRecord, ResponseStore
+from ...sessions.store.responses import ResponseRecord
 from ...settings import Settings
 from ..shared.chat_template import ChatTemplate
-from ..shared.dependencies import AppSettings, Service
 from ..shared.event_stream import EventStream
 from ..shared.limits import check_metadata, check_text, check_unicode, max_tokens_of
 from ..shared.openai_errors import ModelNotFound
 from ..shared.text_log import log_text
 from ..shared.timing import TokenTiming, timed
 from . import background
+from .context import Responses
 from .conversation_turns import ConversationTurns
 from .protocol import DEFAULT_MAX_OUTPUT_TOKENS, InputItemList, InputMessageItem, ResponseCreateRequest
 from .reply import ClosingStream, NumberedEvents, Reply, stream_events
 from .turn_input import turn_text
-
-
-class Responses:
-    """What the Responses routes work with, one per running service: its turns, conversations and jobs."""
-
-    def __init__(self, service: Any, settings: Settings) -> None:
-        self.service = service
-        self.turns = ResponseTurns(
-            service, ResponseStore(service.store, keep_versions=settings.keep_versions)
-        )
-        store = ConversationStore(service.store, replica=service.replica.id)
-        self.conversations = ConversationService(service, store)
-        jobs = JobStore(service.store)
-        self.jobs = BackgroundJobs(jobs, service.stores.heartbeats, holder=service.replica.id)
-
-
-def get_responses(request: Request, service: Service, settings: AppSettings) -> Responses:
-    """One Responses per running service (a restarted runtime gets a new one)."""
-    responses: Responses | None = getattr(request.app.state, "responses", None)
-    if responses is None or responses.service is not service:
-        responses = request.app.state.responses = Responses(service, settings)
-    return responses
 
 
 async def create_response(
