@@ -5,12 +5,10 @@ by hand are read before the next response; an item the memory read cannot be del
 from __future__ import annotations
 
 import pytest
-import torch
-import txl
 from txl_server.settings import Persistence
 
 from tests.helpers.live_server import client_fixture, live_server_fixture
-from tests.helpers.tiny_models import make_byte_model_dir
+from tests.helpers.tiny_models import make_text_model_dir
 
 openai = pytest.importorskip("openai")
 
@@ -20,15 +18,7 @@ GREEDY = {"temperature": 0, "max_output_tokens": 8}
 
 @pytest.fixture(scope="module")
 def text_model_dir(tmp_path_factory):
-    """The tiny byte model writing only printable ASCII and newlines: its text is its bytes."""
-    path = make_byte_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
-    model = txl.load_pretrained(path)
-    printable = torch.zeros(256, dtype=torch.bool)
-    printable[32:127] = printable[10] = True
-    with torch.no_grad():
-        model.crit.out_layers[0].bias[~printable] = -1e4
-    txl.save_pretrained(model, path)
-    return path
+    return make_text_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
 
 
 server = live_server_fixture(

@@ -8,8 +8,6 @@ import json
 import threading
 
 import pytest
-import torch
-import txl
 from txl.sampling import SamplingParams
 from txl_server.api.responses.protocol import ResponseCreateRequest
 from txl_server.api.responses.turn_input import turn_text
@@ -20,7 +18,7 @@ from txl_server.settings import TRANSCRIPT_TEMPLATE, Persistence
 
 from tests.helpers.live_server import client_fixture, live_server_fixture, serve
 from tests.helpers.runtimes import OWNER, generate, running
-from tests.helpers.tiny_models import make_byte_model_dir
+from tests.helpers.tiny_models import make_text_model_dir
 
 openai = pytest.importorskip("openai")
 
@@ -31,16 +29,7 @@ GREEDY = {"temperature": 0, "max_output_tokens": 12}
 
 @pytest.fixture(scope="module")
 def text_model_dir(tmp_path_factory):
-    """The tiny byte model, writing only printable ASCII and newlines: its text is its bytes, so a reply fed
-    back as text is the tokens it was (random bytes would come back as U+FFFD)."""
-    path = make_byte_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
-    model = txl.load_pretrained(path)
-    printable = torch.zeros(256, dtype=torch.bool)
-    printable[32:127] = printable[10] = True
-    with torch.no_grad():
-        model.crit.out_layers[0].bias[~printable] = -1e4
-    txl.save_pretrained(model, path)
-    return path
+    return make_text_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
 
 
 server = live_server_fixture(

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from ...errors import InvalidRequest
 from ...sessions.store.conversations import ConversationRecord
 from ...settings import Settings
+from ..responses.paging import page_of
 from ..responses.protocol import InputItem, InputMessageItem
 from ..shared.chat_template import ChatMessage
 from ..shared.limits import check_metadata, check_text
@@ -47,20 +48,7 @@ def page(
     items: list[dict[str, Any]], after: str | None, limit: int, order: Literal["asc", "desc"]
 ) -> ConversationItemList:
     listed = [ConversationItem.model_validate(i) for i in items]
-    if order == "desc":
-        listed.reverse()
-    if after is not None:
-        ids = [item.id for item in listed]
-        if after not in ids:
-            raise InvalidRequest(f"no item {after[:100]!r} in this conversation", param="after")
-        listed = listed[ids.index(after) + 1 :]
-    shown = listed[:limit]
-    return ConversationItemList(
-        data=shown,
-        first_id=shown[0].id if shown else None,
-        last_id=shown[-1].id if shown else None,
-        has_more=len(listed) > limit,
-    )
+    return ConversationItemList(**page_of(listed, after, limit, order, "this conversation"))
 
 
 def checked_metadata(settings: Settings, metadata: dict[str, str] | None) -> dict[str, str]:

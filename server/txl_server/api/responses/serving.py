@@ -25,6 +25,7 @@ from ..shared.timing import TokenTiming, timed
 from . import background
 from .context import Responses
 from .conversation_turns import ConversationTurns
+from .paging import page_of
 from .protocol import DEFAULT_MAX_OUTPUT_TOKENS, InputItemList, InputMessageItem, ResponseCreateRequest
 from .reply import ClosingStream, NumberedEvents, Reply, stream_events
 from .turn_input import turn_text
@@ -168,17 +169,4 @@ def list_input_items(
 ) -> InputItemList:
     """A page of the input items of the response's own turn."""
     items = [InputMessageItem.model_validate(i) for i in record.input_items]
-    if order == "desc":
-        items.reverse()
-    if after is not None:
-        ids = [item.id for item in items]
-        if after not in ids:
-            raise InvalidRequest(f"no input item {after!r} in this response", param="after")
-        items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return InputItemList(
-        data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(items) > limit,
-    )
+    return InputItemList(**page_of(items, after, limit, order, "this response's input"))
