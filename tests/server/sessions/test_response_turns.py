@@ -32,7 +32,7 @@ async def test_a_private_session_waits_for_no_write_and_its_first_commit_stores_
             service.placement.forget(session)
         appended = await service.append(OWNER, meta.id, " And then?")
         assert appended.logprob == (await service.append(OWNER, control.id, " And then?")).logprob
-        again, cached_again = await service.create_reading(OWNER, text, service.tokenizer.encode(text))
+        _, cached_again = await service.create_reading(OWNER, text, service.tokenizer.encode(text))
         assert cached_again > 0  # the prefix cache served the same prompt's start
 
 
