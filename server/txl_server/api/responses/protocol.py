@@ -11,7 +11,7 @@ from txl.sampling import SamplingParams
 
 from ...errors import InvalidRequest
 from ..shared.chat_template import ChatMessage, Role
-from ..shared.limits import MAX_USER_CHARS, MaxTokens, Text
+from ..shared.limits import MAX_USER_CHARS, MaxTokens, Seed, StopStrings, Text
 from ..shared.request_body import RequestBody
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256  # as chat completions: a reply, not a document
@@ -100,6 +100,12 @@ class ResponseCreateRequest(RequestBody):
     )
     text: TextConfig | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # This server's extensions (the Sessions API's sampling): ignored by other servers, as Open Responses allows.
+    top_k: int | None = Field(None, ge=0, description="Extension: sample from the k likeliest (0: no limit)")
+    seed: Seed | None = Field(
+        None, description="Extension: the sampling's seed (the same seed, the same text)"
+    )
+    stop: StopStrings = Field(None, description="Extension: the reply ends before the first of these")
 
     @property
     def conversation_id(self) -> str | None:
@@ -132,6 +138,8 @@ class ResponseCreateRequest(RequestBody):
         return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
         )
 
     def messages(self) -> list[ChatMessage]:

@@ -18,7 +18,7 @@ from ...sessions.store.responses import ResponseRecord
 from ...settings import Settings
 from ..shared.chat_template import ChatTemplate
 from ..shared.event_stream import EventStream
-from ..shared.limits import check_metadata, check_text, check_unicode, max_tokens_of
+from ..shared.limits import check_metadata, check_stop, check_text, check_unicode, max_tokens_of
 from ..shared.openai_errors import ModelNotFound
 from ..shared.text_log import log_text
 from ..shared.timing import TokenTiming, timed
@@ -59,12 +59,13 @@ async def create_response(
         check_text(settings, text, "input")
         log_text(settings, "responses input", text)
         stop = template.stop() if template is not None and messages is not None else None
+        stops = ([stop] if stop else []) + check_stop(settings, body.stop)
         turn = Turn(
             text,
             turns.service.tokenizer.encode(text),
             max_tokens,
             body.to_sampling_params(),
-            [stop] if stop else [],
+            stops,
             body.store is not False or conversation is not None,
             body.top_logprobs or (1 if body.logprobs else 0),
             body.truncation == "disabled",
