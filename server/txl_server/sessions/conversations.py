@@ -26,7 +26,31 @@ from .service import SessionService
 from .store.conversations import ConversationRecord, ConversationStore, session_of
 from .store.sessions import SessionMeta
 
-MAX_ITEMS_AT_ONCE = 20  # OpenAI's limit on the items of one create
+
+class ConversationNotFound(NotFound):
+    def __init__(self, conversation_id: str) -> None:
+        shown = conversation_id[:100]
+        super().__init__(f"no conversation {shown!r}", param="conversation_id", code="conversation_not_found")
+
+
+class ItemInMemory(Conflict):
+    def __init__(self) -> None:
+        super().__init__(
+            "the conversation's memory has read this item, and what followed was computed from it: it cannot be "
+            "deleted (items added since the last response can)",
+            param="item_id",
+            code="item_in_memory",
+        )
+
+
+class ConversationOutOfStep(Conflict):
+    def __init__(self, session_version: int, version: int) -> None:
+        super().__init__(
+            f"the conversation's session was changed outside the conversation (it is at version {session_version}, "
+            f"the conversation at {version})",
+            param="conversation",
+            code="conversation_out_of_step",
+        )
 
 
 @dataclass(frozen=True)
@@ -85,7 +109,7 @@ class ConversationService:
         async with self.store.locked(record.session_id, self.service.settings.lease_ttl_seconds):
             record = await self.get(owner, conversation_id)
             if not await self.store.write(record, items):
-                raise NotFound(f"no conversation {conversation_id[:100]!r}", param="conversation_id")
+                raise ConversationNotFound(conversation_id)
             record.items += items
         return record
 
@@ -97,12 +121,7 @@ class ConversationService:
         if deleted == 0:
             raise NotFound(f"no item {item_id[:100]!r} in this conversation", param="item_id")
         if deleted < 0:
-            raise Conflict(
-                "the conversation's memory has read this item, and what followed was computed from it: it "
-                "cannot be deleted (items added since the last response can)",
-                param="item_id",
-                code="item_in_memory",
-            )
+            raise ItemInMemory()
         return await self.get(owner, conversation_id)
 
     @asynccontextmanager
@@ -113,12 +132,7 @@ class ConversationService:
             record = await self.get(owner, conversation_id)
             meta = await self.service.get(owner, record.session_id)
             if meta.version != record.version:
-                raise Conflict(
-                    f"the conversation's session was changed outside the conversation (it is at version "
-                    f"{meta.version}, the conversation at {record.version})",
-                    param="conversation",
-                    code="conversation_out_of_step",
-                )
+                raise ConversationOutOfStep(meta.version, record.version)
             yield ConversationTurn(record, meta)
 
     async def commit(
