@@ -55,9 +55,10 @@ class BackgroundJobs:
     async def find(self, owner: str, response_id: str) -> Job | None:
         """The owner's job; one whose replica is gone before it finished is marked `failed` first."""
         job = await self.store.find(owner, response_id)
-        if job is None or job.finished or response_id in self.tasks:
+        # This process's own jobs are alive (its work writes their end, whatever ends it).
+        if job is None or job.finished or job.holder == self.holder:
             return job
-        if job.holder != self.holder and await self.heartbeats.live([job.holder]):
+        if await self.heartbeats.live([job.holder]):
             return job
         response = {**job.response, "status": "failed", "error": INTERRUPTED}
         number = await self.store.count(response_id)
@@ -87,6 +88,12 @@ class BackgroundJobs:
                     break
                 await asyncio.sleep(CANCEL_POLL_SECONDS)
         return await self.find(owner, job.response_id) or job
+
+    async def delete(self, owner: str, job: Job, wait_seconds: float) -> None:
+        """Forgets a job (stopping it first if it runs)."""
+        if not job.finished:
+            await self.cancel(owner, job, wait_seconds)
+        await self.store.delete(job.response_id)
 
     async def stop(self) -> None:
         """At shutdown: every job this process runs ends (as cancelled, committing nothing)."""

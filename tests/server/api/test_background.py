@@ -62,6 +62,9 @@ def test_a_background_response_answers_at_once_and_equals_the_foreground_one(cli
     assert done.status == "incomplete" and done.id == queued.id
     assert done.output_text == foreground.output_text and done.usage.output_tokens == 12
     assert client.responses.retrieve(done.id).output_text == done.output_text
+    client.responses.delete(done.id)  # its job and its stored response both go
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(done.id)
 
 
 def test_a_chained_background_response_equals_the_chained_foreground_one(client):

@@ -63,10 +63,9 @@ async def cancel_response(response_id: str, responses: ResponsesDep, tenant: Ten
 
 @router.delete("/v1/responses/{response_id}", response_model=DeletedResponse)
 async def delete_response(response_id: str, responses: ResponsesDep, tenant: Tenant) -> DeletedResponse:
-    """Forgets a stored response: it can no longer be retrieved or continued (the session stays)."""
-    record = await serving.find(responses.turns, tenant, response_id)
-    await responses.turns.store.delete(record)
-    return DeletedResponse(id=record.id)
+    """Forgets a response: it can no longer be retrieved or continued (the session stays); a background one that
+    runs is cancelled first."""
+    return await serving.delete(responses, tenant, response_id, CANCEL_WAIT_SECONDS)
 
 
 @router.get("/v1/responses/{response_id}/input_items", response_model=InputItemList)

@@ -26,7 +26,13 @@ from . import background
 from .context import Responses
 from .conversation_turns import ConversationTurns
 from .paging import page_of
-from .protocol import DEFAULT_MAX_OUTPUT_TOKENS, InputItemList, InputMessageItem, ResponseCreateRequest
+from .protocol import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    DeletedResponse,
+    InputItemList,
+    InputMessageItem,
+    ResponseCreateRequest,
+)
 from .reply import ClosingStream, NumberedEvents, Reply, stream_events
 from .turn_input import turn_text
 
@@ -163,6 +169,22 @@ async def cancel(responses: Responses, tenant: str, response_id: str, wait_secon
         raise InvalidRequest("only a background response can be cancelled", param="response_id")
     job = await responses.jobs.cancel(tenant, job, wait_seconds)
     return JSONResponse(job.response)
+
+
+async def delete(responses: Responses, tenant: str, response_id: str, wait_seconds: float) -> DeletedResponse:
+    """Forgets the response: its stored record and its background job, if any (one that runs is cancelled)."""
+    job = await responses.jobs.find(tenant, response_id)
+    record = await responses.turns.store.find(tenant, response_id)
+    if job is None and record is None:
+        raise NotFound(f"no response {response_id[:100]!r}", param="response_id")
+    if job is not None:
+        await responses.jobs.delete(tenant, job, wait_seconds)
+        record = await responses.turns.store.find(
+            tenant, response_id
+        )  # a job that finished meanwhile saved it
+    if record is not None:
+        await responses.turns.store.delete(record)
+    return DeletedResponse(id=response_id)
 
 
 def list_input_items(

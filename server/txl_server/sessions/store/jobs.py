@@ -88,5 +88,9 @@ class JobStore(RedisStore):
         key = self.keys.job_events(response_id)
         return int(await self.call(lambda: self.redis.llen(key)))
 
+    async def delete(self, response_id: str) -> None:
+        keys = self._keys(response_id)
+        await self.call(lambda: self.redis.delete(*keys))
+
     async def ask_cancel(self, response_id: str) -> None:
         await self.write(response_id, cancel="1")
