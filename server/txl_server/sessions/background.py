@@ -35,13 +35,30 @@ class BackgroundJobs:
         self.holder = holder  # this replica's id, which names the jobs it runs
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.stopping = False  # set at shutdown: the jobs it ends were interrupted, not cancelled
+        # Jobs asked to stop. Their work also checks this between its events: a cancellation that lands inside a
+        # Redis call can be absorbed by the client library, and must not let the work go on.
+        self.stop_asked: set[str] = set()
 
     def start(self, response_id: str, work: Coroutine[Any, Any, Any]) -> None:
         """Runs `work` (which writes the job's progress) until it ends or the job is cancelled."""
         task = asyncio.create_task(work)
         self.tasks[response_id] = task
         watcher = asyncio.create_task(self._watch(response_id, task))
-        task.add_done_callback(lambda _: (self.tasks.pop(response_id, None), watcher.cancel()))
+
+        def ended(_: object) -> None:
+            self.tasks.pop(response_id, None)
+            self.stop_asked.discard(response_id)
+            watcher.cancel()
+
+        task.add_done_callback(ended)
+
+    def asked_to_stop(self, response_id: str) -> bool:
+        return response_id in self.stop_asked
+
+    def _stop(self, response_id: str, task: asyncio.Task[Any]) -> None:
+        self.stop_asked.add(response_id)
+        if not task.cancelling():
+            task.cancel()
 
     async def _watch(self, response_id: str, task: asyncio.Task[Any]) -> None:
         key = self.store.keys.job(response_id)
@@ -49,7 +66,7 @@ class BackgroundJobs:
             await asyncio.sleep(CANCEL_POLL_SECONDS)
             with contextlib.suppress(Exception):
                 if await self.store.redis.hexists(key, "cancel"):
-                    task.cancel()
+                    self._stop(response_id, task)
                     return
 
     async def find(self, owner: str, response_id: str) -> Job | None:
@@ -77,7 +94,7 @@ class BackgroundJobs:
         await self.store.ask_cancel(job.response_id)
         task = self.tasks.get(job.response_id)
         if task is not None:
-            task.cancel()
+            self._stop(job.response_id, task)
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(task), wait_seconds)
         else:
@@ -98,9 +115,9 @@ class BackgroundJobs:
     async def stop(self) -> None:
         """At shutdown: every job this process runs ends (as cancelled, committing nothing)."""
         self.stopping = True
-        tasks = list(self.tasks.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
+        tasks = list(self.tasks.items())
+        for response_id, task in tasks:
+            self._stop(response_id, task)
+        for _, task in tasks:
             with contextlib.suppress(BaseException):
                 await task

@@ -18,6 +18,7 @@ from ...errors import ServiceError
 from ...metrics import Metrics
 from ...sessions.background import INTERRUPTED, BackgroundJobs
 from ...sessions.responses import Turn, TurnPlace, TurnStarted
+from ...sessions.step import to_the_end
 from ..shared import sse
 from ..shared.chat_template import ChatMessage
 from ..shared.error_shapes import INTERNAL_ERROR
@@ -92,6 +93,9 @@ async def _run(
                     event = numbered.number(payload)
                     response = reply.object().model_dump() if event["type"] in STATE_EVENTS else None
                     await jobs.store.write(reply.id, response=response, events=[event])
+                    if jobs.asked_to_stop(reply.id) and reply.outcome is None:
+                        raise asyncio.CancelledError  # however the task's own cancellation fared
+
             except asyncio.CancelledError:
                 await _shielded(jobs, reply, numbered, None)
                 raise
@@ -109,22 +113,24 @@ async def _shielded(
     jobs: BackgroundJobs, reply: Reply, numbered: NumberedEvents, error: tuple[int, dict[str, Any]] | None
 ) -> None:
     """The job's end when the turn did not end by itself: failed with `error`, cancelled (nothing committed), or,
-    if its step committed before the cancel, as it ended."""
-    with anyio.CancelScope(shield=True):
-        try:
-            events: list[Payload] = []
-            if reply.outcome is not None:
-                await reply.save()
-            elif error is not None:
-                events = numbered.failure(*error)
-            elif jobs.stopping:
-                reply.fail(500, {"type": "internal", "message": INTERRUPTED["message"]})
-                events = numbered.failure(500, {"type": "internal", "message": INTERRUPTED["message"]})
-            else:
-                reply.cancelled = True
-            await jobs.store.write(reply.id, response=reply.object().model_dump(), events=events)
-        except Exception:
-            log.warning("could not write a background response's end", exc_info=True)
+    if its step committed before the cancel, as it ended. Written to its end whatever cancels the job meanwhile."""
+
+    async def write_end() -> None:
+        events: list[Payload] = []
+        if reply.outcome is not None:
+            await reply.save()
+        elif error is not None:
+            events = numbered.failure(*error)
+        elif jobs.stopping:
+            events = numbered.failure(500, {"type": "internal", "message": INTERRUPTED["message"]})
+        else:
+            reply.cancelled = True
+        await jobs.store.write(reply.id, response=reply.object().model_dump(), events=events)
+
+    try:
+        await to_the_end(write_end())
+    except Exception:
+        log.warning("could not write a background response's end", exc_info=True)
 
 
 async def follow(
