@@ -89,6 +89,17 @@ def test_a_chain_feeds_only_the_new_input_and_equals_one_request_with_the_whole_
     assert second.output_text == whole.output_text
 
 
+def test_a_first_turn_reads_its_input_through_the_prefix_cache(client):
+    transcript = "The harbour master kept a log of every ship that came in on the morning tide. " * 2
+    first = _create(client, transcript, store=False)
+    again = _create(client, transcript + "Then", store=False)  # the transcript resent, grown: a cache hit
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    cached = again.usage.input_tokens_details.cached_tokens
+    assert 0 < cached <= len(transcript) and again.usage.input_tokens == len(transcript + "Then")
+    whole = _create(client, transcript + "Then", store=False)
+    assert whole.output_text == again.output_text  # a hit gives what a miss gives
+
+
 def test_two_turns_chained_to_one_response_branch_and_give_equal_results(client):
     root = _create(client, "Once upon a time")
     one = _create(client, " there was", previous_response_id=root.id)

@@ -73,3 +73,6 @@ async def test_a_job_whose_replica_is_gone_is_found_failed_with_its_reason(make_
         assert [e["type"] for e in events] == ["response.created", "error", "response.failed"]
         assert [e["sequence_number"] for e in events] == [0, 1, 2]
         assert await jobs.find("someone-else", "resp_x.2") is None
+        # Kept about ten minutes after its last write (OpenAI's retention without `store`).
+        ttl = await rt.service.store.redis.pttl(store.keys.job("resp_x.2"))
+        assert 590_000 < ttl <= 600_000

@@ -127,7 +127,7 @@ class Reply:
         body, status, usage = self.body, self.status, None
         if self.outcome is not None:
             usage = ResponseUsage.of(
-                fed=len(self.turn.tokens),
+                fed=self.started.fed_tokens,
                 cached=self.started.cached_tokens,
                 output=self.outcome.result.completion_tokens,
                 stored=self.turn.store,
