@@ -33,6 +33,7 @@ from .memories.router import router as memories_router
 from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics, UnexpectedErrors
 from .openapi_document import serve_document
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
+from .responses.context import stop_background
 from .responses.router import router as responses_router
 from .score.router import router as score_router
 from .sessions.router import router as sessions_router
@@ -71,6 +72,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         try:
             yield
         finally:  # after the drain (api/shutdown.py), within what is left of the grace period
+            await stop_background(app)
             await runtime.stop(deadline=shutdown.deadline)
 
     # FastAPIOffline: FastAPI whose /docs and /redoc load Swagger UI and ReDoc from files installed with the

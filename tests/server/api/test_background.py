@@ -134,4 +134,8 @@ def test_any_replica_answers_a_poll_and_a_stopped_replicas_job_is_found_failed(
         time.sleep(0.2)
     # The replica that ran it stopped before it finished: the next to read the job finds it failed, and why.
     failed = poll(client, running.id)
-    assert failed.status == "failed" and failed.error is not None and failed.error.message
+    assert failed.status == "failed" and failed.error.code == "server_error"
+    assert failed.error.message.startswith("interrupted: the server running this background response stopped")
+    with pytest.raises(openai.APIError) as caught:  # its stream ends with the error (then response.failed)
+        list(client.responses.retrieve(running.id, stream=True, starting_after=1))
+    assert caught.value.body["code"] == "server_error"

@@ -121,8 +121,8 @@ async def _shielded(
             await reply.save()
         elif error is not None:
             events = numbered.failure(*error)
-        elif jobs.stopping:
-            events = numbered.failure(500, {"type": "internal", "message": INTERRUPTED["message"]})
+        elif jobs.stopping:  # the server stops: interrupted, as a replica that died would leave it
+            events = numbered.failure(500, {"type": "internal", **INTERRUPTED})
         else:
             reply.cancelled = True
         await jobs.store.write(reply.id, response=reply.object().model_dump(), events=events)

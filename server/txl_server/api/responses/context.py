@@ -3,7 +3,7 @@ service: its response turns, conversations and background jobs."""
 
 from __future__ import annotations
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 
 from ...sessions.background import BackgroundJobs
 from ...sessions.conversations import ConversationService
@@ -36,3 +36,11 @@ def get_responses(request: Request, service: Service, settings: AppSettings) -> 
     if responses is None or responses.service is not service:
         responses = request.app.state.responses = Responses(service, settings)
     return responses
+
+
+async def stop_background(app: FastAPI) -> None:
+    """At shutdown, before the runtime stops: the background responses this process runs end as interrupted
+    (`failed`, saying so), each writing its end."""
+    responses: Responses | None = getattr(app.state, "responses", None)
+    if responses is not None:
+        await responses.jobs.stop()
