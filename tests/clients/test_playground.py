@@ -164,6 +164,22 @@ def test_playground_generates_forks_deletes_and_scores(server, browser, sdk):
     assert re.fullmatch(r"40 tokens · \d+\.\d tokens/s · finished: max tokens", text_of("gen-status"))
     screenshot(driver, "playground-generate.png")
 
+    # ---- the transcript is a conversation: a later visit shows it again, from the conversation's items
+    conversation = driver.execute_script("return localStorage.getItem('txl.conversationId')")
+    assert conversation == f"conv_{session_id}"
+    items = sdk.conversations.items(conversation)
+    assert [(i.role, i.text) for i in items] == [("user", "The whale"), ("assistant", generated)]
+    driver.refresh()
+    wait_for(lambda: text_of("session-id") == session_id, what="the session again")
+    wait_for(
+        lambda: len(driver.find_elements(By.CSS_SELECTOR, "#transcript .generated")) == 1, what="the text"
+    )
+    assert driver.find_element(By.CSS_SELECTOR, "#transcript .prompt").text == "The whale"
+    assert (
+        driver.find_element(By.CSS_SELECTOR, "#transcript .generated").get_attribute("textContent")
+        == generated
+    )
+
     # ---- fork, keep extending the fork, delete it
     driver.find_element(By.ID, "fork").click()
     wait_for(lambda: text_of("session-id") not in (session_id, ""), what="the fork")
@@ -188,7 +204,8 @@ def test_playground_generates_forks_deletes_and_scores(server, browser, sdk):
     temperature.send_keys("-1")
     driver.find_element(By.ID, "prompt").send_keys("x", Keys.CONTROL, Keys.ENTER)
     wait_for(lambda: driver.find_element(By.ID, "error").is_displayed(), what="the error")
-    assert text_of("error") == "invalid_request: temperature should be greater than or equal to 0"
+    # A new session is a conversation's: the Responses API refuses the value, in OpenAI's words.
+    assert text_of("error") == "invalid_request_error: temperature should be greater than or equal to 0"
     temperature.clear()
     temperature.send_keys("0")
 
@@ -231,8 +248,8 @@ def test_playground_generates_forks_deletes_and_scores(server, browser, sdk):
     errors = [
         e
         for e in driver.get_log("browser")
-        if e["level"] == "SEVERE" and "401" not in e["message"] and "422" not in e["message"]
-    ]  # the key prompt's 401 and the refused temperature's 422 were expected
+        if e["level"] == "SEVERE" and "401" not in e["message"] and "400" not in e["message"]
+    ]  # the key prompt's 401 and the refused temperature's 400 were expected
     assert not errors, errors
 
 

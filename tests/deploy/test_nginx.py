@@ -206,6 +206,26 @@ def test_a_session_sticks_to_one_replica_and_body_addressed_requests_follow_it(c
         assert len(spread) >= 2, spread
 
 
+def test_a_conversations_requests_follow_its_session_by_path_or_x_session_id(cluster):
+    with cluster.http() as http:
+        for _ in range(3):
+            conversation = http.post("/v1/conversations", json={}).json()
+            home = replica_of(http, conversation["id"].removeprefix("conv_"))
+            headers = {
+                "X-Session-Id": conversation["id"]
+            }  # llm-d's header: the body's conversation is unseen
+            body = {"conversation": conversation["id"], "input": "On", "max_output_tokens": 2}
+            seen = set()
+            for _ in range(3):
+                reply = http.post("/v1/responses", json=body, headers=headers)
+                assert reply.status_code == 200, reply.text
+                seen.add(reply.headers["x-txl-replica"])
+                polled = http.get(f"/v1/responses/{reply.json()['id']}")
+                seen.add(polled.headers["x-txl-replica"])
+            seen.add(http.get(f"/v1/conversations/{conversation['id']}/items").headers["x-txl-replica"])
+            assert seen == {home}
+
+
 def test_adding_a_replica_moves_about_a_quarter_of_the_sessions_and_loses_none(cluster):
     with cluster.http() as http, cluster.client() as client:
         ids = [new_session_id() for _ in range(200)]

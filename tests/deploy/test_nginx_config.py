@@ -30,11 +30,40 @@ SESSION_ID = "kQ2-x_9AbCdEfGhIjKlMnOpQrStUvW-_"
 OTHER_ID = "Zz9-y_8BaDcFeHgJiLkNmPoRqTsVuX_-"
 
 
-def session_key(uri: str, header: str | None = None, request_id: str = "req-1") -> str:
+def session_key(
+    uri: str, header: str | None = None, request_id: str = "req-1", *, session_id_header: str | None = None
+) -> str:
     request = {"uri": uri, "request_id": request_id}
     if header is not None:
         request["http_x_txl_session"] = header
+    if session_id_header is not None:
+        request["http_x_session_id"] = session_id_header
     return evaluate(parse_maps(SESSION_MAP.read_text()), "txl_session", request)
+
+
+def test_conversation_and_response_paths_hash_on_their_session():
+    assert session_key(f"/v1/conversations/conv_{SESSION_ID}") == SESSION_ID
+    assert session_key(f"/v1/conversations/conv_{SESSION_ID}/items/msg_1") == SESSION_ID
+    assert session_key(f"/v1/responses/resp_{SESSION_ID}.12") == SESSION_ID
+    assert session_key(f"/v1/responses/resp_{SESSION_ID}.12/cancel", header=OTHER_ID) == SESSION_ID
+    for path in ("/v1/conversations", f"/v1/conversations/{SESSION_ID}", f"/v1/responses/resp_{SESSION_ID}"):
+        assert session_key(path) == "req-1", path
+
+
+def test_llm_ds_x_session_id_header_routes_like_the_sdks():
+    for value in (SESSION_ID, f"conv_{SESSION_ID}", f"resp_{SESSION_ID}.3"):
+        assert session_key("/v1/responses", session_id_header=value) == SESSION_ID, value
+    # The SDK's header, where both are sent, and the path, where it names a session, come first.
+    assert session_key("/v1/responses", header=OTHER_ID, session_id_header=SESSION_ID) == OTHER_ID
+    assert session_key(f"/v1/sessions/{SESSION_ID}", session_id_header=OTHER_ID) == SESSION_ID
+    for value in ("", "short", f"conv_{SESSION_ID}x", f"resp_{SESSION_ID}.x"):
+        assert session_key("/v1/responses", session_id_header=value) == "req-1", value
+
+
+def test_the_sdk_names_a_conversations_session():
+    for conversation in (f"conv_{SESSION_ID}", {"id": f"conv_{SESSION_ID}"}):
+        body = {"conversation": conversation, "input": "x"}
+        assert calls.Call("POST", "/v1/responses", body).request_headers()[calls.SESSION_HEADER] == SESSION_ID
 
 
 def test_every_session_route_hashes_on_its_id_and_the_others_on_the_request():

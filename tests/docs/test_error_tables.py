@@ -10,7 +10,9 @@ from pathlib import Path
 from txl_server import errors
 from txl_server.api.shared.openai_errors import ModelNotFound, openai_body, openai_status
 from txl_server.api.shutdown import REFUSED, UNAVAILABLE_STATUS
-from txl_server.sessions.responses import PreviousResponseNotFound
+from txl_server.sessions.conversations import ConversationNotFound, ConversationOutOfStep, ItemInMemory
+from txl_server.sessions.responses import ContextTooLong, PreviousResponseNotFound
+from txl_server.sessions.store.conversations import ConversationLocked
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 # Errors that never reach an OpenAI route: no OpenAI route takes an Idempotency-Key.
@@ -56,6 +58,11 @@ def openai_errors() -> set[tuple[int, str, str]]:
     coded = [
         (ModelNotFound.status, ModelNotFound("x", "y").body()["error"]),
         (PreviousResponseNotFound.status, PreviousResponseNotFound("x").body()["error"]),
+        *((e.status, e.body()["error"]) for e in (ContextTooLong(1, 1), ConversationNotFound("x"))),
+        *(
+            (e.status, e.body()["error"])
+            for e in (ConversationLocked(), ItemInMemory(), ConversationOutOfStep(2, 1))
+        ),
         (UNAVAILABLE_STATUS, REFUSED),
     ]
     for status, native in coded:

@@ -41,3 +41,16 @@ def make_byte_model_dir(path: Path, *, seed: int = 0, **overrides: Any) -> Path:
     txl.save_pretrained(tiny_model(seed, **{**BYTE_VOCABULARY, **BYTE_SIZES, **overrides}), path)
     save_tokenizer(ByteTokenizer(), path)
     return path
+
+
+def make_text_model_dir(path: Path, *, seed: int = 0) -> Path:
+    """The byte model, writing only printable ASCII and newlines: its text is its bytes, so a reply fed back as
+    text is the tokens it was (random bytes would come back as U+FFFD)."""
+    make_byte_model_dir(path, seed=seed)
+    model = txl.load_pretrained(path)
+    printable = torch.zeros(256, dtype=torch.bool)
+    printable[32:127] = printable[10] = True
+    with torch.no_grad():
+        model.crit.out_layers[0].bias[~printable] = -1e4
+    txl.save_pretrained(model, path)
+    return path

@@ -90,6 +90,38 @@ ALLOWED = (
         "top_logprobs",
         "/v1/chat/completions: top_logprobs without logprobs: true, which OpenAI refuses too",
     ),
+    Refusal(
+        400,
+        "invalid_request_error",
+        "metadata",
+        "Responses and Conversations: metadata over TXL_MAX_METADATA_BYTES as JSON, which a schema cannot state",
+    ),
+    Refusal(
+        400,
+        "invalid_request_error",
+        "conversation",
+        "/v1/responses with both conversation and previous_response_id: each valid alone, refused together as "
+        "OpenAI refuses them",
+    ),
+    Refusal(
+        400,
+        "context_length_exceeded",
+        "truncation",
+        "/v1/responses with truncation disabled: whether the context fits the memory's window depends on the "
+        "session's length, the server's state",
+    ),
+    Refusal(
+        400,
+        "invalid_request_error",
+        "stream",
+        "GET /v1/responses/{id}?stream=true of a response not made in the background: its kind is the server's state",
+    ),
+    Refusal(
+        400,
+        "invalid_request_error",
+        "response_id",
+        "POST /v1/responses/{id}/cancel of a response not made in the background: its kind is the server's state",
+    ),
 )
 
 

@@ -13,6 +13,7 @@ See docs/clients.md for the full tour (streaming, errors, retries, the `txl` com
 from ._version import __version__
 from .async_client import AsyncClient
 from .client import Client
+from .conversations import AsyncConversations, Conversations
 from .errors import (
     Conflict,
     Gone,
@@ -33,11 +34,14 @@ from .memories import AsyncMemories, Memories
 from .streams import AsyncGenerateStream, GenerateStream
 from .types import (
     AppendResult,
+    Conversation,
+    ConversationItem,
     GenerateResult,
     Health,
     Memory,
     ModelCard,
     Progress,
+    Reply,
     ScoreProgress,
     ScoreResult,
     Session,
@@ -49,10 +53,14 @@ from .types import (
 __all__ = [
     "AppendResult",
     "AsyncClient",
+    "AsyncConversations",
     "AsyncGenerateStream",
     "AsyncMemories",
     "Client",
     "Conflict",
+    "Conversation",
+    "ConversationItem",
+    "Conversations",
     "GenerateResult",
     "GenerateStream",
     "Gone",
@@ -67,6 +75,7 @@ __all__ = [
     "Overloaded",
     "PayloadTooLarge",
     "Progress",
+    "Reply",
     "ScoreProgress",
     "ScoreResult",
     "Session",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import httpx
 
 from .client_base import ClientBase
+from .conversations import AsyncConversations
 from .memories import AsyncMemories
 from .options import Options
 from .transport import AsyncTransport
@@ -28,6 +29,12 @@ class AsyncClient(ClientBase[AsyncTransport, httpx.AsyncClient]):
     def memories(self) -> AsyncMemories:
         """Preloaded memories: documents read once, that sessions start from (txl_client.memories)."""
         return AsyncMemories(self.transport)
+
+    @property
+    def conversations(self) -> AsyncConversations:
+        """Conversations: a session and its items, replied to with OpenAI's Responses API
+        (txl_client.conversations)."""
+        return AsyncConversations(self.transport)
 
     async def aclose(self) -> None:
         await self.transport.aclose()

@@ -51,11 +51,14 @@ _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SESSION_PATH = re.compile(r"/v1/sessions/([A-Za-z0-9_-]{1,64})(?:/|$)")
 # A response id (/v1/responses) is "resp_" followed by its session's 32-character id, then the response's own part.
 _RESPONSE_ID = re.compile(r"resp_([A-Za-z0-9_-]{32})")
+# A conversation id is "conv_" followed by the 32-character id of the session it lives on.
+_CONVERSATION_ID = re.compile(r"conv_([A-Za-z0-9_-]{32})$")
 
 
 def routed_session(path: str, body: dict[str, Any] | None) -> str | None:
     """The session a request works on: the id in its path (/v1/sessions/{id}/...), else the body's `session_id`
-    (/v1/completions), else the session of its `previous_response_id` (/v1/responses); None for no session."""
+    (/v1/completions), else the session of its `previous_response_id` or `conversation` (/v1/responses); None for
+    no session."""
     if m := _SESSION_PATH.match(path):
         return m.group(1)
     if not body:
@@ -65,6 +68,11 @@ def routed_session(path: str, body: dict[str, Any] | None) -> str | None:
         return session
     previous = body.get("previous_response_id")
     if isinstance(previous, str) and (m := _RESPONSE_ID.match(previous)):
+        return m.group(1)
+    conversation = body.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    if isinstance(conversation, str) and (m := _CONVERSATION_ID.match(conversation)):
         return m.group(1)
     return None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import httpx
 
 from .client_base import ClientBase
+from .conversations import Conversations
 from .memories import Memories
 from .options import Options
 from .transport import Transport
@@ -30,6 +31,12 @@ class Client(ClientBase[Transport, httpx.Client]):
     def memories(self) -> Memories:
         """Preloaded memories: documents read once, that sessions start from (txl_client.memories)."""
         return Memories(self.transport)
+
+    @property
+    def conversations(self) -> Conversations:
+        """Conversations: a session and its items, replied to with OpenAI's Responses API
+        (txl_client.conversations)."""
+        return Conversations(self.transport)
 
     def close(self) -> None:
         self.transport.close()

@@ -120,3 +120,41 @@ class Memory(_Model):
     updated_at: int
     expires_at: int  # fixed: using the memory does not extend it (update(ttl_seconds=...) does)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Conversation(_Model):
+    """A conversation (`client.conversations`): a session, and its items (`conv_` then the session's id)."""
+
+    id: str
+    object: Literal["conversation"] = "conversation"
+    created_at: int
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ConversationItem(_Model):
+    """A message of a conversation: a user's (or system's) input, or the assistant's reply."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: str
+    status: str = "completed"
+    content: list[dict[str, Any]]
+
+    @property
+    def text(self) -> str:
+        return "".join(str(part.get("text", "")) for part in self.content)
+
+
+class Reply(_Model):
+    """A response (OpenAI's Responses API) in a conversation: its id, status and text, and its usage (input
+    tokens, the cached ones among them, output tokens)."""
+
+    id: str
+    status: str
+    output: list[dict[str, Any]] = Field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(str(part.get("text", "")) for item in self.output for part in item.get("content", []))

@@ -27,11 +27,13 @@ from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
 from .chat.router import router as chat_router
 from .completions.router import router as completions_router
+from .conversations.router import router as conversations_router
 from .fallback import Fallback
 from .memories.router import router as memories_router
 from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics, UnexpectedErrors
 from .openapi_document import serve_document
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
+from .responses.context import stop_background
 from .responses.router import router as responses_router
 from .score.router import router as score_router
 from .sessions.router import router as sessions_router
@@ -70,6 +72,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         try:
             yield
         finally:  # after the drain (api/shutdown.py), within what is left of the grace period
+            await stop_background(app)
             await runtime.stop(deadline=shutdown.deadline)
 
     # FastAPIOffline: FastAPI whose /docs and /redoc load Swagger UI and ReDoc from files installed with the
@@ -94,6 +97,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         completions_router,
         chat_router,
         responses_router,
+        conversations_router,
         system_router,
     ):
         app.include_router(router)

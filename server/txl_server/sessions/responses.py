@@ -45,7 +45,8 @@ class PreviousResponseNotFound(InvalidRequest):
 
 @dataclass(frozen=True)
 class Turn:
-    """A turn's new input (text and its tokens) and how to reply to it."""
+    """A turn's new input (text and its tokens) and how to reply to it. With `window`, the turn's whole context
+    (what the session read, this input and the reply) must fit the memory's window (truncation "disabled")."""
 
     text: str
     tokens: list[int]
@@ -53,20 +54,52 @@ class Turn:
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
     store: bool = True
+    top_logprobs: int = 0
+    window: bool = False
 
 
 @dataclass(frozen=True)
 class TurnStarted:
-    """The session a turn runs on, the version it will commit (naming its response), and how many positions of
-    its context were served from memory rather than fed."""
+    """The session a turn runs on, the version it will commit (naming its response), how many positions of its
+    context were served from memory (a session's, or the prefix cache's) rather than fed, and how many of its
+    input tokens were fed."""
 
     session_id: str
     version: int
     cached_tokens: int
+    fed_tokens: int
 
     @property
     def response_id(self) -> str:
         return response_id(self.session_id, self.version)
+
+
+@dataclass(frozen=True)
+class TurnPlace:
+    """Where a turn runs: a session as it was found, the positions of context it serves, the version the turn
+    expects to find (None: whatever it finds), whether it was made for the turn (deleted if the turn does not
+    commit, or with `store` false), and whether it read the turn's input already (a first turn's, through the
+    prefix cache)."""
+
+    meta: SessionMeta
+    cached: int
+    expected_version: int | None = None
+    made: bool = False
+    prompted: bool = False
+
+    @property
+    def response_id(self) -> str:
+        return response_id(self.meta.id, self.meta.version + 1)
+
+
+class ContextTooLong(InvalidRequest):
+    def __init__(self, needed: int, window: int) -> None:
+        super().__init__(
+            f"this turn's context ({needed} positions with its reply) would outgrow the memory's window of "
+            f"{window} positions, and truncation is 'disabled'; send truncation 'auto' to let the window slide",
+            param="truncation",
+            code="context_length_exceeded",
+        )
 
 
 _Begun = tuple[AsyncGenerator[Any, None], TurnStarted, Any, str | None]
@@ -87,9 +120,36 @@ class ResponseTurns:
         self, owner: str, previous: ResponseRecord | None, turn: Turn
     ) -> AsyncGenerator[TurnStarted | TokenEvent | GenerateOutcome, None]:
         """TurnStarted once the turn holds its session (errors before it are the request's), then a TokenEvent
-        per token, then the GenerateOutcome (committed). A session this turn made (a first turn's, a branch) is
-        deleted if the turn does not commit, or with `store` false."""
-        generation, started, first, made = await self._begin(owner, previous, turn)
+        per token, then the GenerateOutcome (committed). A first turn reads its input through the prefix cache
+        into a new session; a chained one continues its previous response's session, or branches. A session
+        this turn made is deleted if the turn does not commit, or with `store` false."""
+        async for item in self._drive(owner, turn, await self._begin(owner, previous, turn)):
+            yield item
+
+    async def run_at(
+        self, owner: str, place: TurnPlace, turn: Turn
+    ) -> AsyncGenerator[TurnStarted | TokenEvent | GenerateOutcome, None]:
+        """As `run`, on a session chosen beforehand (`place`): a conversation's, or a background turn's."""
+        async for item in self._drive(owner, turn, await self._start(owner, place, turn)):
+            yield item
+
+    async def place(self, owner: str, previous: ResponseRecord | None) -> TurnPlace:
+        """A session for a turn whose response id must be known before it runs (a background turn): a new one,
+        or a branch of the previous response's (a fork at its version: its blocks shared), which nothing else
+        knows of yet, so the turn commits the version after it whenever it runs."""
+        service = self.service
+        if previous is None:
+            return TurnPlace(await service.create(owner), 0, made=True)
+        try:
+            branch = await service.fork(owner, previous.session_id, version=previous.version)
+        except (NotFound, Gone) as exc:
+            raise PreviousResponseNotFound(previous.id) from exc
+        return TurnPlace(branch, branch.mem_tokens, made=True)
+
+    async def _drive(
+        self, owner: str, turn: Turn, begun: _Begun
+    ) -> AsyncGenerator[TurnStarted | TokenEvent | GenerateOutcome, None]:
+        generation, started, first, made = begun
         committed = False
         try:
             yield started
@@ -107,16 +167,18 @@ class ResponseTurns:
     async def _begin(self, owner: str, previous: ResponseRecord | None, turn: Turn) -> _Begun:
         service = self.service
         if previous is None:
-            return await self._start(owner, await service.create(owner), turn, cached=0, made=True)
+            meta, cached = await service.create_reading(owner, turn.text, turn.tokens)
+            return await self._start(owner, TurnPlace(meta, cached, made=True, prompted=True), turn)
         try:
             meta = await service.get(owner, previous.session_id)
         except NotFound as exc:
             raise PreviousResponseNotFound(previous.id) from exc
-        if turn.store and meta.version == previous.version:
+        # A conversation's session moves only with its conversation: a response of it is continued on a branch.
+        own = turn.store and meta.version == previous.version and not previous.response.get("conversation")
+        if own:
             try:
-                return await self._start(
-                    owner, meta, turn, cached=meta.mem_tokens, expected_version=previous.version
-                )
+                place = TurnPlace(meta, meta.mem_tokens, expected_version=previous.version)
+                return await self._start(owner, place, turn)
             except Conflict:
                 pass  # it moved on, or another turn is continuing it right now: this one branches
             except (NotFound, Gone) as exc:
@@ -125,39 +187,44 @@ class ResponseTurns:
             branch = await service.fork(owner, previous.session_id, version=previous.version)
         except (NotFound, Gone) as exc:  # the version is no longer kept, or the session's memory is gone
             raise PreviousResponseNotFound(previous.id) from exc
-        return await self._start(owner, branch, turn, cached=branch.mem_tokens, made=True)
+        return await self._start(owner, TurnPlace(branch, branch.mem_tokens, made=True), turn)
 
-    async def _start(
-        self,
-        owner: str,
-        meta: SessionMeta,
-        turn: Turn,
-        *,
-        cached: int,
-        expected_version: int | None = None,
-        made: bool = False,
-    ) -> _Begun:
-        """The turn's generation on `meta`'s session, up to its first event (where a moved version shows)."""
-        generation = self.service.generate(
-            owner,
-            meta.id,
-            text=turn.text,
-            prompt_tokens=turn.tokens,
-            max_tokens=turn.max_tokens,
-            sampling=turn.sampling,
-            stop=turn.stop,
-            report_progress=True,
-            expected_version=expected_version,
-        )
+    async def _start(self, owner: str, place: TurnPlace, turn: Turn) -> _Begun:
+        """The turn's generation on `place`'s session, up to its first event (where a moved version shows)."""
+        meta = place.meta
+        fed = [] if place.prompted else turn.tokens
         try:
-            first = await anext(generation)
+            needed = meta.tokens + 1 + len(fed) + turn.max_tokens  # the start token's position too
+            if turn.window and needed > meta.mem_len:
+                raise ContextTooLong(needed, meta.mem_len)
+            generation = self.service.generate(
+                owner,
+                meta.id,
+                text="" if place.prompted else turn.text,
+                prompt_tokens=fed,
+                max_tokens=turn.max_tokens,
+                sampling=turn.sampling,
+                stop=turn.stop,
+                top_logprobs=turn.top_logprobs,
+                report_progress=True,
+                expected_version=place.expected_version,
+            )
+            try:
+                first = await anext(generation)
+            except BaseException:
+                await generation.aclose()
+                raise
         except BaseException:
-            await generation.aclose()
-            if made:
+            if place.made:
                 await self._discard(owner, meta.id)
             raise
-        started = TurnStarted(meta.id, meta.version + 1, cached)
-        return generation, started, first, meta.id if made else None
+        started = TurnStarted(
+            meta.id,
+            meta.version + 1,
+            place.cached,
+            len(turn.tokens) - place.cached if place.prompted else len(turn.tokens),
+        )
+        return generation, started, first, meta.id if place.made else None
 
     async def _discard(self, owner: str, session_id: str) -> None:
         """Deletes a session the turn made, even when the request is being cancelled."""

@@ -189,21 +189,49 @@ class SessionService:
         state shared: the cost does not depend on the document's length)."""
         if memory is not None:
             return await self._create_from(owner, memory, text, mem_len, ttl_seconds, metadata, progress)
+        meta, _ = await self._create_reading(
+            owner, text, self.tokenizer.encode(text), mem_len, ttl_seconds, metadata, progress
+        )
+        return meta
+
+    async def create_reading(self, owner: str, text: str, tokens: list[int]) -> tuple[SessionMeta, int]:
+        """A new private session (`_register`) that read `text` (already encoded as `tokens`), for a step that
+        follows at once, and how many of its tokens came from the prefix cache."""
+        return await self._create_reading(owner, text, tokens, None, None, None, None, private=True)
+
+    async def _create_reading(
+        self,
+        owner: str,
+        text: str,
+        tokens: list[int],
+        mem_len: int | None,
+        ttl_seconds: int | None,
+        metadata: dict[str, Any] | None,
+        progress: Progress | None,
+        *,
+        private: bool = False,
+    ) -> tuple[SessionMeta, int]:
         mem_len = self.default_mem_len if mem_len is None else mem_len
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
         ttl = self.admission.ttl(ttl_seconds)
         await self.admission.session(owner, mem_len)
-        tokens = self.tokenizer.encode(text)
         if progress is not None:
             progress(0, len(tokens))
         read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress)
         meta = await self._register(
-            owner, read.state, len(tokens), ttl, dict(metadata or {}), kind="create", text=text
+            owner,
+            read.state,
+            len(tokens),
+            ttl,
+            dict(metadata or {}),
+            kind="create",
+            text=text,
+            private=private,
         )
         self.observer.on_tokens("ingested", len(tokens) + 1)
         self.observer.on_prefix_cache(read.cached, len(tokens) + 1)
-        return meta
+        return meta, max(0, read.cached - 1)  # the start token is not the caller's
 
     async def _create_from(
         self,
@@ -246,9 +274,12 @@ class SessionService:
         *,
         kind: str,
         text: str | None = None,
+        private: bool = False,
     ) -> SessionMeta:
         """A new session at version 1 holding `state`: metadata (and its stored version) to Redis, state to the
-        device."""
+        device. A `private` one (made for a turn that will commit its next version before anyone learns its id)
+        skips the stored version, which that commit writes with its own: the turn's first token does not wait for
+        it. Its state stays on the device (pinned) until that step ends."""
         stamp = now()
         meta = SessionMeta(
             id=new_session_id(),
@@ -266,7 +297,8 @@ class SessionService:
         )
         summary = VersionSummary.of(1, tokens, stamp, kind, text)
         persistence = self.persistence
-        write = await persistence.version_write(state, summary) if persistence.always else None
+        stored = persistence.always and not private
+        write = await persistence.version_write(state, summary) if stored else None
 
         async def register() -> None:
             if write is None:
@@ -274,6 +306,8 @@ class SessionService:
             else:
                 await persistence.write(lambda w: self.store.create(meta, w), write, state)
             await self.placement.place(meta, state, summary=summary)
+            if persistence.always and not stored:
+                self.cache.pin(meta.id)  # nowhere else yet: it must not leave the device (its step unpins it)
 
         await to_the_end(register())
         return meta

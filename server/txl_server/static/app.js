@@ -1,11 +1,15 @@
 // TXL Serve playground: generation on a session (streamed over SSE), started from nothing or from a preloaded
-// memory, and a per-token surprisal heatmap (whose document can be saved as a memory).
+// memory, and a per-token surprisal heatmap (whose document can be saved as a memory). A session started from
+// nothing is a conversation's: each generation is a response in it (/v1/responses with `conversation`), so the
+// transcript is the conversation's items, shown again on a later visit. Going back to a version or forking leaves
+// the conversation (the session goes on with the Sessions API).
 // No build step and no dependencies. User and model text is only ever written with textContent.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const KEY_STORAGE = "txl.apiKey";
 const SESSION_STORAGE = "txl.sessionId";
+const CONVERSATION_STORAGE = "txl.conversationId";
 const LN2 = Math.log(2);
 
 // ------------------------------------------------------------------------------------------------ API
@@ -87,6 +91,7 @@ async function readEvents(response, onEvent) {
 
 const state = {
   session: null, // the server's session object
+  conversation: null, // the id of the conversation the session is (its transcript is its items), if any
   controller: null, // AbortController of the running generation
   scoring: false,
   documentName: null, // the file the document came from, if any: the memory's name
@@ -122,8 +127,16 @@ function setBusy(busy) {
   $("memory-select").disabled = busy;
 }
 
+// The session's conversation (its id), or null: the session goes on outside it (after a rewind or a fork).
+function setConversation(id) {
+  state.conversation = id;
+  if (id) localStorage.setItem(CONVERSATION_STORAGE, id);
+  else localStorage.removeItem(CONVERSATION_STORAGE);
+}
+
 function showSession(session) {
   if (!session || !state.session || session.id !== state.session.id) state.lastGeneration = null;
+  if (!session || (state.conversation && state.conversation !== `conv_${session.id}`)) setConversation(null);
   state.session = session;
   if (session) localStorage.setItem(SESSION_STORAGE, session.id);
   else localStorage.removeItem(SESSION_STORAGE);
@@ -203,6 +216,50 @@ function samplingBody() {
   return body;
 }
 
+// A generation in the session's conversation: a response (its input the prompt, continued verbatim), streamed.
+async function respond(text, signal, onDelta) {
+  const sampling = samplingBody();
+  const body = {
+    conversation: state.conversation,
+    input: text,
+    stream: true,
+    max_output_tokens: sampling.max_tokens,
+    temperature: sampling.temperature,
+    top_p: sampling.top_p,
+    top_k: sampling.top_k,
+  };
+  if (sampling.seed !== undefined) body.seed = sampling.seed;
+  if (sampling.stop) body.stop = sampling.stop;
+  const response = await api("POST", "v1/responses", body, { signal });
+  let done = null;
+  await readEvents(response, (event) => {
+    if (event.type === "response.output_text.delta") onDelta(event.delta);
+    else if (event.type === "response.completed" || event.type === "response.incomplete") done = event.response;
+  });
+  if (!done) return null;
+  const session = await apiJson("GET", `v1/sessions/${encodeURIComponent(state.session.id)}`);
+  const reply = done.output.map((item) => item.content.map((part) => part.text).join("")).join("");
+  return { session, text: reply, tokens: done.usage.output_tokens, stopped: done.status === "completed" };
+}
+
+// A generation on the session (the Sessions API), streamed.
+async function generateOnSession(text, signal, onDelta) {
+  const response = await api(
+    "POST",
+    `v1/sessions/${encodeURIComponent(state.session.id)}/generate`,
+    { text, ...samplingBody(), stream: true },
+    { signal },
+  );
+  let done = null;
+  await readEvents(response, (event) => {
+    if (event.type === "token") onDelta(event.token.text);
+    else if (event.type === "done") done = event;
+  });
+  if (!done) return null;
+  const stopped = done.finish_reason === "stop";
+  return { session: done.session, text: done.text, tokens: done.usage.completion_tokens, stopped };
+}
+
 async function generate() {
   if (state.controller) return;
   showError(null);
@@ -217,43 +274,38 @@ async function generate() {
   try {
     if (!state.session) {
       const memory = $("memory-select").value;
-      showSession(await apiJson("POST", "v1/sessions", memory ? { memory } : {}));
+      if (memory) {
+        showSession(await apiJson("POST", "v1/sessions", { memory }));
+      } else {
+        const conversation = await apiJson("POST", "v1/conversations", {});
+        setConversation(conversation.id);
+        showSession(await apiJson("GET", `v1/sessions/${encodeURIComponent(conversation.id.slice(5))}`));
+      }
     }
     const from = state.session;
     if (!state.texts.has(`${from.id}:${from.version}`)) remember(from);
     if (text) promptSpan = addPiece("prompt", text);
     outputSpan = addPiece("generated streaming", "");
     $("gen-status").textContent = "waiting for the first token…";
-    const response = await api(
-      "POST",
-      `v1/sessions/${encodeURIComponent(state.session.id)}/generate`,
-      { text, ...samplingBody(), stream: true },
-      { signal: controller.signal },
-    );
     started = performance.now();
-    let finished = false;
-    await readEvents(response, (event) => {
-      if (event.type === "token") {
-        tokens += 1;
-        outputSpan.textContent += event.token.text;
-        const seconds = (performance.now() - started) / 1000;
-        $("gen-status").textContent = `${tokens} tokens · ${(tokens / Math.max(seconds, 1e-3)).toFixed(1)} tokens/s`;
-      } else if (event.type === "done") {
-        finished = true;
-        outputSpan.textContent = event.text; // the committed text (identical to the joined tokens)
-        outputSpan.classList.remove("streaming");
-        state.lastGeneration = { version: from.version, text };
-        remember(event.session);
-        showSession(event.session);
-        const seconds = (performance.now() - started) / 1000;
-        const made = event.usage.completion_tokens;
-        $("gen-status").textContent =
-          `${made} tokens · ${(made / Math.max(seconds, 1e-3)).toFixed(1)} tokens/s · ` +
-          `finished: ${event.finish_reason === "stop" ? "stop string" : "max tokens"}`;
-      }
-    });
-    if (!finished) throw new Error("the stream ended before the generation finished; nothing was added");
+    const onDelta = (delta) => {
+      tokens += 1;
+      outputSpan.textContent += delta;
+      const seconds = (performance.now() - started) / 1000;
+      $("gen-status").textContent = `${tokens} tokens · ${(tokens / Math.max(seconds, 1e-3)).toFixed(1)} tokens/s`;
+    };
+    const run = state.conversation ? respond : generateOnSession;
+    const done = await run(text, controller.signal, onDelta);
+    if (!done) throw new Error("the stream ended before the generation finished; nothing was added");
+    outputSpan.textContent = done.text; // the committed text (identical to the joined tokens)
     outputSpan.classList.remove("streaming");
+    state.lastGeneration = { version: from.version, text };
+    remember(done.session);
+    showSession(done.session);
+    const seconds = (performance.now() - started) / 1000;
+    $("gen-status").textContent =
+      `${done.tokens} tokens · ${(done.tokens / Math.max(seconds, 1e-3)).toFixed(1)} tokens/s · ` +
+      `finished: ${done.stopped ? "stop string" : "max tokens"}`;
     $("prompt").value = "";
   } catch (error) {
     // Nothing was committed: take the uncommitted text out again and give the prompt back.
@@ -334,6 +386,7 @@ async function rewindTo(version, { quiet = false } = {}) {
   showError(null);
   try {
     const body = await apiJson("POST", `v1/sessions/${encodeURIComponent(session.id)}/rewind`, { version });
+    setConversation(null); // the session went back: its conversation's items no longer say what it holds
     const pieces = state.texts.get(`${session.id}:${version}`);
     if (pieces) {
       showPieces(pieces);
@@ -383,7 +436,10 @@ async function deleteSession() {
   if (!state.session) return;
   showError(null);
   try {
-    await api("DELETE", `v1/sessions/${encodeURIComponent(state.session.id)}`);
+    const path = state.conversation
+      ? `v1/conversations/${encodeURIComponent(state.conversation)}`
+      : `v1/sessions/${encodeURIComponent(state.session.id)}`;
+    await api("DELETE", path);
   } catch (error) {
     if (!(error instanceof ApiError && error.status === 404)) {
       showError(error);
@@ -460,8 +516,25 @@ async function saveMemory() {
 async function restoreSession() {
   const id = localStorage.getItem(SESSION_STORAGE);
   if (!id) return;
+  const conversation = localStorage.getItem(CONVERSATION_STORAGE);
   try {
-    showSession(await apiJson("GET", `v1/sessions/${encodeURIComponent(id)}`));
+    const session = await apiJson("GET", `v1/sessions/${encodeURIComponent(id)}`);
+    if (conversation === `conv_${id}`) {
+      // The transcript is the conversation's items: shown again as they were.
+      const items = await apiJson("GET", `v1/conversations/${encodeURIComponent(conversation)}/items?order=asc&limit=100`);
+      setConversation(conversation);
+      showSession(session);
+      clearTranscript();
+      for (const item of items.data) {
+        const itemText = item.content.map((part) => part.text).join("");
+        addPiece(item.role === "assistant" ? "generated" : "prompt", itemText);
+      }
+      if (items.has_more) addPiece("placeholder", " … (the conversation goes on: its first 100 items are shown)");
+      remember(session);
+      return;
+    }
+    setConversation(null);
+    showSession(session);
     clearTranscript(`Continuing session ${id} from an earlier visit (its earlier text is not shown).`);
   } catch (_) {
     showSession(null);

@@ -27,6 +27,8 @@ VALID_BODIES = {
     ("patch", "/v1/memories/{memory_id}"): {"name": "x"},
     ("post", "/v1/chat/completions"): {"messages": [{"role": "user", "content": "x"}]},
     ("post", "/v1/score"): {"text": "x"},
+    ("post", "/v1/conversations/{conversation_id}"): {"metadata": {}},
+    ("post", "/v1/conversations/{conversation_id}/items"): {"items": [{"role": "user", "content": "x"}]},
 }
 
 

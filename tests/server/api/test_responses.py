@@ -8,8 +8,6 @@ import json
 import threading
 
 import pytest
-import torch
-import txl
 from txl.sampling import SamplingParams
 from txl_server.api.responses.protocol import ResponseCreateRequest
 from txl_server.api.responses.turn_input import turn_text
@@ -20,7 +18,7 @@ from txl_server.settings import TRANSCRIPT_TEMPLATE, Persistence
 
 from tests.helpers.live_server import client_fixture, live_server_fixture, serve
 from tests.helpers.runtimes import OWNER, generate, running
-from tests.helpers.tiny_models import make_byte_model_dir
+from tests.helpers.tiny_models import make_text_model_dir
 
 openai = pytest.importorskip("openai")
 
@@ -31,16 +29,7 @@ GREEDY = {"temperature": 0, "max_output_tokens": 12}
 
 @pytest.fixture(scope="module")
 def text_model_dir(tmp_path_factory):
-    """The tiny byte model, writing only printable ASCII and newlines: its text is its bytes, so a reply fed
-    back as text is the tokens it was (random bytes would come back as U+FFFD)."""
-    path = make_byte_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
-    model = txl.load_pretrained(path)
-    printable = torch.zeros(256, dtype=torch.bool)
-    printable[32:127] = printable[10] = True
-    with torch.no_grad():
-        model.crit.out_layers[0].bias[~printable] = -1e4
-    txl.save_pretrained(model, path)
-    return path
+    return make_text_model_dir(tmp_path_factory.mktemp("models") / "tiny-byte")
 
 
 server = live_server_fixture(
@@ -98,6 +87,17 @@ def test_a_chain_feeds_only_the_new_input_and_equals_one_request_with_the_whole_
     assert details.cache_write_tokens == len("; the rain fell")
     whole = _create(client, "It was a dark and stormy night" + first.output_text + "; the rain fell")
     assert second.output_text == whole.output_text
+
+
+def test_a_first_turn_reads_its_input_through_the_prefix_cache(client):
+    transcript = "The harbour master kept a log of every ship that came in on the morning tide. " * 2
+    first = _create(client, transcript, store=False)
+    again = _create(client, transcript + "Then", store=False)  # the transcript resent, grown: a cache hit
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    cached = again.usage.input_tokens_details.cached_tokens
+    assert 0 < cached <= len(transcript) and again.usage.input_tokens == len(transcript + "Then")
+    whole = _create(client, transcript + "Then", store=False)
+    assert whole.output_text == again.output_text  # a hit gives what a miss gives
 
 
 def test_two_turns_chained_to_one_response_branch_and_give_equal_results(client):
@@ -171,27 +171,48 @@ def test_stream_sends_the_documented_events_whose_deltas_join_to_the_text(client
     assert client.responses.retrieve(final.id).output_text == text  # stored before the stream ended
 
 
-def test_each_streamed_event_names_its_type_and_no_done_follows(http):
+def test_each_streamed_event_names_its_type_and_the_stream_ends_with_done(http):
     body = {"input": "Hi", "stream": True, "max_output_tokens": 3}
     with http.stream("POST", "/v1/responses", json=body) as reply:
         lines = [line for line in reply.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"  # Open Responses: the terminal event is the literal [DONE]
     names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
-    data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    data = [json.loads(line.removeprefix("data: ")) for line in lines[:-1] if line.startswith("data: ")]
     assert names == [d["type"] for d in data] and names[0] == "response.created"
-    assert "data: [DONE]" not in lines
 
 
-def test_an_error_mid_stream_is_an_error_event(server, client):
-    with client.responses.create(input="Long", stream=True, temperature=0, max_output_tokens=400) as stream:
-        events = []
-        for event in stream:
-            events.append(event)
-            if event.type == "response.created":
+def test_an_error_mid_stream_is_an_error_event_then_response_failed_then_done(server, http):
+    body = {"input": "Long", "stream": True, "temperature": 0, "max_output_tokens": 400}
+    with http.stream("POST", "/v1/responses", json=body) as reply:
+        lines = []
+        for line in reply.iter_lines():
+            lines.append(line)
+            if line.startswith("data: {") and json.loads(line[6:])["type"] == "response.created":
                 # The session expires while the turn runs: its commit finds nothing to commit to.
                 store = server.app.state.runtime.service.store
+                session = parse_response_id(json.loads(line[6:])["response"]["id"])[0]
+                server.run(store.redis.delete(store.keys.session(session)))
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert lines[-2:] == ["data: [DONE]", ""] or lines[-1] == "data: [DONE]"
+    # Open Responses: an error mid-stream is followed by response.failed; its `error` object is the spec's, its
+    # top-level code, message and param OpenAI's.
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["code"] == "not_found" == events[-2]["error"]["code"]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "not_found"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_the_openai_client_raises_the_error_of_a_stream_that_failed(server, client):
+    with (
+        pytest.raises(openai.APIError) as caught,
+        client.responses.create(input="Long", stream=True, temperature=0, max_output_tokens=400) as stream,
+    ):
+        for event in stream:
+            if event.type == "response.created":
+                store = server.app.state.runtime.service.store
                 server.run(store.redis.delete(store.keys.session(_session_of(event.response))))
-    assert events[-1].type == "error" and events[-1].code == "not_found"
-    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert caught.value.body["code"] == "not_found"
 
 
 # ---------------------------------------------------------------------------------------------- stored responses

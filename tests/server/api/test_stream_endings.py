@@ -174,13 +174,16 @@ def test_a_fault_mid_stream_ends_a_session_stream_with_its_error_event_then_done
     assert http.get(f"/v1/sessions/{session['id']}").json()["version"] == session["version"]  # nothing kept
 
 
-def test_a_fault_mid_stream_ends_a_response_with_an_error_event(server, client):
-    with failing_generations(server):
-        events = list(client.responses.create(input="Once", max_output_tokens=50, stream=True))
-    assert events[-1].type == "error"
-    assert (events[-1].code, events[-1].message) == ("internal", "internal error")
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert sum(e.type == "response.output_text.delta" for e in events) >= 1
+def test_a_fault_mid_stream_ends_a_response_with_an_error_event_then_failed_then_done(server, http):
+    body = {"input": "Once", "max_output_tokens": 50, "stream": True}
+    with failing_generations(server), http.stream("POST", "/v1/responses", json=body) as response:
+        events = data_lines(response)
+    assert events[-1] == "[DONE]"
+    error, failed = events[-3], events[-2]
+    assert error["type"] == "error" and (error["code"], error["message"]) == ("internal", "internal error")
+    assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "internal"
+    assert [e["sequence_number"] for e in events[:-1]] == list(range(len(events) - 1))
+    assert sum(e["type"] == "response.output_text.delta" for e in events[:-1]) >= 1
 
 
 @pytest.mark.parametrize("route", ["append", "memory", "score"])
@@ -258,8 +261,9 @@ def test_the_shutdown_ends_every_stream_in_its_routes_format(tiny_model_dir, red
         native[-2]["error"]["code"] == "server_shutting_down" and native[-2]["error"]["type"] == "unavailable"
     )
     responses = payloads(readers["responses"])
-    assert responses[-1]["type"] == "error" and responses[-1]["code"] == "server_shutting_down"
-    numbers = [event["sequence_number"] for event in responses]
+    assert responses[-1] == "[DONE]" and responses[-2]["type"] == "response.failed"
+    assert responses[-3]["type"] == "error" and responses[-3]["code"] == "server_shutting_down"
+    numbers = [event["sequence_number"] for event in responses[:-1]]
     assert numbers == list(range(len(numbers)))
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "server_error"
     assert refused.json()["error"]["code"] == "server_shutting_down" and set(refused.json()["error"]) == {

@@ -9,6 +9,7 @@
     txl sessions history ID | rewind ID N    the versions a session keeps; continue from one of them
     txl sessions fork ID [--version N]       a new session from a session (or one of its versions), print its id
     txl memories add FILE | ls | show ID | rm ID...   preloaded memories: documents read once
+    txl conversations new | show ID | items ID | say ID TEXT | rm ID...   conversations: a session and its items
     txl convert HF_DIR OUT_DIR               a downloaded transfo-xl-wt103 (HF) directory -> a TXL model directory
 
 Exit status: 0 ok, 1 the server or the work failed, 2 usage error (bad flags, missing files), 130 interrupted.
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from .._version import __version__
 from ..errors import TxlError
-from . import chat, local, memories, remote, sessions
+from . import chat, conversations, local, memories, remote, sessions
 from .connection import connection_flags
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError, error_line
 
@@ -81,5 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_sessions(command("sessions", sessions.sessions_help, what), connection)
     what = "add, list, show and delete preloaded memories"
     memories.add_memories(command("memories", memories.memories_help, what), connection)
+    what = "start, show, reply in and delete conversations"
+    conversations.add_conversations(
+        command("conversations", conversations.conversations_help, what), connection
+    )
     local.add_convert(command("convert", local.convert, "convert a transfo-xl-wt103 HF directory"))
     return parser

@@ -11,11 +11,13 @@ from txl.sampling import SamplingParams
 
 from ...errors import InvalidRequest
 from ..shared.chat_template import ChatMessage, Role
-from ..shared.limits import MAX_USER_CHARS, MaxTokens, Text
+from ..shared.limits import MAX_USER_CHARS, MaxTokens, Seed, StopStrings, Text
 from ..shared.request_body import RequestBody
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256  # as chat completions: a reply, not a document
 MAX_INPUT_ITEMS = 256
+MAX_TOP_LOGPROBS = 20  # as OpenAI's
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the one `include` this server has anything for
 # OpenAI's limits on metadata: 16 pairs, keys of at most 64 characters, values of at most 512.
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -57,6 +59,12 @@ class TextConfig(BaseModel):
 MetadataKey = Annotated[str, Field(max_length=MAX_METADATA_KEY)]
 MetadataValue = Annotated[str, Field(max_length=MAX_METADATA_VALUE)]
 InputItems = Annotated[list[InputItem], Field(min_length=1, max_length=MAX_INPUT_ITEMS)]
+ConversationId = Annotated[str, Field(max_length=256)]
+
+
+class ConversationParam(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: ConversationId
 
 
 class ResponseCreateRequest(RequestBody):
@@ -76,34 +84,62 @@ class ResponseCreateRequest(RequestBody):
     top_p: float | None = Field(1.0, gt=0, le=1)
     metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=MAX_METADATA_PAIRS)
     truncation: Literal["auto", "disabled"] | None = Field(
-        None, description="Accepted and never needed: the memory is bounded by mem_len"
+        None,
+        description="auto (the default here): the memory's window slides past the oldest positions, as it "
+        "always does; disabled: a turn whose conversation would outgrow the window fails instead",
     )
     user: str | None = Field(None, max_length=MAX_USER_CHARS)
     # Accepted only empty or off; the schema says so, and `refuse_unsupported` refuses the rest with its reason:
     tools: list[Any] | None = Field(None, json_schema_extra={"maxItems": 0})
-    background: StrictBool | None = Field(None, json_schema_extra={"enum": [False, None]})
-    conversation: Any = Field(None, json_schema_extra={"type": "null"})
+    background: StrictBool | None = Field(None, description="Answer at once; poll, stream again or cancel")
+    conversation: ConversationId | ConversationParam | None = Field(
+        None, description="A conversation (its id): the turn continues it, and its items are added to it"
+    )
+    include: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        None, max_length=8, json_schema_extra={"items": {"enum": [LOGPROBS_INCLUDE], "type": "string"}}
+    )
     text: TextConfig | None = None
-    top_logprobs: int | None = Field(None, ge=0, json_schema_extra={"maximum": 0})
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # This server's extensions (the Sessions API's sampling): ignored by other servers, as Open Responses allows.
+    top_k: int | None = Field(None, ge=0, description="Extension: sample from the k likeliest (0: no limit)")
+    seed: Seed | None = Field(
+        None, description="Extension: the sampling's seed (the same seed, the same text)"
+    )
+    stop: StopStrings = Field(None, description="Extension: the reply ends before the first of these")
+
+    @property
+    def conversation_id(self) -> str | None:
+        if isinstance(self.conversation, ConversationParam):
+            return self.conversation.id
+        return self.conversation
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the output text carries its tokens' log-probs (`include`, or `top_logprobs` asked for)."""
+        return LOGPROBS_INCLUDE in (self.include or []) or bool(self.top_logprobs)
 
     def refuse_unsupported(self) -> None:
         if self.tools:
             raise InvalidRequest("tools are not supported", param="tools")
-        if self.background:
-            raise InvalidRequest("background responses are not supported", param="background")
-        if self.conversation is not None:
+        if self.conversation is not None and self.previous_response_id is not None:
+            # OpenAI's answer: a turn continues either a conversation or a response, not both.
             raise InvalidRequest(
-                "conversations are not supported; chain with previous_response_id", param="conversation"
+                "conversation and previous_response_id cannot be used together", param="conversation"
             )
+        for i, value in enumerate(self.include or []):
+            if value != LOGPROBS_INCLUDE:
+                raise InvalidRequest(
+                    f"include {value!r} is not supported; only {LOGPROBS_INCLUDE!r}", param=f"include.{i}"
+                )
         if self.text is not None and self.text.format is not None and self.text.format.type != "text":
             raise InvalidRequest("only the text format is supported", param="text.format")
-        if self.top_logprobs:
-            raise InvalidRequest("top_logprobs is not supported on responses", param="top_logprobs")
 
     def to_sampling_params(self) -> SamplingParams:
         return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
         )
 
     def messages(self) -> list[ChatMessage]:
@@ -126,11 +162,23 @@ class ResponseCreateRequest(RequestBody):
 # ---------------------------------------------------------------------------------------------- answers
 
 
+class TopTokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopTokenLogprob):
+    top_logprobs: list[TopTokenLogprob]
+
+
 class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[Any] = Field(default_factory=list)
+    logprobs: list[TokenLogprob] = Field(
+        default_factory=list, description="With include message.output_text.logprobs: each token's"
+    )
 
 
 class OutputMessage(BaseModel):
@@ -138,7 +186,7 @@ class OutputMessage(BaseModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     status: Literal["in_progress", "completed", "incomplete"]
-    content: list[OutputText]
+    content: list[OutputText]  # empty while the item is being added, as Open Responses shows it
 
 
 class InputTokensDetails(BaseModel):
@@ -173,13 +221,26 @@ class IncompleteDetails(BaseModel):
     reason: Literal["max_output_tokens"]
 
 
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+class ConversationRef(BaseModel):
+    id: str
+
+
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
 class ResponseObject(BaseModel):
     id: str = Field(..., description="resp_{session id}.{version}: a session and its version after the turn")
     object: Literal["response"] = "response"
     created_at: int
     completed_at: int | None = None
-    status: Literal["in_progress", "completed", "incomplete", "failed"]
-    error: None = None
+    status: ResponseStatus
+    error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None
     max_output_tokens: int
@@ -194,10 +255,20 @@ class ResponseObject(BaseModel):
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
     tool_choice: Literal["none"] = "none"
     tools: list[Any] = Field(default_factory=list)
-    truncation: Literal["disabled", "auto"] = "disabled"
+    truncation: Literal["disabled", "auto"] = "auto"
     background: bool = False
+    conversation: ConversationRef | None = None
     usage: ResponseUsage | None = None
     user: str | None = None
+    # Open Responses requires these of every response; this server has one value for each.
+    top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    reasoning: None = None
+    max_tool_calls: None = None
+    service_tier: Literal["default"] = "default"
+    safety_identifier: None = None
+    prompt_cache_key: None = None
 
 
 class InputContent(BaseModel):

@@ -1,30 +1,56 @@
 """One response as its turn runs: the text so far, the finished response object (answered and stored), and
-OpenAI's sequence of stream events."""
+OpenAI's sequence of stream events, as payloads (numbered and written out by `NumberedEvents`)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from collections.abc import AsyncGenerator
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
+
+from txl.tokenizers import Tokenizer
 
 from ...sessions.events import TokenEvent
 from ...sessions.responses import ResponseTurns, Turn, TurnStarted
 from ...sessions.service import GenerateOutcome
+from ...sessions.step import to_the_end
 from ...sessions.store.responses import ResponseRecord
 from ..shared import sse
 from ..shared.chat_template import ChatMessage
 from ..shared.openai_errors import openai_body
 from .protocol import (
+    ConversationRef,
     IncompleteDetails,
     OutputMessage,
     OutputText,
     ResponseCreateRequest,
+    ResponseError,
     ResponseObject,
+    ResponseStatus,
     ResponseUsage,
+    TokenLogprob,
+    TopTokenLogprob,
     item_id,
 )
 from .turn_input import input_items
+
+Payload = dict[str, Any]
+UNLIKELY = -9999.0  # OpenAI's log-prob of a token too unlikely to say (-inf is not JSON)
+
+
+def token_logprob(tokenizer: Tokenizer, event: TokenEvent) -> TokenLogprob:
+    """A generated token's log-prob and its likeliest alternatives, as Open Responses lists them."""
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {
+            "token": token,
+            "logprob": max(logprob, UNLIKELY),
+            "bytes": list(token.encode("utf-8", "replace")),
+        }
+
+    top = [TopTokenLogprob(**entry(tokenizer.decode([i]), lp)) for i, lp in event.top or ()]
+    return TokenLogprob(**entry(event.text, event.logprob), top_logprobs=top)
 
 
 class Reply:
@@ -39,35 +65,60 @@ class Reply:
         model: str,
         turns: ResponseTurns,
         tenant: str,
+        *,
+        conversation: str | None = None,
+        previous_response_id: str | None = None,
     ) -> None:
         self.body, self.turn, self.started, self.messages = body, turn, started, messages
         self.model, self.turns, self.tenant = model, turns, tenant
+        self.conversation = conversation
+        self.previous_response_id = previous_response_id or body.previous_response_id
         self.id, self.message_id = started.response_id, item_id()
         self.created_at = int(time.time())
         self.text = ""
+        self.logprobs: list[TokenLogprob] = []
         self.outcome: GenerateOutcome | None = None
+        self.error: ResponseError | None = None
+        self.cancelled = False
+        self.queued = False
+        self.saved = False
+        # Called once the response is saved (a conversation's turn appends its items there).
+        self.on_finish: Callable[[Reply], Awaitable[None]] | None = None
         self._final: ResponseObject | None = None
 
-    def take(self, item: Any) -> str:
+    def take(self, item: Any) -> tuple[str, list[TokenLogprob]]:
         """Takes a turn's event; returns the text it adds to the reply (a chat reply's leading whitespace is
-        dropped, as chat completions drop it)."""
+        dropped, as chat completions drop it) and its tokens' log-probs (with `include`)."""
         if isinstance(item, GenerateOutcome):
             self.outcome = item
-            return ""
+            return "", []
         if not isinstance(item, TokenEvent):
-            return ""
+            return "", []
         piece = item.text.lstrip() if self.messages is not None and not self.text else item.text
         self.text += piece
-        return piece
+        logprobs = [token_logprob(self.turns.service.tokenizer, item)] if self.body.logprobs else []
+        self.logprobs += logprobs
+        return piece, logprobs
+
+    def fail(self, status: int, error: dict[str, Any]) -> None:
+        """The turn ended in `error` (the server's shape): the response is `failed`, with OpenAI's code."""
+        detail = openai_body(status, error)["error"]
+        self.error = ResponseError(code=str(detail["code"] or detail["type"]), message=str(detail["message"]))
 
     @property
-    def status(self) -> Literal["in_progress", "completed", "incomplete"]:
-        if self.outcome is None:
-            return "in_progress"
-        return "completed" if self.outcome.result.finish_reason == "stop" else "incomplete"
+    def status(self) -> ResponseStatus:
+        if self.outcome is not None:
+            return "completed" if self.outcome.result.finish_reason == "stop" else "incomplete"
+        if self.error is not None:
+            return "failed"
+        if self.cancelled:
+            return "cancelled"
+        return "queued" if self.queued else "in_progress"
 
-    def message(self) -> OutputMessage:
-        return OutputMessage(id=self.message_id, status=self.status, content=[OutputText(text=self.text)])
+    def message(self, *, added: bool = False) -> OutputMessage:
+        status = self.status if self.status in ("completed", "incomplete") else "in_progress"
+        parts = [] if added else [OutputText(text=self.text, logprobs=self.logprobs)]
+        return OutputMessage(id=self.message_id, status=status, content=parts)
 
     def object(self) -> ResponseObject:
         """The response as it stands; once finished, always the same object (as answered and stored)."""
@@ -76,7 +127,7 @@ class Reply:
         body, status, usage = self.body, self.status, None
         if self.outcome is not None:
             usage = ResponseUsage.of(
-                fed=len(self.turn.tokens),
+                fed=self.started.fed_tokens,
                 cached=self.started.cached_tokens,
                 output=self.outcome.result.completion_tokens,
                 stored=self.turn.store,
@@ -86,6 +137,7 @@ class Reply:
             created_at=self.created_at,
             completed_at=int(time.time()) if self.outcome is not None else None,
             status=status,
+            error=self.error,
             incomplete_details=IncompleteDetails(reason="max_output_tokens")
             if status == "incomplete"
             else None,
@@ -94,47 +146,70 @@ class Reply:
             metadata=body.metadata or {},
             model=self.model,
             output=[self.message()] if self.outcome is not None else [],
-            previous_response_id=body.previous_response_id,
-            store=self.turn.store,
+            previous_response_id=self.previous_response_id,
+            store=body.store is not False,
             temperature=self.turn.sampling.temperature,
             top_p=self.turn.sampling.top_p,
-            truncation=body.truncation or "disabled",
+            truncation=body.truncation or "auto",
+            background=bool(body.background),
+            conversation=ConversationRef(id=self.conversation) if self.conversation else None,
             usage=usage,
             user=body.user,
+            top_logprobs=body.top_logprobs or 0,
         )
-        if self.outcome is not None:
+        if status not in ("queued", "in_progress"):
             self._final = response
         return response
 
-    async def save(self) -> None:
-        """Stores the finished response (with `store`), so that it can be retrieved and continued."""
+    @property
+    def turn_end(self) -> bool:
+        """Whether the reply ended at the template's turn end (the user's prefix is in memory already)."""
         assert self.outcome is not None
-        if not self.turn.store:
-            return
         result = self.outcome.result
         stop = self.turn.stop[0] if self.turn.stop else None
-        turn_end = (
+        return (
             stop is not None
             and result.finish_reason == "stop"
             and self.turns.service.tokenizer.decode(result.token_ids).endswith(stop)
         )
-        record = ResponseRecord(
+
+    def record(self, before: int = 0) -> ResponseRecord:
+        """The finished response as it is stored: to retrieve it, list its input items and continue it
+        (`before`: messages of the turn written before its input's, which are not its input items)."""
+        return ResponseRecord(
             self.id,
             self.tenant,
             self.object().model_dump(),
-            input_items(self.body, self.messages),
+            input_items(self.body, self.messages, before),
             self.messages is not None,
-            turn_end,
+            self.turn_end,
         )
-        await self.turns.store.save(record)
+
+    async def save(self) -> None:
+        """Stores the finished response (with `store`), so that it can be retrieved and continued; runs to its
+        end once begun (the turn committed: what it leaves must say so)."""
+        if not self.saved:
+            await to_the_end(self._save())
+
+    async def _save(self) -> None:
+        if self.body.store is not False:
+            await self.turns.store.save(self.record())
+        if self.on_finish is not None:
+            await self.on_finish(self)
+        self.saved = True
 
 
 class ClosingStream:
     """A stream's lines that, closed, also close the turn's events: a stream closed before its first line (its
     client left at once) must still end the turn the route began."""
 
-    def __init__(self, lines: AsyncGenerator[str, None], events: AsyncGenerator[Any, None]) -> None:
-        self.lines, self.events = lines, events
+    def __init__(
+        self,
+        lines: AsyncGenerator[str, None],
+        events: AsyncGenerator[Any, None],
+        held: contextlib.AsyncExitStack | None = None,
+    ) -> None:
+        self.lines, self.events, self.held = lines, events, held
 
     def __aiter__(self) -> ClosingStream:
         return self
@@ -143,48 +218,89 @@ class ClosingStream:
         return await anext(self.lines)
 
     async def aclose(self) -> None:
-        await self.lines.aclose()
-        await self.events.aclose()
+        try:
+            await self.lines.aclose()
+            await self.events.aclose()
+        finally:
+            if self.held is not None:
+                await self.held.aclose()  # what the turn held (its conversation) is let go
+
+
+def written(payload: Payload) -> str:
+    """One event as Open Responses streams it: `event` naming its type, then its data."""
+    return f"event: {payload['type']}\n" + sse.event(payload)
 
 
 class NumberedEvents:
-    """A Responses stream's events, each named (`event: TYPE`) and numbered from 0 (`sequence_number`)."""
+    """A Responses stream's events, each numbered from 0 (`sequence_number`) as it is sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply: Reply | None = None) -> None:
+        self.reply = reply
         self.numbers = itertools.count()
 
-    def event(self, kind: str, **fields: Any) -> str:
-        payload = {"type": kind, "sequence_number": next(self.numbers), **fields}
-        return f"event: {kind}\n" + sse.event(payload)
+    def number(self, payload: Payload) -> Payload:
+        return {"type": payload["type"], "sequence_number": next(self.numbers), **payload}
+
+    def event(self, payload: Payload) -> str:
+        return written(self.number(payload))
+
+    def failure(self, status: int, error: dict[str, Any]) -> list[Payload]:
+        """What ends a stream cut short by `error`: an `error` event (OpenAI's fields, and Open Responses'
+        `error` object), then `response.failed`."""
+        detail = openai_body(status, error)["error"]
+        payloads = [self.number({**detail, "type": "error", "error": detail})]
+        if self.reply is not None:
+            self.reply.fail(status, error)
+            payloads.append(
+                self.number({"type": "response.failed", "response": self.reply.object().model_dump()})
+            )
+        return payloads
 
     def ending(self, status: int, error: dict[str, Any]) -> str:
-        """The `error` event that ends a stream cut short (`StreamEnding`): OpenAI's code, message and param."""
-        detail = openai_body(status, error)["error"]
-        return self.event("error", code=detail["code"], message=detail["message"], param=detail["param"])
+        """The end of a stream cut short (`StreamEnding`): its failure's events, then `[DONE]`."""
+        return "".join(written(p) for p in self.failure(status, error)) + sse.DONE
+
+
+async def response_events(reply: Reply, events: AsyncGenerator[Any, None]) -> AsyncGenerator[Payload, None]:
+    """OpenAI's event sequence: created, in_progress, the output item and its text part added, text deltas, then
+    each done, then completed (or incomplete, at max_output_tokens). The response is saved before its last
+    event, so that a client that read it can retrieve and continue it."""
+    where = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
+    try:
+        yield {"type": "response.created", "response": reply.object().model_dump()}
+        yield {"type": "response.in_progress", "response": reply.object().model_dump()}
+        yield {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": reply.message(added=True).model_dump(),
+        }
+        yield {"type": "response.content_part.added", **where, "part": OutputText(text="").model_dump()}
+        async for item in events:
+            delta, logprobs = reply.take(item)
+            if delta or logprobs:
+                lp = [x.model_dump() for x in logprobs]
+                yield {"type": "response.output_text.delta", **where, "delta": delta, "logprobs": lp}
+        await reply.save()
+        lp = [x.model_dump() for x in reply.logprobs]
+        yield {"type": "response.output_text.done", **where, "text": reply.text, "logprobs": lp}
+        part = OutputText(text=reply.text, logprobs=reply.logprobs).model_dump()
+        yield {"type": "response.content_part.done", **where, "part": part}
+        yield {"type": "response.output_item.done", "output_index": 0, "item": reply.message().model_dump()}
+        final = "response.completed" if reply.status == "completed" else "response.incomplete"
+        yield {"type": final, "response": reply.object().model_dump()}
+    finally:
+        await events.aclose()
 
 
 async def stream_events(
     reply: Reply, events: AsyncGenerator[Any, None], numbered: NumberedEvents
 ) -> AsyncGenerator[str, None]:
-    """OpenAI's event sequence, each event numbered: created, in_progress, the output item and its text part
-    added, text deltas, then each done, then completed (or incomplete, at max_output_tokens). An error after the
-    stream began ends it with an `error` event (`NumberedEvents.ending`, sent by the EventStream)."""
-    event = numbered.event
-    where = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
+    """The event sequence written out and numbered, then `[DONE]`. An error after the stream began ends it with
+    `error` and `response.failed` (`NumberedEvents.ending`, sent by the EventStream)."""
+    payloads = response_events(reply, events)
     try:
-        yield event("response.created", response=reply.object().model_dump())
-        yield event("response.in_progress", response=reply.object().model_dump())
-        yield event("response.output_item.added", output_index=0, item=reply.message().model_dump())
-        yield event("response.content_part.added", **where, part=OutputText(text="").model_dump())
-        async for item in events:
-            delta = reply.take(item)
-            if delta:
-                yield event("response.output_text.delta", **where, delta=delta, logprobs=[])
-        await reply.save()
-        yield event("response.output_text.done", **where, text=reply.text, logprobs=[])
-        yield event("response.content_part.done", **where, part=OutputText(text=reply.text).model_dump())
-        yield event("response.output_item.done", output_index=0, item=reply.message().model_dump())
-        final = "response.completed" if reply.status == "completed" else "response.incomplete"
-        yield event(final, response=reply.object().model_dump())
+        async for payload in payloads:
+            yield numbered.event(payload)
+        yield sse.DONE
     finally:
-        await events.aclose()
+        await payloads.aclose()

@@ -1,81 +1,120 @@
 """The Responses API on top of session history (sessions/responses.py): a response is a turn of a session, named
 by the session and its version after the turn, so a turn chained with `previous_response_id` feeds only its new
-input; chained to an older response, it branches."""
+input; chained to an older response, it branches. A turn in a conversation continues the conversation's session
+(sessions/conversations.py); a background one runs on while its client polls (background.py)."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Literal
 
-from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from ...errors import InvalidRequest, NotFound
 from ...metrics import Metrics
 from ...sessions.events import TokenEvent
 from ...sessions.responses import ResponseTurns, Turn, TurnStarted
-from ...sessions.store.responses import ResponseRecord, ResponseStore
+from ...sessions.store.responses import ResponseRecord
 from ...settings import Settings
 from ..shared.chat_template import ChatTemplate
-from ..shared.dependencies import AppSettings, Service
 from ..shared.event_stream import EventStream
-from ..shared.limits import check_metadata, check_text, check_unicode, max_tokens_of
+from ..shared.limits import check_metadata, check_stop, check_text, check_unicode, max_tokens_of
 from ..shared.openai_errors import ModelNotFound
 from ..shared.text_log import log_text
 from ..shared.timing import TokenTiming, timed
-from .protocol import DEFAULT_MAX_OUTPUT_TOKENS, InputItemList, InputMessageItem, ResponseCreateRequest
+from . import background
+from .context import Responses
+from .conversation_turns import ConversationTurns
+from .paging import page_of
+from .protocol import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    DeletedResponse,
+    InputItemList,
+    InputMessageItem,
+    ResponseCreateRequest,
+)
 from .reply import ClosingStream, NumberedEvents, Reply, stream_events
 from .turn_input import turn_text
 
 
-def get_turns(request: Request, service: Service, settings: AppSettings) -> ResponseTurns:
-    """One ResponseTurns per running service (a restarted runtime gets a new one)."""
-    turns: ResponseTurns | None = getattr(request.app.state, "response_turns", None)
-    if turns is None or turns.service is not service:
-        store = ResponseStore(service.store, keep_versions=settings.keep_versions)
-        turns = request.app.state.response_turns = ResponseTurns(service, store)
-    return turns
-
-
 async def create_response(
     body: ResponseCreateRequest,
-    turns: ResponseTurns,
+    responses: Responses,
     tenant: str,
     settings: Settings,
     model_id: str,
     metrics: Metrics,
 ) -> Any:
-    """The response's JSON, or its stream of events (with `stream`)."""
+    """The response's JSON, or its stream of events (with `stream`); with `background`, the response as queued
+    (or its stream, followed from the job)."""
+    turns = responses.turns
     max_tokens = _checked(body, settings, model_id)
-    previous = None
-    if body.previous_response_id is not None:
-        previous = await turns.previous(tenant, body.previous_response_id)
     template = ChatTemplate(settings.chat_template) if settings.chat_template is not None else None
-    text, messages = turn_text(body, template, previous)
-    check_text(settings, text, "input")
-    log_text(settings, "responses input", text)
-    stop = template.stop() if template is not None and messages is not None else None
-    turn = Turn(
-        text,
-        turns.service.tokenizer.encode(text),
-        max_tokens,
-        body.to_sampling_params(),
-        [stop] if stop else [],
-        body.store is not False,
-    )
-    events = timed(turns.run(tenant, previous, turn), TokenTiming(metrics), _token_choice)
-    started = await anext(events)  # errors before the turn holds its session are HTTP errors
-    assert isinstance(started, TurnStarted)
-    reply = Reply(body, turn, started, messages, model_id, turns, tenant)
-    if body.stream:
-        numbered = NumberedEvents()
-        lines = ClosingStream(stream_events(reply, events, numbered), events)
-        return EventStream(lines, ending=numbered.ending)
-    async with contextlib.aclosing(events):
-        async for item in events:
-            reply.take(item)
-    await reply.save()
-    return JSONResponse(reply.object().model_dump())
+    async with contextlib.AsyncExitStack() as stack:
+        previous, place, conversation = None, None, None
+        if body.conversation_id is not None:
+            conversation = await ConversationTurns.hold(
+                responses.conversations, tenant, body.conversation_id, stack
+            )
+            ending, before = conversation.ending, conversation.before
+        else:
+            if body.previous_response_id is not None:
+                previous = await turns.previous(tenant, body.previous_response_id)
+            ending, before = previous, []
+        text, messages = turn_text(body, template, ending, before)
+        check_text(settings, text, "input")
+        log_text(settings, "responses input", text)
+        stop = template.stop() if template is not None and messages is not None else None
+        stops = ([stop] if stop else []) + check_stop(settings, body.stop)
+        turn = Turn(
+            text,
+            turns.service.tokenizer.encode(text),
+            max_tokens,
+            body.to_sampling_params(),
+            stops,
+            body.store is not False or conversation is not None,
+            body.top_logprobs or (1 if body.logprobs else 0),
+            body.truncation == "disabled",
+        )
+        if conversation is not None:
+            place = conversation.place()
+        if body.background:
+            place = place or await turns.place(tenant, previous)
+            return await background.start(
+                responses,
+                body,
+                turn,
+                place,
+                messages,
+                conversation,
+                model_id,
+                tenant,
+                metrics,
+                stack.pop_all(),
+            )
+        source = turns.run_at(tenant, place, turn) if place is not None else turns.run(tenant, previous, turn)
+        events = timed(source, TokenTiming(metrics), _token_choice)
+        try:
+            started = await anext(events)  # errors before the turn holds its session are HTTP errors
+        except BaseException:
+            await events.aclose()
+            raise
+        assert isinstance(started, TurnStarted)
+        reply = Reply(
+            body, turn, started, messages, model_id, turns, tenant, conversation=body.conversation_id
+        )
+        if conversation is not None:
+            reply.on_finish = conversation.commit
+        if body.stream:
+            numbered = NumberedEvents(reply)
+            kept = stack.pop_all()  # the conversation stays held until the stream ends
+            lines = ClosingStream(stream_events(reply, events, numbered), events, kept)
+            return EventStream(lines, ending=numbered.ending)
+        async with contextlib.aclosing(events):
+            async for item in events:
+                reply.take(item)
+        await reply.save()
+        return JSONResponse(reply.object().model_dump())
 
 
 def _token_choice(item: Any) -> int | None:
@@ -103,22 +142,54 @@ async def find(turns: ResponseTurns, tenant: str, response_id: str) -> ResponseR
     return record
 
 
+async def retrieve(
+    responses: Responses, tenant: str, response_id: str, stream: bool, after: int | None
+) -> Any:
+    """A response as it stands: a background one's job (any replica has it), else the stored response. With
+    `stream`, a background response's events after sequence number `after`, then those still to come."""
+    job = await responses.jobs.find(tenant, response_id)
+    if job is not None:
+        if stream:
+            return EventStream(background.follow(responses.jobs, tenant, response_id, after))
+        return JSONResponse(job.response)
+    record = await find(responses.turns, tenant, response_id)
+    if stream:
+        raise InvalidRequest(
+            "only a background response can be streamed again (for about ten minutes)", param="stream"
+        )
+    return JSONResponse(record.response)
+
+
+async def cancel(responses: Responses, tenant: str, response_id: str, wait_seconds: float) -> Any:
+    """Cancels a background response that has not finished: nothing of it is committed (the session is as it
+    was). One that finished is answered as it is: its step committed, and a cancel does not undo it."""
+    job = await responses.jobs.find(tenant, response_id)
+    if job is None:
+        await find(responses.turns, tenant, response_id)  # 404 if there is no such response at all
+        raise InvalidRequest("only a background response can be cancelled", param="response_id")
+    job = await responses.jobs.cancel(tenant, job, wait_seconds)
+    return JSONResponse(job.response)
+
+
+async def delete(responses: Responses, tenant: str, response_id: str, wait_seconds: float) -> DeletedResponse:
+    """Forgets the response: its stored record and its background job, if any (one that runs is cancelled)."""
+    job = await responses.jobs.find(tenant, response_id)
+    record = await responses.turns.store.find(tenant, response_id)
+    if job is None and record is None:
+        raise NotFound(f"no response {response_id[:100]!r}", param="response_id")
+    if job is not None:
+        await responses.jobs.delete(tenant, job, wait_seconds)
+        record = await responses.turns.store.find(
+            tenant, response_id
+        )  # a job that finished meanwhile saved it
+    if record is not None:
+        await responses.turns.store.delete(record)
+    return DeletedResponse(id=response_id)
+
+
 def list_input_items(
     record: ResponseRecord, after: str | None, limit: int, order: Literal["asc", "desc"]
 ) -> InputItemList:
     """A page of the input items of the response's own turn."""
     items = [InputMessageItem.model_validate(i) for i in record.input_items]
-    if order == "desc":
-        items.reverse()
-    if after is not None:
-        ids = [item.id for item in items]
-        if after not in ids:
-            raise InvalidRequest(f"no input item {after!r} in this response", param="after")
-        items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return InputItemList(
-        data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(items) > limit,
-    )
+    return InputItemList(**page_of(items, after, limit, order, "this response's input"))

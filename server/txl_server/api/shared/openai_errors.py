@@ -31,7 +31,7 @@ from . import sse
 from .error_shapes import error_responses
 
 # The OpenAI routes: these paths, and everything under them (`/v1/models/{model}`, `/v1/responses/{id}`).
-OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses")
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses", "/v1/conversations")
 MODEL_NOT_FOUND = "model_not_found"
 
 

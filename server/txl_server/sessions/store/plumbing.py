@@ -10,6 +10,9 @@ that two ideas never share a key by accident):
     i:{owner}:{key} string: a request's first result under an Idempotency-Key (idempotency.py)
     r:{name}        string: a live replica's heartbeat (its incarnation), expires unless renewed (heartbeats.py)
     r:{session}     hash: the session's stored responses (responses.py; a session id has no ':', a replica name has)
+    c:{session}     hash: the conversation on a session, and ci:{session}, a list: its items (conversations.py)
+    cl:{session}    string: the conversation's turn lock ("{replica}/{random}"), expires by itself
+    b:{response}    hash: a background response's job, and be:{response}, a list: its events (jobs.py)
     M:{id}          hash: a preloaded memory's metadata (memories.py)
     Mi:{owner}      set: the owner's memory ids
     Mv:{id}         hash: a preloaded memory's stored state, one version in the format of m:{id}
@@ -144,6 +147,21 @@ class Keys:
 
     def responses(self, session_id: str) -> str:
         return f"{self.prefix}r:{session_id}"
+
+    def conversation(self, session_id: str) -> str:
+        return f"{self.prefix}c:{session_id}"
+
+    def conversation_items(self, session_id: str) -> str:
+        return f"{self.prefix}ci:{session_id}"
+
+    def conversation_lock(self, session_id: str) -> str:
+        return f"{self.prefix}cl:{session_id}"
+
+    def job(self, response_id: str) -> str:
+        return f"{self.prefix}b:{response_id}"
+
+    def job_events(self, response_id: str) -> str:
+        return f"{self.prefix}be:{response_id}"
 
     def memory(self, memory_id: str) -> str:
         return f"{self.prefix}M:{memory_id}"
