@@ -70,14 +70,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     if not settings.model_dir.is_dir():
         print(f"model directory not found: {settings.model_dir}", file=sys.stderr)
         return 2
-    from .serving import PortUnavailable, bind_sockets, warn_if_open
+    from .serving import PortUnavailable, bind_sockets
 
     try:  # first: a port in use is known in a millisecond, before torch is even imported
         sockets = bind_sockets(settings.host, settings.port)
     except PortUnavailable as exc:
         print(f"{exc} (another server?): stop it or choose another --port (TXL_PORT)", file=sys.stderr)
         return 2
-    warn_if_open(sockets, has_api_keys=settings.has_api_keys)
     if settings.redis_url is None and (data_dir := settings.private_redis_dir()) is not None:
         from .sessions.redis_server import DataDirInUse, lock_data_dir
 
@@ -101,6 +100,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
 def _serve(settings: Any, sockets: list[Any]) -> int:
     from .device_check import DeviceUnavailable, check_device
     from .runtime import UnsupportedDtype, check_dtype, load_model
+    from .serving import warn_if_open
 
     try:  # before loading: a GPU that is not there is named as such, not as a model that cannot load
         check_device(settings.device, settings.dtype)
@@ -112,6 +112,8 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
     except UnsupportedDtype as exc:
         print(f"cannot serve --dtype {settings.dtype}: {exc}", file=sys.stderr)
         return 2
+    # After the checks that stop start-up in one line, before the minutes of loading.
+    warn_if_open(sockets, has_api_keys=settings.has_api_keys)
     log.info("loading the model in %s (%s on %s)", settings.model_dir, settings.dtype, settings.device)
     try:  # fail fast, in one line, on an unreadable model (the lifespan would print a traceback)
         loaded = load_model(settings)
