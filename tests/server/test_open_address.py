@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from txl_server import runtime
 from txl_server.__main__ import main
 from txl_server.serving import beyond_loopback, bind_sockets
 from txl_server.sessions import redis_server
@@ -25,17 +26,16 @@ WARNING = "without API keys: anyone who can reach it"
 def test_start_up_warns_when_other_machines_may_use_it_without_a_key(
     host, keys, warned, tmp_path, monkeypatch, caplog
 ):
-    # The data directory is held by "another server": start-up stops there, after binding and before loading.
-    monkeypatch.setattr(redis_server, "LOCK_WAIT_SECONDS", 0.2)
+    # The model cannot load: start-up stops there, after binding and the checks that stop it in one line.
+    def unloadable(settings):
+        raise OSError("no model here")
+
+    monkeypatch.setattr(runtime, "load_model", unloadable)
     monkeypatch.setenv("TXL_REDIS_DATA_DIR", str(tmp_path / "sessions"))
     if keys is not None:
         monkeypatch.setenv("TXL_API_KEYS", keys)
-    held = redis_server.lock_data_dir(tmp_path / "sessions")
-    try:
-        with caplog.at_level(logging.WARNING, logger="txl_server"):
-            assert main(["--host", host, "--port", str(redis_server.free_port())]) == 2
-    finally:
-        held.close()
+    with caplog.at_level(logging.WARNING, logger="txl_server"):
+        assert main(["--host", host, "--port", str(redis_server.free_port())]) == 2
     warnings = [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
     assert len(warnings) == (1 if warned else 0), warnings
     if warned:
