@@ -10,6 +10,7 @@
     txl sessions fork ID [--version N]       a new session from a session (or one of its versions), print its id
     txl memories add FILE | ls | show ID | rm ID...   preloaded memories: documents read once
     txl convert HF_DIR OUT_DIR               a downloaded transfo-xl-wt103 (HF) directory -> a TXL model directory
+    txl tokenizer export DIR [--model M]     the model's tokenizer as a directory HF transformers loads
 
 Exit status: 0 ok, 1 the server or the work failed, 2 usage error (bad flags, missing files), 130 interrupted.
 """
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from .._version import __version__
 from ..errors import TxlError
-from . import chat, local, memories, remote, sessions
+from . import chat, local, memories, remote, sessions, tokenizer
 from .connection import connection_flags
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError, error_line
 
@@ -82,4 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     what = "add, list, show and delete preloaded memories"
     memories.add_memories(command("memories", memories.memories_help, what), connection)
     local.add_convert(command("convert", local.convert, "convert a transfo-xl-wt103 HF directory"))
+    tokenizer.add_tokenizer(
+        command("tokenizer", tokenizer.tokenizer_help, "export the model's tokenizer for HF")
+    )
     return parser
