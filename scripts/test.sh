@@ -3,7 +3,7 @@
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"`); TXL_TEST_WORKERS=0 runs it in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh "server,train,dev,oracle"
+bash scripts/install.sh "server,train,dev,oracle,eval"
 set +e
 # Two worker processes, a file's tests in one of them (its fixtures are shared): most tests wait on servers,
 # Redis or subprocesses, so two processes finish the suite sooner on two cores. The slowest tests are listed.
