@@ -1,0 +1,30 @@
+"""`python -m bench turns`: the chained turns build the history that is resent, and the
+chart is drawn from what it measured. (Timings are the benchmark's, not checked here.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import turns
+from tests.helpers.live_server import live_server_fixture
+
+server = live_server_fixture("bench-turns")
+
+
+def short_message(turn: int) -> str:
+    return f" Turn {turn}: the keeper lit the lamp."
+
+
+def test_chained_turns_carry_the_history_that_is_resent(server, tmp_path):
+    with server.client() as http:
+        rows = turns.chained_turns(http, 3, short_message)
+        assert [r["history"].count("the keeper lit the lamp") for r in rows] == [1, 2, 3]
+        assert rows[2]["history"].startswith(rows[1]["history"])
+        for row in rows:
+            assert row["tokens"] == len(row["history"].encode())  # the byte model's tokens
+            row["resent"] = turns.resent_turn(http, row["history"])
+            assert row["chained"] > 0 and row["resent"] > 0
+    rows[0]["resent_uncached"] = rows[2]["resent_uncached"] = 0.5
+    pytest.importorskip("matplotlib")
+    turns.plot(rows, tmp_path / "turns.png")
+    assert (tmp_path / "turns.png").read_bytes().startswith(b"\x89PNG")
