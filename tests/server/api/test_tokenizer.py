@@ -192,3 +192,16 @@ def test_completions_refuse_more_prompts_than_a_batch_holds(client):
     assert answer.json()["error"]["param"] == "prompt"
     answer = client.post("/v1/completions", json={"prompt": [[97]] * 16, "n": 8, "max_tokens": 1})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "n"
+
+
+def test_a_tokenizer_route_called_with_another_method_is_405_not_a_file(client):
+    answer = client.get("/tokenize")
+    assert answer.status_code == 405 and answer.headers["allow"] == "POST"
+    assert client.post("/tokenizer_info").status_code == 405
+
+
+@pytest.mark.parametrize(("path", "field"), [("/detokenize", "tokens"), ("/v1/completions", "prompt")])
+def test_true_is_not_a_token_id(client, path, field):
+    answer = client.post(path, json={field: [True, 98], "max_tokens": 1})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"].startswith(field)

@@ -9,7 +9,8 @@ import json
 import math
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
 from ...errors import InvalidRequest, PayloadTooLarge
 from ...settings import Settings
@@ -27,8 +28,17 @@ def operator_limit(**keywords: str) -> dict[str, Any]:
 # Every count of tokens to generate (`max_tokens`, `max_output_tokens`, ...): the most is the operator's
 # (`check_max_tokens`).
 MaxTokens = Annotated[int, Field(ge=0, json_schema_extra=operator_limit(maximum="max_tokens"))]
+
+
+def _not_a_boolean(value: Any) -> Any:
+    """`true` is not a token id (pydantic's lax mode reads it as 1; shared/request_body.py does this for fields)."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
 # A prompt as token ids (`check_token_ids`): below the model's vocabulary size, as many as a text may have characters.
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0), BeforeValidator(_not_a_boolean)]
 TokenIds = Annotated[list[TokenId], Field(json_schema_extra=operator_limit(maxItems="max_text_chars"))]
 # Text a request feeds the model (`check_text`).
 Text = Annotated[str, Field(json_schema_extra=operator_limit(maxLength="max_text_chars"))]
