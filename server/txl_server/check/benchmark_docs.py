@@ -138,8 +138,9 @@ def assemble(docs: Path) -> Path:
         "# Benchmarks",
         "",
         "Every figure here is reproduced by `python -m bench` (all suites, under 15 minutes on a 2-core CPU) or",
-        "`python -m bench SUITE`. Ratios are measured side by side in one run; absolute times are labelled with",
-        "the machine they came from. Sections are regenerated independently.",
+        "`python -m bench SUITE`, which write to results/; `--docs` writes here. Ratios are measured side by side",
+        "in one run; absolute times are labelled with the machine they came from. Sections are regenerated",
+        "independently.",
         "",
     ]
     sections = docs / "benchmarks"
