@@ -1,4 +1,4 @@
-"""The switches users know, in every combination, on the static-buffer path: `python -m tests.server.switch_cases
+"""The switches users know, in every combination, on the static-buffer path: `python -m tests.server.engine.switch_cases
 MODEL_DIR` starts a worker for each combination of TXL_CUDA_GRAPHS and TXL_TRITON_KERNELS as the server does (its
 start-up checks included), generates from a few prompts, and prints one JSON line per combination.
 

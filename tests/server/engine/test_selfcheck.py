@@ -219,7 +219,7 @@ def test_the_switches_in_every_combination_serve_the_same_tokens(tiny_model_dir)
     own: Triton reads the switch when imported) and the graphs' static buffers."""
     if triton_decode.triton is None:
         pytest.skip("triton is not installed")
-    done = run_interpreted("tests.server.switch_cases", str(tiny_model_dir), timeout=280)
+    done = run_interpreted("tests.server.engine.switch_cases", str(tiny_model_dir), timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(lines) == 4
