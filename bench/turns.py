@@ -6,9 +6,9 @@ A 40-turn conversation on the bundled model over real HTTP (server processes, gr
 only the new message. Resent, each turn is a stateless `/v1/completions` request carrying the whole history, as
 every other server is used: with the prefix cache (on by default) the server finds the history's beginning it
 read on the previous turn; without it (`TXL_PREFIX_CACHE_BYTES=0`) it reads the whole history again. Time to first
-token is measured client-side on the stream (the first text delta). Resending without the cache costs time in
-proportion to the history, so it is measured on every fifth turn (each such request stands alone: it depends only
-on the history it carries).
+token is measured client-side on the stream (the first text delta), the faster of two rounds per turn. Resending
+without the cache costs time in proportion to the history, so it is measured on every fifth turn (each such
+request stands alone: it depends only on the history it carries).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .responses import message as sentence
 
 TURNS, OUTPUT_TOKENS = 40, 32
 SHOWN = (1, 10, 20, 40)  # the turns the table gives
+SERIES = ("chained", "resent", "resent_uncached")  # seconds to first token
 
 
 def message(turn: int) -> str:
@@ -104,6 +105,16 @@ def measure(turns: int, every: int, message_of: Callable[[int], str] = message) 
     return rows
 
 
+def fastest(rounds: list[list[dict]]) -> list[dict]:
+    """Per turn, the faster of the rounds in each series: the machine's slow spells are not the server's."""
+    if any([r["history"] for r in other] != [r["history"] for r in rounds[0]] for other in rounds[1:]):
+        raise RuntimeError("greedy replies differed between rounds: their times are not of the same turns")
+    return [
+        {key: min(r[key] for r in same) if key in SERIES else value for key, value in same[0].items()}
+        for same in zip(*rounds, strict=True)
+    ]
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Time to first token per turn, one line per way of sending the turn (the house style of
     txl.training.figures)."""
@@ -111,6 +122,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     turns = list(range(1, len(rows) + 1))
@@ -119,8 +131,12 @@ def plot(rows: list[dict], path: Path) -> None:
     sampled = [(t, r["resent_uncached"]) for t, r in zip(turns, rows, strict=True) if "resent_uncached" in r]
     ax.plot(*zip(*sampled, strict=True), "^-", markersize=4, label="history resent, prefix cache off")
     ax.set_xlabel("turn (a ~480-byte message and a 32-token reply each)")
-    ax.set_ylabel("time to first token, s")
+    ax.set_ylabel("time to first token, s (log scale)")
     ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    ticks = [t for t in (0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if low <= t <= high]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])  # plain seconds, not powers of ten
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -132,7 +148,7 @@ def run(quick: bool = False) -> Section:
     section = Section("turns", "Time to first token in a long chat", "python -m bench turns")
     section.note(__doc__.split("\n\n", 1)[1].strip())
     turns, every = (6, 3) if quick else (TURNS, 5)
-    rows = measure(turns, every)
+    rows = fastest([measure(turns, every) for _ in range(1 if quick else 2)])
     shown = [t for t in SHOWN if t <= turns] or [turns]
     section.table(
         f"bundled model, {turns} turns, time to first token (ms) at turns {', '.join(map(str, shown))}",
@@ -155,6 +171,15 @@ def run(quick: bool = False) -> Section:
         f"and {1000 * last['resent_uncached']:.0f} ms resent without it "
         f"({last['resent_uncached'] / last['chained']:.0f}x the chained turn). Times are client-side on a machine "
         "shared with other work: the trend is the point."
+    )
+    section.note(
+        f"Chained, turn {turns} took {last['chained'] / rows[0]['chained']:.1f}x turn 1's time to first token: the "
+        "session's memory holds the conversation, and only the new message is read. Resent with the prefix cache "
+        "on, the server starts from the Transformer-XL state it kept at the last segment boundary the history "
+        "shares with the previous turn's prompt, so it too reads little more than the new message; but the client "
+        "still sends, and the server still tokenizes and hashes, the whole history each turn, and the cache is a "
+        "bounded budget that other traffic evicts. Without it the whole history is read again, as on any server "
+        "that keeps no state between requests."
     )
     if importlib.util.find_spec("matplotlib") is not None:  # the `train` extra; without it, no figure
         section.figure("turns.png", lambda path: plot(rows, path))

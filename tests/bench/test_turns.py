@@ -1,5 +1,5 @@
-"""`python -m bench turns`: the chained turns build the history that is resent, and the
-chart is drawn from what it measured. (Timings are the benchmark's, not checked here.)"""
+"""`python -m bench turns`: the chained turns build the history that is resent, the faster of two rounds is
+taken turn by turn, and the chart is drawn from what it measured. (Timings are the benchmark's, not checked here.)"""
 
 from __future__ import annotations
 
@@ -28,3 +28,25 @@ def test_chained_turns_carry_the_history_that_is_resent(server, tmp_path):
     pytest.importorskip("matplotlib")
     turns.plot(rows, tmp_path / "turns.png")
     assert (tmp_path / "turns.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_faster_round_is_taken_turn_by_turn_and_series_by_series():
+    first = [
+        {"history": "a", "tokens": 1, "chained": 0.3, "resent": 0.1, "resent_uncached": 0.5},
+        {"history": "ab", "tokens": 2, "chained": 0.2, "resent": 0.4},
+    ]
+    second = [
+        {"history": "a", "tokens": 1, "chained": 0.2, "resent": 0.2, "resent_uncached": 0.6},
+        {"history": "ab", "tokens": 2, "chained": 0.3, "resent": 0.3},
+    ]
+    assert turns.fastest([first, second]) == [
+        {"history": "a", "tokens": 1, "chained": 0.2, "resent": 0.1, "resent_uncached": 0.5},
+        {"history": "ab", "tokens": 2, "chained": 0.2, "resent": 0.3},
+    ]
+
+
+def test_rounds_whose_replies_differ_are_refused():
+    first = [{"history": "a", "tokens": 1, "chained": 0.3, "resent": 0.1}]
+    second = [{"history": "b", "tokens": 1, "chained": 0.2, "resent": 0.2}]
+    with pytest.raises(RuntimeError, match="differed between rounds"):
+        turns.fastest([first, second])
