@@ -8,7 +8,7 @@ every other server is used: with the prefix cache (on by default) the server fin
 read on the previous turn; without it (`TXL_PREFIX_CACHE_BYTES=0`) it reads the whole history again. Time to first
 token is measured client-side on the stream (the first text delta), the faster of two rounds per turn. Resending
 without the cache costs time in proportion to the history, so it is measured on every fifth turn (each such
-request stands alone: it depends only on the history it carries).
+request stands alone: it depends only on the history it carries; the second round sends them last turn first).
 """
 
 from __future__ import annotations
@@ -81,9 +81,12 @@ def _json(line: bytes) -> dict:
     return json.loads(line.decode().removeprefix("data: "))
 
 
-def measure(turns: int, every: int, message_of: Callable[[int], str] = message) -> list[dict]:
+def measure(
+    turns: int, every: int, message_of: Callable[[int], str] = message, *, backwards: bool = False
+) -> list[dict]:
     """Per turn: the history's tokens, and seconds to first token chained, resent with the prefix cache, and
-    (every `every` turns, and the last) resent without it."""
+    (every `every` turns, and the last) resent without it; `backwards` sends those last ones from the last turn
+    to the first, so that a slow spell of the machine falls on other turns than in a forward round."""
     cached = Server(None)
     try:
         with httpx.Client(base_url=cached.url, timeout=900) as http:
@@ -97,9 +100,9 @@ def measure(turns: int, every: int, message_of: Callable[[int], str] = message) 
     try:
         with httpx.Client(base_url=uncached.url, timeout=900) as http:
             http.post("/v1/completions", json={"prompt": "Warm-up.", "max_tokens": 1})
-            for number, row in enumerate(rows, start=1):
-                if number == 1 or number % every == 0 or number == turns:
-                    row["resent_uncached"] = resent_turn(http, row["history"])
+            sampled = [row for n, row in enumerate(rows, start=1) if n == 1 or n % every == 0 or n == turns]
+            for row in reversed(sampled) if backwards else sampled:
+                row["resent_uncached"] = resent_turn(http, row["history"])
     finally:
         uncached.stop()
     return rows
@@ -148,7 +151,7 @@ def run(quick: bool = False) -> Section:
     section = Section("turns", "Time to first token in a long chat", "python -m bench turns")
     section.note(__doc__.split("\n\n", 1)[1].strip())
     turns, every = (6, 3) if quick else (TURNS, 5)
-    rows = fastest([measure(turns, every) for _ in range(1 if quick else 2)])
+    rows = fastest([measure(turns, every, backwards=bool(i)) for i in range(1 if quick else 2)])
     shown = [t for t in SHOWN if t <= turns] or [turns]
     section.table(
         f"bundled model, {turns} turns, time to first token (ms) at turns {', '.join(map(str, shown))}",
