@@ -1,15 +1,20 @@
-"""`python -m bench [SUITE ...] [--quick]`: run benchmark suites, print tables, write docs/benchmarks.md."""
+"""`python -m bench [SUITE ...] [--quick] [--docs | --out DIR]`: run benchmark suites and print their tables.
+
+Each suite's section (Markdown, and its figures) goes to a results folder (results/ by default, not committed),
+with a benchmarks.md assembling every section there; `--docs` writes them into docs/ instead, replacing the
+committed figures: do that only with numbers from a machine the docs may name."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import time
+from pathlib import Path
 
 import torch
 from txl_server.check.benchmark_docs import ORDER, assemble
 
-from .common import DOCS
+from .common import DOCS, RESULTS
 
 SUITES = {
     "model": "bench.model_vs_hf",
@@ -28,12 +33,13 @@ SUITES = {
     "speedwork": "bench.speedwork",
     "host": "bench.host",
     "prefix": "bench.prefix",
+    "turns": "bench.turns",
     "gpu": "bench.gpu",
     "gpu_kernels": "bench.gpu_kernels",
 }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "suites", nargs="*", choices=[*SUITES, []], help=f"default: all ({', '.join(SUITES)})"
@@ -44,7 +50,22 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=2, help="torch threads (default 2, as on the CI machine)"
     )
-    args = parser.parse_args()
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out", type=Path, default=RESULTS, help="the results folder (default: results/, not committed)"
+    )
+    where.add_argument(
+        "--docs",
+        action="store_const",
+        dest="out",
+        const=DOCS,
+        help="write into docs/ (the committed figures)",
+    )
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     torch.set_num_threads(args.threads)
     chosen = args.suites or [s for s in ORDER if s in SUITES]
     started = time.perf_counter()
@@ -52,11 +73,11 @@ def main() -> None:
         suite_started = time.perf_counter()
         print(f"\n=== {name} ===", flush=True)
         module = importlib.import_module(SUITES[name])
-        section = module.run(quick=args.quick)
-        if section is not None:  # None: nothing measured here (the GPU suite without a GPU)
-            section.save(DOCS)
+        measured = module.run(quick=args.quick)  # None: nothing measured here (the GPU suite without a GPU)
+        for section in measured if isinstance(measured, list) else [measured] if measured else []:
+            section.save(args.out)
         print(f"({name}: {time.perf_counter() - suite_started:.0f} s)", flush=True)
-    path = assemble(DOCS)
+    path = assemble(args.out)
     print(f"\nwrote {path} in {time.perf_counter() - started:.0f} s")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SECTIONS = DOCS / "benchmarks"
+RESULTS = ROOT / "results"  # where `python -m bench` writes unless told `--docs`
 
 
 def timeit(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, min_seconds: float = 0.0) -> float:

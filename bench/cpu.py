@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from txl_server.check.benchmark_docs import Section, machine
 
-from .common import DOCS, ROOT, SECTIONS, export_revision
+from .common import ROOT, export_revision
 
 ROW_BUCKETS = (1, 4, 16, 64, 256)  # txl.kernels.linear_choice's, which a tree before it has not
 
@@ -362,7 +362,8 @@ def _tokens(step: str) -> int:
 
 def class_section(run: ClassRun) -> Section:
     title = CLASS_TITLES[run.name]
-    section = Section(f"cpu-{run.name}", f"CPU decode and prefill: {title}", "python -m bench cpu")
+    kind = SimulatedClassSection if run.simulated else Section
+    section = kind(f"cpu-{run.name}", f"CPU decode and prefill: {title}", "python -m bench cpu")
     if run.simulated:
         section.machine = (
             f"{machine()}, limited to AVX2 ({', '.join(f'{k}={v}' for k, v in SIMULATED_AVX2.items())})"
@@ -564,12 +565,20 @@ def summary_section(runs: list[ClassRun]) -> Section:
     return section
 
 
-def _native_exists(name: str) -> bool:
-    path = SECTIONS / f"{name}.md"
-    return path.exists() and NATIVE_MARK in path.read_text(encoding="utf-8")
+class SimulatedClassSection(Section):
+    """A machine class's section measured under a simulated instruction set: it does not replace the same class's
+    section measured natively where it is saved."""
+
+    def save(self, docs: Path) -> None:
+        path = docs / "benchmarks" / f"{self.name}.md"
+        if path.exists() and NATIVE_MARK in path.read_text(encoding="utf-8"):
+            print(f"kept {path}: it was measured natively")
+            return
+        super().save(docs)
 
 
-def run(quick: bool = False) -> Section:
+def run(quick: bool = False) -> list[Section]:
+    """Each machine class's section, then the summary."""
     classes = [({}, False)]
     if _vector_class({}) == "avx512":
         classes.append((SIMULATED_AVX2, True))
@@ -580,10 +589,4 @@ def run(quick: bool = False) -> Section:
             name = CLASS_TITLES[_vector_class(env)] + (" (simulated)" if simulated else "")
             print(f"{name}:", flush=True)
             runs.append(_measure_class(env, simulated, before, quick))
-    for measured in runs:
-        section = class_section(measured)
-        if measured.simulated and _native_exists(section.name):
-            print(f"kept docs/benchmarks/{section.name}.md: it was measured natively")
-        else:
-            section.save(DOCS)
-    return summary_section(runs)
+    return [class_section(measured) for measured in runs] + [summary_section(runs)]

@@ -40,6 +40,5 @@ def run(quick: bool = False) -> Section:
     )
     if importlib.util.find_spec("matplotlib") is None:  # the `train` extra; without it, no figure
         return section
-    memory_plot(report["books"], DOCS / "benchmarks" / "quality_memory.png")
-    section.images.append("quality_memory.png")
+    section.figure("quality_memory.png", lambda path: memory_plot(report["books"], path))
     return section

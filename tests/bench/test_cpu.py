@@ -93,16 +93,18 @@ def test_the_floor_is_the_larger_of_reading_and_computing():
     assert "segment at 75% of matmul peak" in status  # 1.2 GFLOP in 16 ms at 100 GFLOP/s
 
 
-def test_a_simulated_class_never_replaces_one_measured_natively(tmp_path, monkeypatch):
-    monkeypatch.setattr(cpu, "SECTIONS", tmp_path)
+def test_a_simulated_class_never_replaces_one_measured_natively(tmp_path):
     native = cpu.class_section(_run(simulated=False))
-    (tmp_path / f"{native.name}.md").write_text(native.markdown())
-    assert cpu._native_exists("cpu-avx2")
     simulated = cpu.class_section(_run(simulated=True))
     assert cpu.NATIVE_MARK not in simulated.markdown()
     assert "limited to AVX2" in simulated.machine
-    (tmp_path / "cpu-avx2.md").write_text(simulated.markdown())
-    assert not cpu._native_exists("cpu-avx2")
+    saved = tmp_path / "benchmarks" / f"{native.name}.md"
+    simulated.save(tmp_path)  # nothing there yet: it is written
+    assert saved.read_text() == simulated.markdown() + "\n"
+    native.save(tmp_path)  # a native measurement replaces a simulated one
+    assert cpu.NATIVE_MARK in saved.read_text()
+    simulated.save(tmp_path)  # ... which a simulated one then leaves alone
+    assert saved.read_text() == native.markdown() + "\n"
 
 
 def test_the_best_time_is_taken_over_interleaved_rounds():

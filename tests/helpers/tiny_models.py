@@ -54,3 +54,15 @@ def make_text_model_dir(path: Path, *, seed: int = 0) -> Path:
         model.crit.out_layers[0].bias[~printable] = -1e4
     txl.save_pretrained(model, path)
     return path
+
+
+def make_word_model_dir(path: Path, lines: list[str], *, seed: int = 0) -> Path:
+    """A model directory a server loads: a word-level model whose vocabulary is built from `lines` (already
+    tokenised, as WikiText), with `<formula>` in it."""
+    from txl.tokenizers.word import WordTokenizer
+
+    tokenizer = WordTokenizer.build_vocab(lines, special=("<eos>", "<formula>"))
+    sizes = {**BYTE_SIZES, "vocab_size": tokenizer.vocab_size, "cutoffs": [], "div_val": 1}
+    txl.save_pretrained(tiny_model(seed, **sizes), path)
+    save_tokenizer(tokenizer, path)
+    return path

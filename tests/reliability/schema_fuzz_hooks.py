@@ -76,13 +76,31 @@ ALLOWED = (
         400,
         "invalid_request_error",
         "n",
-        "/v1/completions: prompts x n over 8, or n > 1 with session_id: a bound on two fields together",
+        "/v1/completions: prompts x n over 64, or n > 1 with session_id: a bound on two fields together",
     ),
     Refusal(
         400,
         "invalid_request_error",
         "best_of",
         "/v1/completions: best_of other than n (no server-side best-of): equal to another field",
+    ),
+    Refusal(
+        400,
+        "invalid_request_error",
+        "tokens",
+        "POST /detokenize: token ids at or above the model's vocabulary size, which the document does not know",
+    ),
+    Refusal(
+        400,
+        "invalid_request_error",
+        "prompt",
+        "POST /tokenize: prompt and messages both, or neither: one of two fields, each optional alone",
+    ),
+    Refusal(
+        400,
+        "invalid_request_error",
+        "messages",
+        "POST /tokenize: messages on a server without a chat template (TXL_CHAT_TEMPLATE): a setting",
     ),
     Refusal(
         400,

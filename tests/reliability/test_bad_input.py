@@ -223,7 +223,7 @@ def test_out_of_range_generate_values_are_refused(a, session, body):
         {"prompt": [300]},
         {"prompt": [-1]},
         {"prompt": [[1, 2], [256]]},
-        {"prompt": ["a"] * 9},
+        {"prompt": ["a"] * 65},
         {"seed": -5},
         {"frequency_penalty": 0.5},
         {"suffix": "x"},

@@ -44,6 +44,7 @@ from .shared.openai_errors import OpenAIErrors, error_body
 from .shared.validation import validation_message, validation_status
 from .shutdown import Shutdown, ShutdownGate
 from .system.router import router as system_router
+from .tokenizer.router import router as tokenizer_router
 
 log = logging.getLogger("txl_server")
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -99,6 +100,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         responses_router,
         conversations_router,
         system_router,
+        tokenizer_router,
     ):
         app.include_router(router)
     serve_document(app, settings)

@@ -14,7 +14,7 @@ _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 class Fallback:
-    """What no route serves: the playground's files for GET and HEAD outside /v1; else 405 (with Allow) for
+    """What no route serves: the playground's files for GET and HEAD outside /v1 and the routes; else 405 (with Allow) for
     a route called with another method, and 404 `not_found` for everything else. (A plain StaticFiles mount
     at `/` would answer every POST to an unknown route with its own 405.)"""
 
@@ -24,9 +24,6 @@ class Fallback:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         api = scope["path"] == "/v1" or scope["path"].startswith("/v1/")
-        if scope["method"] in ("GET", "HEAD") and not api and self.files is not None:
-            await self.files(scope, receive, send)
-            return
         allowed = [
             method
             for method in _METHODS
@@ -35,6 +32,10 @@ class Fallback:
                 for route in self.app.router.routes
             )
         ]
+        # A route outside /v1 (`/tokenize`) called with GET is a 405 too, not a file.
+        if scope["method"] in ("GET", "HEAD") and not api and not allowed and self.files is not None:
+            await self.files(scope, receive, send)
+            return
         if allowed:
             raise StarletteHTTPException(
                 405,

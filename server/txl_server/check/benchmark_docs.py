@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,8 @@ class Section:
     notes: list[str] = field(default_factory=list)
     tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
+    # Drawn where the section is saved: (file name, a function that writes the figure to a path).
+    figures: list[tuple[str, Callable[[Path], None]]] = field(default_factory=list)
     # Named when the section starts: a suite that sets its own thread count restores it before rendering.
     machine: str = field(default_factory=machine)
 
@@ -77,10 +80,17 @@ class Section:
             out += [f"![{self.title}](benchmarks/{image})", ""]
         return "\n".join(out)
 
+    def figure(self, name: str, draw: Callable[[Path], None]) -> None:
+        """A figure of the section, drawn by `draw(path)` beside the section's Markdown when it is saved."""
+        self.figures.append((name, draw))
+        self.images.append(name)
+
     def save(self, docs: Path) -> None:
-        """Writes it as `docs`/benchmarks/NAME.md."""
+        """Writes it as `docs`/benchmarks/NAME.md, its figures beside it."""
         sections = docs / "benchmarks"
         sections.mkdir(parents=True, exist_ok=True)
+        for name, draw in self.figures:
+            draw(sections / name)
         (sections / f"{self.name}.md").write_text(self.markdown() + "\n", encoding="utf-8")
 
 
@@ -115,6 +125,8 @@ ORDER = [
     "quality",
     "speedwork",
     "host",
+    "turns",
+    "load",
     "gpu",
     "gpu_kernels",
 ]
@@ -126,8 +138,9 @@ def assemble(docs: Path) -> Path:
         "# Benchmarks",
         "",
         "Every figure here is reproduced by `python -m bench` (all suites, under 15 minutes on a 2-core CPU) or",
-        "`python -m bench SUITE`. Ratios are measured side by side in one run; absolute times are labelled with",
-        "the machine they came from. Sections are regenerated independently.",
+        "`python -m bench SUITE`, which write to results/; `--docs` writes here. Ratios are measured side by side",
+        "in one run; absolute times are labelled with the machine they came from. Sections are regenerated",
+        "independently.",
         "",
     ]
     sections = docs / "benchmarks"

@@ -199,9 +199,9 @@ def test_chat_refuses_what_openai_refuses(client, body, param):
 
 
 def test_too_many_prompts_are_refused_naming_the_prompt_unless_n_was_raised(client):
-    nine = client.post("/v1/completions", json={"prompt": ["x"] * 9, "max_tokens": 1})
-    assert nine.status_code == 400 and nine.json()["error"]["param"] == "prompt"
-    product = client.post("/v1/completions", json={"prompt": ["x"] * 3, "n": 3, "max_tokens": 1})
+    too_many = client.post("/v1/completions", json={"prompt": ["x"] * 65, "max_tokens": 1})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt"
+    product = client.post("/v1/completions", json={"prompt": ["x"] * 9, "n": 8, "max_tokens": 1})
     assert product.status_code == 400 and product.json()["error"]["param"] == "n"
 
 

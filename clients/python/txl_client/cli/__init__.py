@@ -11,6 +11,7 @@
     txl memories add FILE | ls | show ID | rm ID...   preloaded memories: documents read once
     txl conversations new | show ID | items ID | say ID TEXT | rm ID...   conversations: a session and its items
     txl convert HF_DIR OUT_DIR               a downloaded transfo-xl-wt103 (HF) directory -> a TXL model directory
+    txl tokenizer export DIR [--model M]     the model's tokenizer as a directory HF transformers loads
 
 Exit status: 0 ok, 1 the server or the work failed, 2 usage error (bad flags, missing files), 130 interrupted.
 """
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from .._version import __version__
 from ..errors import TxlError
-from . import chat, conversations, local, memories, remote, sessions
+from . import chat, conversations, local, memories, remote, sessions, tokenizer
 from .connection import connection_flags
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError, error_line
 
@@ -87,4 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         command("conversations", conversations.conversations_help, what), connection
     )
     local.add_convert(command("convert", local.convert, "convert a transfo-xl-wt103 HF directory"))
+    tokenizer.add_tokenizer(
+        command("tokenizer", tokenizer.tokenizer_help, "export the model's tokenizer for HF")
+    )
     return parser

@@ -11,9 +11,9 @@ from txl.tokenizers import Tokenizer
 
 from ...errors import InvalidRequest
 from ...settings import Settings
-from ..shared.limits import check_stop, check_text, max_tokens_of
+from ..shared.limits import check_stop, check_text, check_token_ids, max_tokens_of
 from ..shared.openai_errors import ModelNotFound
-from .protocol import DEFAULT_MAX_TOKENS, MAX_N, CompletionRequest
+from .protocol import DEFAULT_MAX_TOKENS, MAX_CHOICES, CompletionRequest
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,10 @@ class Plan:
         n = body.n or 1
         if body.session_id is not None and n != 1:
             raise InvalidRequest("with session_id, n must be 1", param="n")
-        if len(prompts) * n > MAX_N:
+        if len(prompts) * n > MAX_CHOICES:
             # With one choice each, the prompts are too many; else the choices per prompt.
             param = "prompt" if n == 1 else "n"
-            raise InvalidRequest(f"prompts x n must be at most {MAX_N}", param=param)
+            raise InvalidRequest(f"prompts x n must be at most {MAX_CHOICES}", param=param)
         return cls(
             prompts,
             n,
@@ -89,9 +89,6 @@ class Plan:
                 check_text(settings, item, "prompt")
                 out.append((item, tokenizer.encode(item)))
             else:
-                if any(not 0 <= t < tokenizer.vocab_size for t in item):
-                    raise InvalidRequest(f"token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
-                if len(item) > settings.max_text_chars:
-                    raise InvalidRequest("prompt has too many tokens", param="prompt")
+                check_token_ids(settings, item, tokenizer.vocab_size, "prompt")
                 out.append((tokenizer.decode(item), list(item)))
         return out

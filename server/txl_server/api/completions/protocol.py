@@ -15,22 +15,23 @@ from ..shared.limits import (
     Seed,
     StopStrings,
     Text,
-    operator_limit,
+    TokenIds,
 )
 from ..shared.request_body import RequestBody
 from ..shared.serving_info import ServingInfo
 
-MAX_N = 8  # choices in one request: prompts x n
+MAX_N = 8  # choices per prompt (`n`)
+# Prompts in one request, and choices in all (prompts x n): as many as lm-evaluation-harness sends in one batch
+# (its --batch_size, 16 to 64); what they hold is bounded by the body's size (TXL_MAX_BODY_BYTES).
+MAX_PROMPTS = 64
+MAX_CHOICES = 64
 MAX_LOGPROBS = 5
 DEFAULT_MAX_TOKENS = 16  # OpenAI's
 # A penalty this server does not apply: the schema accepts only 0 (`Plan.build` refuses the rest, saying so).
 NOT_SUPPORTED_BUT_0: dict[str, Any] = {"minimum": 0, "maximum": 0, "description": "Not supported: only 0"}
 
-TokenId = Annotated[int, Field(ge=0)]  # below the model's vocabulary size (`Plan.build`)
-# A prompt as token ids: as many as a text may have characters.
-TokenIds = Annotated[list[TokenId], Field(json_schema_extra=operator_limit(maxItems="max_text_chars"))]
-Prompts = Annotated[list[Text], Field(max_length=MAX_N)]
-PromptsOfTokenIds = Annotated[list[TokenIds], Field(max_length=MAX_N)]
+Prompts = Annotated[list[Text], Field(max_length=MAX_PROMPTS)]
+PromptsOfTokenIds = Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
 
 
 class StreamOptions(BaseModel):

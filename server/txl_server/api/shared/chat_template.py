@@ -8,6 +8,8 @@ assistant's prefix (`Assistant:`), and the reply ends where the model begins the
 
 from __future__ import annotations
 
+import json
+import string
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,12 +50,37 @@ class ChatTemplate:
         self.template = template
         self.prefix, self.suffix = template.split("{content}")
 
-    def prompt(self, messages: list[ChatMessage]) -> str:
+    def prompt(self, messages: list[ChatMessage], *, generation_prompt: bool = True) -> str:
+        """The messages written out, then (with `generation_prompt`) the assistant's prefix the model continues."""
         turns = [
             self.template.format(role=m.role, Role=m.role.capitalize(), content=m.text(i))
             for i, m in enumerate(messages)
         ]
-        return "".join(turns) + self.prefix.format(role="assistant", Role="Assistant").rstrip()
+        return "".join(turns) + (self.generation_prompt() if generation_prompt else "")
+
+    def generation_prompt(self) -> str:
+        return self.prefix.format(role="assistant", Role="Assistant").rstrip()
+
+    def jinja(self) -> str:
+        """The same template in Jinja, as HF's `apply_chat_template` (and vLLM's `/tokenizer_info`) give it: a
+        message's text is its string content, or its text parts joined."""
+        pieces = []
+        for literal, field, _, _ in string.Formatter().parse(self.template):
+            if literal:
+                pieces.append("{{ " + json.dumps(literal) + " }}")
+            if field == "role":
+                pieces.append("{{ message['role'] }}")
+            elif field == "Role":
+                pieces.append("{{ message['role'] | capitalize }}")
+            elif field == "content":
+                pieces.append(
+                    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+                    "{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+                )
+        return (
+            "{% for message in messages %}" + "".join(pieces) + "{% endfor %}"
+            "{% if add_generation_prompt %}{{ " + json.dumps(self.generation_prompt()) + " }}{% endif %}"
+        )
 
     def stop(self) -> str | None:
         """Where the user's next turn would begin: the end of a message and the start of the user's."""

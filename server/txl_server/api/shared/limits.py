@@ -9,7 +9,8 @@ import json
 import math
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
 from ...errors import InvalidRequest, PayloadTooLarge
 from ...limits import check_max_tokens
@@ -28,6 +29,18 @@ def operator_limit(**keywords: str) -> dict[str, Any]:
 # Every count of tokens to generate (`max_tokens`, `max_output_tokens`, ...): the most is the operator's
 # (`check_max_tokens`).
 MaxTokens = Annotated[int, Field(ge=0, json_schema_extra=operator_limit(maximum="max_tokens"))]
+
+
+def _not_a_boolean(value: Any) -> Any:
+    """`true` is not a token id (pydantic's lax mode reads it as 1; shared/request_body.py does this for fields)."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+# A prompt as token ids (`check_token_ids`): below the model's vocabulary size, as many as a text may have characters.
+TokenId = Annotated[int, Field(ge=0), BeforeValidator(_not_a_boolean)]
+TokenIds = Annotated[list[TokenId], Field(json_schema_extra=operator_limit(maxItems="max_text_chars"))]
 # Text a request feeds the model (`check_text`).
 Text = Annotated[str, Field(json_schema_extra=operator_limit(maxLength="max_text_chars"))]
 StopString = Annotated[str, Field(min_length=1, json_schema_extra=operator_limit(maxLength="max_stop_chars"))]
@@ -57,6 +70,14 @@ def check_text(settings: Settings, text: str, param: str) -> None:
     if len(text) > settings.max_text_chars:
         raise PayloadTooLarge(f"{param} is longer than {settings.max_text_chars} characters", param=param)
     check_unicode(text, param)
+
+
+def check_token_ids(settings: Settings, ids: list[int], vocab_size: int, param: str) -> None:
+    """Token ids a request feeds the model: each in the vocabulary, and as many as a text may have characters."""
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise InvalidRequest(f"token ids must be in [0, {vocab_size})", param=param)
+    if len(ids) > settings.max_text_chars:
+        raise PayloadTooLarge(f"{param} has more than {settings.max_text_chars} tokens", param=param)
 
 
 def check_stop(settings: Settings, stop: str | list[str] | None) -> list[str]:

@@ -1,4 +1,4 @@
-"""Errors of the OpenAI-compatible routes (completions, chat, models, responses) in OpenAI's shape and statuses, so
+"""Errors of the OpenAI-compatible routes (completions, chat, models, responses, vLLM's tokenizer routes) in OpenAI's shape and statuses, so
 that OpenAI clients read them as they read OpenAI's own: `{"error": {"message", "type", "param", "code"}}`.
 
 The rest of the server answers in its own documented shape (`{"error": {"type", "message", "param"}}`, errors.py);
@@ -30,8 +30,18 @@ from ...errors import NotFound
 from . import sse
 from .error_shapes import error_responses
 
-# The OpenAI routes: these paths, and everything under them (`/v1/models/{model}`, `/v1/responses/{id}`).
-OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses", "/v1/conversations")
+# The OpenAI routes: these paths, and everything under them (`/v1/models/{model}`, `/v1/responses/{id}`); and
+# vLLM's tokenizer routes, which answer as vLLM's do.
+OPENAI_PATHS = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/v1/responses",
+    "/v1/conversations",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
+)
 MODEL_NOT_FOUND = "model_not_found"
 
 
