@@ -83,6 +83,40 @@ def top_k_bucket(rows: Sequence[DecodeRow], vocab: int) -> int | None:
 class ReadBack:
     host: Tensor  # [n, 2] float64: each row's token and its log-prob, once `ready`
     ready: torch.cuda.Event | None  # None: already there
+    turn: int | None = None  # the page-locked buffer it lands in (`ReadBackTurns`), given back once read
+
+
+class ReadBackTurns:
+    """The two buffers the iterations' tokens and log-probs are read back through, in turn: the next iteration's
+    copy may land while this one's is still unread, so one iteration may be in flight while the next is sent, and
+    no more (a third would overwrite the first's tokens before the host read them). Taking a buffer that is still
+    unread raises: the worker's overlapped loop collects each iteration before it sends the one after next."""
+
+    def __init__(self, rows: int, *, pinned: bool) -> None:
+        self.buffers = [torch.zeros((rows, 2), dtype=torch.float64, pin_memory=pinned) for _ in range(2)]
+        self.unread = [False, False]
+        self.turn = 0
+
+    def check_free(self) -> None:
+        """Raises unless the next buffer is free (at most one iteration is in flight)."""
+        if self.unread[self.turn]:
+            raise RuntimeError(
+                "two decoding iterations are already in flight: collect one before sending another"
+            )
+
+    def take(self) -> tuple[int, Tensor]:
+        self.check_free()
+        turn = self.turn
+        self.unread[turn] = True
+        self.turn ^= 1
+        return turn, self.buffers[turn]
+
+    def give_back(self, turn: int) -> None:
+        self.unread[turn] = False
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self.unread)
 
 
 @dataclass(frozen=True)
@@ -94,6 +128,7 @@ class Launched:
     hidden: Sequence[Tensor]
     read_back: ReadBack | None
     outputs: list[DecodeOut] | None = None  # an iteration that ran eagerly: all known already
+    turns: ReadBackTurns | None = None  # where `read_back` landed, given back once read
 
     @classmethod
     def done(cls, outputs: list[DecodeOut]) -> Launched:
@@ -103,13 +138,22 @@ class Launched:
         """The rows' sampled tokens and their log-probs (waits for the device if it has not finished)."""
         if self.outputs is not None:
             return self.outputs
-        assert self.read_back is not None
-        if self.read_back.ready is not None:
-            self.read_back.ready.synchronize()
-        # One conversion: [token, log-prob] pairs of Python floats (a token id is exact in a float64)
-        tokens, logprobs = zip(*self.read_back.host.tolist(), strict=True)
+        read_back = self.read_back
+        assert read_back is not None
+        try:
+            if read_back.ready is not None:
+                read_back.ready.synchronize()
+            # One conversion: [token, log-prob] pairs of Python floats (a token id is exact in a float64)
+            tokens, logprobs = zip(*read_back.host.tolist(), strict=True)
+        finally:
+            if self.turns is not None and read_back.turn is not None:
+                self.turns.give_back(read_back.turn)
         n = len(self.memories)
-        return list(map(DecodeOut, map(int, tokens), logprobs, repeat(None, n), self.memories, self.hidden))
+        outputs = list(
+            map(DecodeOut, map(int, tokens), logprobs, repeat(None, n), self.memories, self.hidden)
+        )
+        object.__setattr__(self, "outputs", outputs)  # read once: its buffer may now hold another iteration's
+        return outputs
 
 
 class SamplingInputs:
@@ -231,6 +275,7 @@ class DecodeGraphs:
         the server's largest mem_len); rows beyond it run eagerly."""
         self.model = model
         self.pool = pool
+        self.device = pool.layout.device
         self.eager = eager
         self.capture = capture
         self.sizes = buckets(max_batch_size)
@@ -245,10 +290,7 @@ class DecodeGraphs:
         # Why the graphs are off, once they are (a failed capture or check): set once, never retried.
         self.off: str | None = None
         # Tokens and log-probs read back through page-locked buffers, two in turn (`_read_back`).
-        self._readbacks = [
-            torch.zeros((self.sizes[-1], 2), dtype=torch.float64, pin_memory=capture) for _ in range(2)
-        ]
-        self._readback_turn = 0
+        self.readbacks = ReadBackTurns(self.sizes[-1], pinned=capture)
         # The new hidden states of the last iteration: all rows' [n, D], and each row's view of it.
         self._last_hidden: tuple[Tensor, tuple[Tensor, ...]] | None = None
         # The memories the last iteration left, weakly (a finished row's blocks are not kept), with its numbers.
@@ -335,6 +377,7 @@ class DecodeGraphs:
         copied back in one (the iteration's one wait, in `collect`)."""
         key = self.key(rows)
         assert key is not None, "run only rows the graphs support"
+        self.readbacks.check_free()  # before anything is planned or replayed
         same_length = self.model.config.same_length
         memories = [r.memory for r in rows]
         paged = [m.rows[0] for m in memories]
@@ -381,20 +424,22 @@ class DecodeGraphs:
             if plan.after is not None
             else None
         )
-        return Launched(memories, hidden, self._read_back(graph.readback[:n]))
+        return Launched(memories, hidden, self._read_back(graph.readback[:n]), turns=self.readbacks)
 
     def _read_back(self, readback: Tensor) -> ReadBack:
         """Starts copying the iteration's tokens and log-probs to the host: on CUDA into one of two page-locked
-        buffers (the next iteration's copy may land while this one's is still unread), with an event to wait on."""
+        buffers (the next iteration's copy may land while this one's is still unread), with an event to wait on.
+        The copy and the event are queued on the current stream of the pool's device, whatever device is current
+        on this thread: an event recorded on another device's stream would be ready before the copy landed."""
+        turn, buffer = self.readbacks.take()  # on a CPU too: the same rule, which tests can see
         if not self.capture:  # a copy even on a CPU: the next replay writes the same buffer
-            return ReadBack(readback.to("cpu", copy=True), None)
-        turn = self._readbacks[self._readback_turn]
-        self._readback_turn ^= 1
-        host = turn[: readback.size(0)]
-        host.copy_(readback, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return ReadBack(host, ready)
+            return ReadBack(readback.to("cpu", copy=True), None, turn)
+        host = buffer[: readback.size(0)]
+        with torch.cuda.device(self.device):
+            host.copy_(readback, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        return ReadBack(host, ready, turn)
 
     def _rebuild(self, key: GraphKey) -> _Graph | None:
         """A graph missing while serving: on a CPU (the buffers of a pool that grew, or a first use) built now;
@@ -442,7 +487,7 @@ class DecodeGraphs:
         return _Graph(step, sampling, hidden_in, readback, hidden_out, tables, replay)
 
     def _capture(self, body: Callable[[], None]) -> Callable[[], None]:
-        device = self.pool.keys.device
+        device = self.device
         # Under the pool's device: the side stream, the capture and the kernels' launches belong to it, whatever
         # device is current on this thread (cuda:1 served from a thread whose current device is cuda:0).
         with torch.cuda.device(device):
