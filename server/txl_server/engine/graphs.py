@@ -474,10 +474,8 @@ class DecodeGraphs:
 
         def body() -> None:
             log_probs = self.model.log_probs(hidden_in)  # [B, V]
-            tokens, logprobs = sample_rows(log_probs, sampling.rows_params(max_top_k, any_top_p))
+            tokens, _ = sample_rows(log_probs, sampling.rows_params(max_top_k, any_top_p), readback)
             hidden = self.model.transformer.forward_step(tokens, step, tables)  # [B, D]
-            readback[:, 0] = tokens
-            readback[:, 1] = logprobs
             hidden_out.copy_(hidden)
 
         replay: Callable[[], None] = body

@@ -1,0 +1,106 @@
+"""Decoding steps on a GPU through five launches per layer, where the layer-by-layer path takes about thirty:
+
+    qkv = x @ W_qkv^T                                     torch's product
+    a   = attention(qkv)                                  txl.kernels.triton_attention (biases, positions, new
+                                                          keys and values, partitions combined)
+    h   = LayerNorm(x + a @ W_o^T)                        txl.kernels.triton_rows_linear
+    f   = h @ W_1^T                                       torch's product (bias and ReLU applied by the next)
+    x'  = LayerNorm(h + relu(f + b_1) @ W_2^T + b_2)      txl.kernels.triton_rows_linear
+
+It takes a step when decoding takes the Triton kernels (`txl.kernels.triton_chosen`: on CUDA by default, anywhere
+under `prefer("triton")` where Triton runs), the step feeds one token per row (one query group: a decoding
+iteration, eager or a graph's static buffers), the layers are post-norm (the paper's and wt103's), the pool keeps
+no layer inputs, and for inference. Everything else takes the layer-by-layer path. Both read the same weights,
+pool and positional tables and write the pool alike; they agree to rounding (the fused kernels sum in another
+order and round less often), which the start-up check measures (`txl_server.engine.selfcheck`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from ..kernels import triton_chosen
+from ..kernels.triton_attention import decode_attention
+from ..kernels.triton_rows_linear import rows_linear
+from .step import GroupedStep
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """What the five launches read of a decoder layer (txl.model's, HF's module names)."""
+
+    qkv: Tensor  # [3*H*Dh, D]
+    u: Tensor  # [H, Dh] r_w_bias
+    v: Tensor  # [H, Dh] r_r_bias
+    scale: float
+    out: Tensor  # [D, H*Dh]
+    norm1: tuple[Tensor, Tensor, float]
+    inner: Tensor  # [D_inner, D]
+    inner_bias: Tensor  # [D_inner]
+    outer: Tensor  # [D, D_inner]
+    outer_bias: Tensor  # [D]
+    norm2: tuple[Tensor, Tensor, float]
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> _Layer:
+        attn, ff = cast(nn.Module, layer.dec_attn), cast(nn.Module, layer.pos_ff)
+        inner, outer = cast(nn.Linear, ff.CoreNet[0]), cast(nn.Linear, ff.CoreNet[3])
+        ln1, ln2 = cast(nn.LayerNorm, attn.layer_norm), cast(nn.LayerNorm, ff.layer_norm)
+        return cls(
+            attn.qkv_net.weight,
+            attn.r_w_bias,
+            attn.r_r_bias,
+            float(attn.scale),
+            attn.o_net.weight,
+            (ln1.weight, ln1.bias, ln1.eps),
+            inner.weight,
+            inner.bias,
+            outer.weight,
+            outer.bias,
+            (ln2.weight, ln2.bias, ln2.eps),
+        )
+
+
+def applies(layers: Sequence[nn.Module], step: GroupedStep, training: bool) -> bool:
+    """Whether a decoding step takes the fused kernels (see the module's docstring)."""
+    if training or torch.is_grad_enabled() or not triton_chosen(step.pool.layout.device):
+        return False
+    if len(step.groups) != 1 or step.groups[0].queries != 1 or step.pool.hidden is not None:
+        return False
+    return all(not cast(nn.Module, layer.dec_attn).pre_lnorm for layer in layers)
+
+
+def forward(
+    layers: Sequence[nn.Module], step: GroupedStep, hidden: Tensor, tables: Sequence[Tensor]
+) -> Tensor:
+    """hidden [N, D] (the embedded tokens, one per row, in the group's order) -> the last layer's output [N, D];
+    writes each layer's new keys and values to the step's slots."""
+    pool, group = step.pool, step.groups[0]
+    x = hidden
+    for i, module in enumerate(layers):
+        layer = _Layer.of(module)
+        qkv = torch.mm(x, layer.qkv.t())  # [N, 3*H*Dh]
+        attended = decode_attention(
+            qkv,
+            layer.u,
+            layer.v,
+            tables[i],
+            pool.keys[i],
+            pool.values[i],
+            group,
+            step.write_blocks,
+            step.write_slots,
+            scale=layer.scale,
+            n_pos=step.n_pos,
+        )  # [N, H*Dh]
+        h = rows_linear(attended, layer.out, residual=x, norm=layer.norm1)  # [N, D]
+        inner = torch.mm(h, layer.inner.t())  # [N, D_inner], its bias and ReLU applied as the next reads it
+        x = rows_linear(
+            inner, layer.outer, layer.outer_bias, relu_input=layer.inner_bias, residual=h, norm=layer.norm2
+        )
+    return x
