@@ -34,8 +34,19 @@ from .triton_decode import LaunchPlan, plan_launch, tile_keys
 if triton is not None:
     import triton.language as tl
 
-NUM_WARPS = 1  # as `triton_decode`: a tile's reductions stay within one warp
+# Numbers in a tile a warp holds: a program reads a tile of keys, of their positional keys and of values per
+# iteration, 16 keys at d_head 64 on one warp (its reductions stay within the warp, as in `triton_decode`), two
+# warps from d_head 128: 80 to 100 registers, no spills (tests/model/test_triton_compiled.py).
+TILE_ELEMENTS = 1024
+MIN_TILE = 16
 COMBINE_CHUNK = 16  # partitions the last program reads per iteration
+
+
+def tile_and_warps(d_head: int) -> tuple[int, int]:
+    """(keys a program reads per iteration, warps a program)."""
+    block_d = next_power_of_2(d_head)
+    tile = min(tile_keys(d_head), max(MIN_TILE, TILE_ELEMENTS // block_d))  # divides the plan's partitions
+    return tile, max(1, tile * block_d // TILE_ELEMENTS)
 
 
 @functools.cache
@@ -213,6 +224,8 @@ def decode_attention(
             n_pos=n_pos,
             sms=sms(qkv.device),
         )
+    tile, warps = tile_and_warps(d_head)
+    assert plan.partition % tile == 0  # partitions are whole tiles of the plan's (a multiple of this one)
     device = qkv.device
     with device_guard(device):
         out = torch.empty((batch, heads * d_head), dtype=qkv.dtype, device=device)
@@ -258,12 +271,9 @@ def decode_attention(
             D=d_head,
             BS=block_size,
             BLOCK_D=next_power_of_2(d_head),
-            TILE=plan.tile,
+            TILE=tile,
             SPLIT=plan.split,
             CHUNK=COMBINE_CHUNK,
-            num_warps=NUM_WARPS,
+            num_warps=warps,
         )
     return out
-
-
-__all__ = ["decode_attention", "jit_kernel", "tile_keys"]

@@ -179,8 +179,8 @@ def jit_kernels() -> tuple[Any, Any, Any]:
         if tl.atomic_add(sem + row, 1, sem="acq_rel") == chunks - 1:
             mass = tl.zeros((J,), tl.float32)
             whole = tl.zeros((), tl.float32)
-            for c in range(0, chunks):
-                mass += tl.load(above + (row * chunks + c) * J + tl.arange(0, J), cache_modifier=".cg")
+            for each in range(0, chunks):
+                mass += tl.load(above + (row * chunks + each) * J + tl.arange(0, J), cache_modifier=".cg")
             for c0 in range(0, chunks, CHUNK_BLOCK):
                 c = c0 + tl.arange(0, CHUNK_BLOCK)
                 whole += tl.sum(
@@ -295,22 +295,24 @@ def jit_kernels() -> tuple[Any, Any, Any]:
                     carry = tl.sum(tl.where(lanes == CHUNK_BLOCK - 1, cumulative, 0.0), axis=0)
                 if chosen < 0:
                     chosen = last
-                    before = target  # nothing in it exceeds the target: its last kept word is drawn
+                    before = float(
+                        "-inf"
+                    )  # nothing exceeds the target (it rounded to the whole): the last kept word
                 # Within the chosen chunk: the first word whose cumulative weight exceeds the target, else its last
                 # kept word.
                 found = tl.full((), -1, tl.int64)
                 kept = tl.full((), -1, tl.int64)
                 carry = before
-                for w0 in range(chosen * CHUNK, chosen * CHUNK + CHUNK, BLOCK):
-                    w = w0 + tl.arange(0, BLOCK)
-                    ok = w < V
-                    x = _tempered(tl.load(base + w, mask=ok, other=float("-inf")), top, t)
-                    weight = tl.where(ok & (x >= threshold), tl.exp(x), 0.0)
+                for at in range(chosen * CHUNK, chosen * CHUNK + CHUNK, BLOCK):
+                    words = at + tl.arange(0, BLOCK)
+                    inside = words < V
+                    x2 = _tempered(tl.load(base + words, mask=inside, other=float("-inf")), top, t)
+                    weight = tl.where(inside & (x2 >= threshold), tl.exp(x2), 0.0)
                     cumulative = carry + tl.cumsum(weight, axis=0)
-                    hit = tl.min(tl.where(cumulative > target, w, V), axis=0).to(tl.int64)
+                    hit = tl.min(tl.where(cumulative > target, words, V), axis=0).to(tl.int64)
                     if (found < 0) & (hit < V):
                         found = hit
-                    kept = tl.maximum(kept, tl.max(tl.where(weight > 0.0, w, -1), axis=0).to(tl.int64))
+                    kept = tl.maximum(kept, tl.max(tl.where(weight > 0.0, words, -1), axis=0).to(tl.int64))
                     carry = tl.sum(tl.where(tl.arange(0, BLOCK) == BLOCK - 1, cumulative, 0.0), axis=0)
                 token = tl.where(found >= 0, found, tl.maximum(kept, 0))
             logprob = tl.load(base + token)

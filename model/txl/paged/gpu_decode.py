@@ -10,14 +10,16 @@
 It takes a step when decoding takes the Triton kernels (`txl.kernels.triton_chosen`: on CUDA by default, anywhere
 under `prefer("triton")` where Triton runs), the step feeds one token per row (one query group: a decoding
 iteration, eager or a graph's static buffers), the layers are post-norm (the paper's and wt103's), the pool keeps
-no layer inputs, and for inference. Everything else takes the layer-by-layer path. Both read the same weights,
+no layer inputs, and for inference. Everything else takes the layer-by-layer path (`disabled()` forces it). Both read the same weights,
 pool and positional tables and write the pool alike; they agree to rounding (the fused kernels sum in another
 order and round less often), which the start-up check measures (`txl_server.engine.selfcheck`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import cast
 
@@ -25,9 +27,18 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels import triton_chosen
+from ..kernels.scoped import scoped
 from ..kernels.triton_attention import decode_attention
 from ..kernels.triton_rows_linear import rows_linear
 from .step import GroupedStep
+
+_enabled: ContextVar[bool] = ContextVar("txl_gpu_decode", default=True)
+
+
+def disabled() -> contextlib.AbstractContextManager[None]:
+    """Inside this block, decoding steps take the layer-by-layer path (with `triton_decode`'s attention where
+    Triton is chosen): tests and benchmarks compare the two."""
+    return scoped(_enabled, False)
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,12 @@ class _Layer:
 
 def applies(layers: Sequence[nn.Module], step: GroupedStep, training: bool) -> bool:
     """Whether a decoding step takes the fused kernels (see the module's docstring)."""
-    if training or torch.is_grad_enabled() or not triton_chosen(step.pool.layout.device):
+    if (
+        not _enabled.get()
+        or training
+        or torch.is_grad_enabled()
+        or not triton_chosen(step.pool.layout.device)
+    ):
         return False
     if len(step.groups) != 1 or step.groups[0].queries != 1 or step.pool.hidden is not None:
         return False
