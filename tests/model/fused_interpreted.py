@@ -217,7 +217,7 @@ def sampling() -> dict[str, object]:
             rows = RowParams.build([p] * n, seeds, [5 * k + i for k in range(n)], log_probs.size(1), "cpu")
             readback = torch.zeros(n, 2, dtype=torch.float64)
             with prefer("torch"):
-                expected, expected_logprobs = sample_rows(log_probs, rows)
+                expected, _ = sample_rows(log_probs, rows)
             with prefer("triton"):
                 tokens, logprobs = sample_rows(log_probs, rows, readback)
                 hashed, _ = sample_rows(log_probs, dataclasses.replace(rows, uniform=None))
