@@ -52,15 +52,22 @@ def test_row_linears_split_their_inputs_to_fill_the_gpu_at_batch_one():
     plan = triton_rows_linear.plan_rows(rows=1, outputs=1024, inputs=4096, sms=132)
     assert (plan.block_m, plan.block_n, plan.splits) == (16, 64, 16)
     assert plan.k_per_split * plan.splits >= 4096 and plan.k_per_split % plan.block_k == 0
-    # 64 rows: tiles of 64 rows and 32 outputs, fewer splits.
-    plan = triton_rows_linear.plan_rows(rows=64, outputs=1024, inputs=4096, sms=132)
-    assert (plan.block_m, plan.block_n) == (64, 32) and plan.splits == 9
+    # 64 rows: tiles of 64 rows and 32 outputs, the same splits (the same sums, in the same order, for a row).
+    wide = triton_rows_linear.plan_rows(rows=64, outputs=1024, inputs=4096, sms=132)
+    assert (wide.block_m, wide.block_n) == (64, 32) and (wide.splits, wide.k_per_split) == (16, 256)
 
 
-def test_the_fused_attention_tiles_divide_the_plans_partitions():
+def test_the_fused_attention_partitions_hold_a_fixed_number_of_keys():
+    """Whatever the batch or the table's width, a row's keys are cut at the same places: a graph's wider table
+    only adds empty partitions."""
     for d_head in (8, 16, 64, 128):
         tile, warps = triton_attention.tile_and_warps(d_head)
-        assert triton_attention.tile_keys(d_head) % tile == 0 and warps in (1, 2)
+        assert triton_attention.PARTITION_KEYS % tile == 0 and warps in (1, 2)
+    eager = triton_attention.plan_partitions(d_head=64, table_width=101, block_size=16, n_pos=1601)
+    graph = triton_attention.plan_partitions(d_head=64, table_width=120, block_size=16, n_pos=1601)
+    assert eager.partition == graph.partition == 64 and eager.partitions == graph.partitions == 26
+    short = triton_attention.plan_partitions(d_head=64, table_width=2, block_size=16, n_pos=20)
+    assert short.partitions == 1 and not short.split
 
 
 @needs_triton

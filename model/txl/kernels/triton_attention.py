@@ -16,7 +16,9 @@ partition), reading the layer's fused projection `qkv` [B, 3, H, Dh] as the proj
 - where a row's keys are split over several programs (to fill the GPU at batch 1), the last of them to finish
   (`triton_common` semaphores) combines the partitions, in partition order, and writes the row's output.
 
-The grid is sized from host-known bounds only (`triton_decode.plan_launch`), so a CUDA graph captures it.
+The grid is sized from host-known bounds only (`plan_partitions`), so a CUDA graph captures it; partitions have a
+fixed size, so a row's result does not depend on the batch it is in or on the width of the table it is read from
+(a graph's buffers are wider than an eager step's): a graph replay gives the eager step's bits.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import triton_common
 from .decode_rows import DecodeRows
-from .triton_common import device_guard, launch, next_power_of_2, semaphores, sms, triton
-from .triton_decode import LaunchPlan, plan_launch, tile_keys
+from .triton_common import device_guard, next_power_of_2, semaphores, triton
+from .triton_decode import LaunchPlan, tile_keys
 
 if triton is not None:
     import triton.language as tl
@@ -40,6 +43,21 @@ if triton is not None:
 TILE_ELEMENTS = 1024
 MIN_TILE = 16
 COMBINE_CHUNK = 16  # partitions the last program reads per iteration
+
+
+# Keys a partition holds, whatever the batch or the table: a row's partitions, and so the order its sums are
+# taken in, depend on its own keys only, so that a row gives the same bits in a graph's padded buffers as in an
+# eager step, alone or in any batch. At batch 1 a wt103 row of 1,600 keys is 26 partitions a head (416 programs).
+PARTITION_KEYS = 64
+
+
+def plan_partitions(*, d_head: int, table_width: int, block_size: int, n_pos: int) -> LaunchPlan:
+    """Partitions of PARTITION_KEYS keys, enough for the most keys a row can see (from host-known bounds: the
+    table's width and the distances the positional table covers, from the tile boundary at or before its first
+    key), so that a CUDA graph captures the grid."""
+    tile, _ = tile_and_warps(d_head)
+    span = min(table_width * block_size, n_pos + tile - 1)
+    return LaunchPlan(tile, PARTITION_KEYS, max(1, -(-span // PARTITION_KEYS)))
 
 
 def tile_and_warps(d_head: int) -> tuple[int, int]:
@@ -215,17 +233,9 @@ def decode_attention(
     batch = qkv.size(0)
     table = rows.table
     if plan is None:
-        plan = plan_launch(
-            batch=batch,
-            heads=heads,
-            d_head=d_head,
-            table_width=table.size(1),
-            block_size=block_size,
-            n_pos=n_pos,
-            sms=sms(qkv.device),
-        )
+        plan = plan_partitions(d_head=d_head, table_width=table.size(1), block_size=block_size, n_pos=n_pos)
     tile, warps = tile_and_warps(d_head)
-    assert plan.partition % tile == 0  # partitions are whole tiles of the plan's (a multiple of this one)
+    assert plan.partition % tile == 0  # partitions are whole tiles
     device = qkv.device
     with device_guard(device):
         out = torch.empty((batch, heads * d_head), dtype=qkv.dtype, device=device)
@@ -238,7 +248,7 @@ def decode_attention(
             counts = semaphores(device, batch * heads)
         else:  # not read: the kernel writes `out` directly
             part_max = part_sum = part_acc = counts = out
-        launch(
+        triton_common.launch(
             jit_kernel(),
             (batch * heads, plan.partitions),
             qkv,

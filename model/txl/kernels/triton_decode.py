@@ -36,10 +36,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import triton_common
 from .decode_rows import DecodeRows
 from .triton_common import DEFAULT_SMS as DEFAULT_SMS  # re-exported: benchmarks size their grids by it
 from .triton_common import available as available
-from .triton_common import device_guard, launch, sms, triton
+from .triton_common import device_guard, sms, triton
 from .triton_common import next_power_of_2 as _next_power_of_2
 
 if triton is not None:
@@ -253,7 +254,7 @@ def triton_paged_decode(
             )
         else:  # not read: the kernel writes `out` directly
             part_max = part_sum = part_acc = out
-        launch(
+        triton_common.launch(
             partitions_kernel,
             (batch * heads, plan.partitions),
             q.float().contiguous(),
@@ -284,7 +285,7 @@ def triton_paged_decode(
             num_warps=NUM_WARPS,
         )
         if plan.split:
-            launch(
+            triton_common.launch(
                 combine_kernel,
                 (batch * heads,),
                 part_max,

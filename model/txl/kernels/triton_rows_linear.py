@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .triton_common import device_guard, launch, next_power_of_2, semaphores, sms, triton, widen_dots
+from . import triton_common
+from .triton_common import device_guard, next_power_of_2, semaphores, sms, triton, widen_dots
 
 if triton is not None:
     import triton.language as tl
@@ -48,15 +49,16 @@ class RowsPlan:
 
 def plan_rows(*, rows: int, outputs: int, inputs: int, sms: int) -> RowsPlan:
     """A tile of weights is about 2,048 numbers (BLOCK_N x BLOCK_K), the rows' tile a few more: 96 to 170
-    registers a thread, no spills, on sm_80 and sm_90 (tests/model/test_triton_compiled.py); the splits give the
-    grid about PROGRAMS_PER_SM programs an SM."""
+    registers a thread, no spills, on sm_80 and sm_90 (tests/model/test_triton_compiled.py). The splits give a
+    batch of one about PROGRAMS_PER_SM programs an SM, and depend on the weight's shape only: the order an output's
+    products are summed in (ranges of `k_per_split` inputs, BLOCK_K at a time, then the ranges in order) is then the
+    same at any batch, and a row gives the same bits alone, in any batch and in a graph's padded buffers."""
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     block_k = 32
-    block_n = 64 if block_m == 16 else 32
-    block_n = min(block_n, max(16, next_power_of_2(outputs)))
-    tiles = -(-outputs // block_n) * -(-rows // block_m)
+    block_n = min(64 if block_m == 16 else 32, max(16, next_power_of_2(outputs)))
     k_blocks = -(-inputs // block_k)
-    splits = max(1, min(k_blocks, -(-PROGRAMS_PER_SM * sms // tiles)))
+    tiles_at_one_row = -(-outputs // min(64, max(16, next_power_of_2(outputs))))
+    splits = max(1, min(k_blocks, -(-PROGRAMS_PER_SM * sms // tiles_at_one_row)))
     k_per_split = -(-k_blocks // splits) * block_k
     return RowsPlan(block_m, block_n, block_k, -(-inputs // k_per_split), k_per_split)
 
@@ -202,7 +204,7 @@ def rows_linear(
     if plan is None:
         plan = plan_rows(rows=m, outputs=n, inputs=k, sms=sms(device))
     tiles_n, blocks = -(-n // plan.block_n), -(-m // plan.block_m)
-    split = plan.splits > 1
+    split = plan.splits > 1 and norm is None  # with the LayerNorm, partial products always (one variant)
     with device_guard(device):
         out = torch.empty((m, n), dtype=x.dtype, device=device)
         partial: Tensor = out
@@ -211,7 +213,7 @@ def rows_linear(
             partial = torch.empty((plan.splits, m, n), dtype=torch.float32, device=device)
             counts = semaphores(device, blocks * tiles_n)
         norm_w, norm_b, eps = norm if norm is not None else (out, out, 0.0)
-        launch(
+        triton_common.launch(
             jit_kernel(),
             (tiles_n, plan.splits, blocks),
             x,

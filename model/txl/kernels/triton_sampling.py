@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .triton_common import device_guard, launch, semaphores, triton
+from . import triton_common
+from .triton_common import device_guard, semaphores, triton
 
 if triton is not None:
     import triton.language as tl
@@ -355,7 +356,7 @@ def sample(
         chunk_arg = torch.empty((n, chunks), dtype=torch.int64, device=device)
         best = torch.empty(n, dtype=torch.float32, device=device)
         best_at = torch.empty(n, dtype=torch.int64, device=device)
-        launch(
+        triton_common.launch(
             row_max,
             (n, chunks),
             log_probs,
@@ -381,7 +382,7 @@ def sample(
             above = torch.empty((n, chunks, PIVOTS), dtype=torch.float32, device=device)
             total = torch.empty((n, chunks), dtype=torch.float32, device=device)
             for step in range(PASSES):
-                launch(
+                triton_common.launch(
                     nucleus_pass,
                     (n, chunks),
                     log_probs,
@@ -404,7 +405,7 @@ def sample(
                 )
         tokens = torch.empty(n, dtype=torch.int64, device=device)
         logprobs = torch.empty(n, dtype=torch.float32, device=device)
-        launch(
+        triton_common.launch(
             draw_kernel,
             (n, chunks),
             log_probs,
@@ -452,14 +453,14 @@ def nucleus_thresholds(log_probs: Tensor, temperature: Tensor, top_p: Tensor) ->
     chunk_best = torch.empty((n, chunks), dtype=torch.float32, device=device)
     chunk_arg = torch.empty((n, chunks), dtype=torch.int64, device=device)
     with device_guard(device):
-        launch(row_max, (n, chunks), log_probs, chunk_best, chunk_arg, sem, best, best_at, vocab, chunks,
+        triton_common.launch(row_max, (n, chunks), log_probs, chunk_best, chunk_arg, sem, best, best_at, vocab, chunks,
                CHUNK=CHUNK, BLOCK=BLOCK, CHUNK_BLOCK=CHUNK_BLOCK, num_warps=NUM_WARPS)  # fmt: skip
         lo = torch.empty(n, dtype=torch.int64, device=device)
         hi = torch.empty(n, dtype=torch.int64, device=device)
         above = torch.empty((n, chunks, PIVOTS), dtype=torch.float32, device=device)
         total = torch.empty((n, chunks), dtype=torch.float32, device=device)
         for step in range(PASSES):
-            launch(nucleus_pass, (n, chunks), log_probs, best, temperature, top_p, lo, hi, above, total, sem,
+            triton_common.launch(nucleus_pass, (n, chunks), log_probs, best, temperature, top_p, lo, hi, above, total, sem,
                    vocab, chunks, FIRST=step == 0, J=PIVOTS, CHUNK=CHUNK, BLOCK=PASS_BLOCK,
                    CHUNK_BLOCK=CHUNK_BLOCK, num_warps=NUM_WARPS)  # fmt: skip
     bits = hi.clamp(min=NEG_INF_KEY).to(torch.int32)

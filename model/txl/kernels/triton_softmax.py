@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .triton_common import device_guard, launch, semaphores, triton
+from . import triton_common
+from .triton_common import device_guard, semaphores, triton
 
 MAX_PARTS = 4  # the head and three tail clusters (wt103); more take the torch path
 CHUNK = 4096  # words a program reads
@@ -212,7 +213,7 @@ def adaptive_log_probs(logits: Sequence[Tensor], clusters: Tensor | None) -> Ten
         chunk_sum = torch.empty_like(chunk_max)
         shifts = torch.empty((n, 4), dtype=torch.float32, device=device)
         out = torch.empty((n, vocab), dtype=torch.float32, device=device)
-        launch(
+        triton_common.launch(
             stats,
             (n, chunks),
             *padded_x,
@@ -230,7 +231,7 @@ def adaptive_log_probs(logits: Sequence[Tensor], clusters: Tensor | None) -> Ten
             STATS_BLOCK=STATS_BLOCK,
             num_warps=NUM_WARPS,
         )
-        launch(
+        triton_common.launch(
             write,
             (n, chunks),
             *padded_x,

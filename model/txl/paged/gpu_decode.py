@@ -21,15 +21,17 @@ import contextlib
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..kernels import triton_chosen
 from ..kernels.scoped import scoped
-from ..kernels.triton_attention import decode_attention
+from ..kernels.triton_attention import decode_attention, tile_and_warps
+from ..kernels.triton_decode import LaunchPlan
 from ..kernels.triton_rows_linear import rows_linear
+from .pool import BlockPool
 from .step import GroupedStep
 
 _enabled: ContextVar[bool] = ContextVar("txl_gpu_decode", default=True)
@@ -59,7 +61,7 @@ class _Layer:
 
     @classmethod
     def of(cls, layer: nn.Module) -> _Layer:
-        attn, ff = cast(nn.Module, layer.dec_attn), cast(nn.Module, layer.pos_ff)
+        attn, ff = cast(Any, layer.dec_attn), cast(Any, layer.pos_ff)  # the paper's modules, by their names
         inner, outer = cast(nn.Linear, ff.CoreNet[0]), cast(nn.Linear, ff.CoreNet[3])
         ln1, ln2 = cast(nn.LayerNorm, attn.layer_norm), cast(nn.LayerNorm, ff.layer_norm)
         return cls(
@@ -120,3 +122,49 @@ def forward(
             inner, layer.outer, layer.outer_bias, relu_input=layer.inner_bias, residual=h, norm=layer.norm2
         )
     return x
+
+
+# Rows a warm-up step takes, one for each tile of rows `triton_rows_linear` compiles (16, 32, 64).
+WARM_UP_ROWS = (1, 17, 33)
+
+
+@torch.no_grad()
+def warm_up(model: Any, pool: BlockPool) -> None:
+    """Compiles, at start-up, every variant the fused body launches for `model` over `pool` (a CUDA graph
+    captures no compilation, and none should happen while sessions wait): the row linears at every tile of rows,
+    the attention split and in one pass (over a scratch pool of three blocks), the embedding and the log-softmax.
+    `model`: a `txl.TransfoXLLMHeadModel`."""
+    layout = pool.layout
+    device, dtype = layout.device, layout.dtype
+    layer = _Layer.of(model.transformer.layers[0])
+    width, inner = layer.out.size(0), layer.inner.size(0)
+    for rows in WARM_UP_ROWS:
+        x = torch.zeros((rows, width), dtype=dtype, device=device)
+        rows_linear(torch.zeros((rows, layer.out.size(1)), dtype=dtype, device=device), layer.out, residual=x,
+                    norm=layer.norm1)  # fmt: skip
+        rows_linear(torch.zeros((rows, inner), dtype=dtype, device=device), layer.outer, layer.outer_bias,
+                    relu_input=layer.inner_bias, residual=x, norm=layer.norm2)  # fmt: skip
+    heads, d_head, block_size = layout.n_head, layout.d_head, pool.block_size
+    scratch = torch.zeros((heads, 3, block_size, d_head), dtype=dtype, device=device)
+
+    def index(*values: object) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    # One row of two positions (the end of block 1, the start of block 2): split in two, and in one pass.
+    row = _WarmUpRows(index([1, 2]), index(block_size - 1), index(2), index(3))
+    qkv = torch.zeros((1, 3 * heads * d_head), dtype=dtype, device=device)
+    positions = torch.zeros((heads, 2, d_head), dtype=dtype, device=device)
+    tile, _ = tile_and_warps(d_head)
+    for plan in (LaunchPlan(tile, tile, 2), LaunchPlan(tile, 2 * tile, 1)):
+        decode_attention(qkv, layer.u, layer.v, positions, scratch, scratch.clone(), row, index(2), index(0),
+                         scale=layer.scale, n_pos=2, plan=plan)  # fmt: skip
+    model.transformer.word_emb(torch.zeros(1, dtype=torch.long, device=device))
+    model.log_probs(torch.zeros((1, width), dtype=dtype, device=device))
+
+
+@dataclass(frozen=True)
+class _WarmUpRows:
+    table: Tensor
+    starts: Tensor
+    key_lengths: Tensor
+    windows: Tensor

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..engine.comparison import Comparison
 from ..engine.device_report import DeviceReport
-from ..engine.selfcheck import Comparison, ServingPath
+from ..engine.selfcheck import ServingPath
 from ..settings import Settings
 from .parity import Parity
 from .speed import Speed
