@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import time
+from pathlib import Path
 
 import torch
 from txl_server.check.benchmark_docs import ORDER, assemble
@@ -44,6 +45,13 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=2, help="torch threads (default 2, as on the CI machine)"
     )
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=DOCS,
+        help="where the sections (DOCS/benchmarks/SUITE.md) and benchmarks.md go (default: the repository's docs/;"
+        " scripts/gpu-check.sh writes under results/)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     chosen = args.suites or [s for s in ORDER if s in SUITES]
@@ -54,9 +62,9 @@ def main() -> None:
         module = importlib.import_module(SUITES[name])
         section = module.run(quick=args.quick)
         if section is not None:  # None: nothing measured here (the GPU suite without a GPU)
-            section.save(DOCS)
+            section.save(args.docs)
         print(f"({name}: {time.perf_counter() - suite_started:.0f} s)", flush=True)
-    path = assemble(DOCS)
+    path = assemble(args.docs)
     print(f"\nwrote {path} in {time.perf_counter() - started:.0f} s")
 
 

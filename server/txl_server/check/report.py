@@ -130,14 +130,15 @@ def describe_speed(report: CheckReport, speed: Speed) -> None:
     report.add("copy bandwidth", f"{speed.bandwidth / 1e9:,.1f} GB/s (read + written)")
     report.add(
         "decode, 1 session",
-        f"{1 / speed.decode_one:,.0f} tokens/s, {speed.decode_one * 1000:.2f} ms per token; floor "
-        f"{speed.floor_one * 1000:.3f} ms ({speed.weight_bytes / 2**20:,.1f} MiB of weights): "
-        f"{speed.decode_one / speed.floor_one:,.1f}x the floor",
+        f"{1 / speed.decode_one:,.0f} tokens/s, {speed.decode_one * 1000:.2f} ms per token at mem {speed.mem:,}; "
+        f"floor {speed.floor_one * 1000:.3f} ms ({speed.weight_bytes / 2**20:,.1f} MiB of weights and the "
+        f"memory's keys and values): {speed.decode_one / speed.floor_one:,.1f}x the floor",
     )
     report.add(
         f"decode, {speed.batch} sessions",
-        f"{speed.batch / speed.decode_batch:,.0f} tokens/s, {speed.decode_batch * 1000:.2f} ms per step: "
-        f"{speed.decode_batch / speed.floor_one:,.1f}x the floor (weights read once per step)",
+        f"{speed.batch / speed.decode_batch:,.0f} tokens/s, {speed.decode_batch * 1000:.2f} ms per step at mem "
+        f"{speed.mem:,}; floor {speed.floor_batch * 1000:.3f} ms (weights read once per step, each session's "
+        f"keys and values): {speed.decode_batch / speed.floor_batch:,.1f}x the floor",
     )
     report.add(
         "scoring",
