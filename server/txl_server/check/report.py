@@ -131,8 +131,9 @@ def describe_speed(report: CheckReport, speed: Speed) -> None:
     report.add(
         "decode, 1 session",
         f"{1 / speed.decode_one:,.0f} tokens/s, {speed.decode_one * 1000:.2f} ms per token at mem {speed.mem:,}; "
-        f"floor {speed.floor_one * 1000:.3f} ms ({speed.weight_bytes / 2**20:,.1f} MiB of weights and the "
-        f"memory's keys and values): {speed.decode_one / speed.floor_one:,.1f}x the floor",
+        f"floor {speed.floor_one * 1000:.3f} ms ({speed.weight_bytes / 2**20:,.1f} MiB of weights, "
+        f"{_memory_bytes(speed) / 2**20:,.1f} MiB of keys, values and positions): "
+        f"{speed.decode_one / speed.floor_one:,.1f}x the floor",
     )
     report.add(
         f"decode, {speed.batch} sessions",
@@ -145,3 +146,8 @@ def describe_speed(report: CheckReport, speed: Speed) -> None:
         f"{speed.scoring:,.0f} tokens/s over {speed.document:,} tokens: "
         f"{speed.scoring_floor / speed.scoring:,.2f}x the floor's time",
     )
+
+
+def _memory_bytes(speed: Speed) -> float:
+    """What one session's step reads beside the weights: its memory's keys and values, the positional keys."""
+    return speed.floor_one * speed.bandwidth - speed.weight_bytes

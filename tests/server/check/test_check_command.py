@@ -53,7 +53,7 @@ def test_the_check_passes_on_the_cpu_and_prints_its_report(tiny_model_dir):
     assert "blocks of 16 positions" in line("memory pool") and "sessions at mem_len 32" in line("budgets")
     assert "GB/s" in line("copy bandwidth") and "x the floor" in line("decode, 1 session")
     # decoding measured at the served mem_len, against a floor that counts the memory's keys and values
-    assert "at mem 32;" in line("decode, 1 session") and "keys and values" in line("decode, 1 session")
+    assert "at mem 32;" in line("decode, 1 session") and "MiB of keys, values" in line("decode, 1 session")
     assert "at mem 32;" in line("decode, 4 sessions") and "each session's keys" in line("decode, 4 sessions")
     assert "tokens/s over" in line("scoring")
     assert "Traceback" not in done.stderr
