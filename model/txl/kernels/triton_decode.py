@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import triton_common
-from .decode_rows import DecodeRows
+from .decode_rows import DecodeRows, GivenRows
 from .triton_common import DEFAULT_SMS as DEFAULT_SMS  # re-exported: benchmarks size their grids by it
 from .triton_common import available as available
 from .triton_common import device_guard, sms, triton
@@ -301,14 +301,6 @@ def triton_paged_decode(
     return out
 
 
-@dataclass(frozen=True)
-class _WarmUpRows:
-    table: Tensor
-    starts: Tensor
-    key_lengths: Tensor
-    windows: Tensor
-
-
 def warm_up(device: torch.device, dtype: torch.dtype, *, heads: int, d_head: int, block_size: int) -> None:
     """Compiles, at start-up, every variant a pool of `dtype` can launch while serving: the split kernel with its
     combining kernel, and the single pass (the other launch parameters are not specialised on). One row of two
@@ -319,7 +311,7 @@ def warm_up(device: torch.device, dtype: torch.dtype, *, heads: int, d_head: int
         return torch.tensor(values, dtype=torch.long, device=device)
 
     # Positions bs - 1 and bs: the end of block 1 and the start of block 2.
-    rows = _WarmUpRows(index([1, 2]), index(block_size - 1), index(2), index(3))
+    rows = GivenRows(index([1, 2]), index(block_size - 1), index(2), index(3))
     q = torch.zeros((1, heads, d_head), device=device)
     bd = torch.zeros((heads, 1, 2), device=device)
     tile = tile_keys(d_head)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels import triton_chosen
+from ..kernels.decode_rows import GivenRows
 from ..kernels.scoped import scoped
 from ..kernels.triton_attention import decode_attention, tile_and_warps
 from ..kernels.triton_decode import LaunchPlan
@@ -151,7 +152,7 @@ def warm_up(model: Any, pool: BlockPool) -> None:
         return torch.tensor(values, dtype=torch.long, device=device)
 
     # One row of two positions (the end of block 1, the start of block 2): split in two, and in one pass.
-    row = _WarmUpRows(index([1, 2]), index(block_size - 1), index(2), index(3))
+    row = GivenRows(index([1, 2]), index(block_size - 1), index(2), index(3))
     qkv = torch.zeros((1, 3 * heads * d_head), dtype=dtype, device=device)
     positions = torch.zeros((heads, 2, d_head), dtype=dtype, device=device)
     tile, _ = tile_and_warps(d_head)
@@ -160,11 +161,3 @@ def warm_up(model: Any, pool: BlockPool) -> None:
                          scale=layer.scale, n_pos=2, plan=plan)  # fmt: skip
     model.transformer.word_emb(torch.zeros(1, dtype=torch.long, device=device))
     model.log_probs(torch.zeros((1, width), dtype=dtype, device=device))
-
-
-@dataclass(frozen=True)
-class _WarmUpRows:
-    table: Tensor
-    starts: Tensor
-    key_lengths: Tensor
-    windows: Tensor
