@@ -97,7 +97,8 @@ ENV TXL_HOST=0.0.0.0 \
 WORKDIR /home/txl
 EXPOSE 8000
 # The probe reads the server's --host and --port from its command line (and TXL_HOST, TXL_PORT): `docker run
-# IMAGE --port 9000` turns healthy too.
+# IMAGE --port 9000` turns healthy too. It asks /health, liveness: unhealthy once the device failed or the worker
+# is stuck (docs/server.md, "Liveness").
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-m", "txl_server.healthcheck"]
 ENTRYPOINT ["txl-entrypoint", "python", "-m", "txl_server"]

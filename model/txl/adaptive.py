@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import TxlConfig
+from .kernels import triton_chosen, triton_embedding, triton_softmax
 from .kernels.linear import packed_linear
 
 
@@ -47,9 +48,19 @@ class AdaptiveEmbedding(nn.Module):
             embed = self.emb_layers[0](tokens)
             if self.d_proj != self.d_embed:
                 embed = nn.functional.linear(embed, self.emb_projs[0])
-        elif tokens.device.type == "cpu":
+        elif tokens.device.type == "cpu" and not triton_chosen(tokens.device):
             embed = self._by_cluster(tokens.reshape(-1)).view(*tokens.shape, self.d_proj)
         else:
+            if triton_chosen(tokens.device) and not torch.is_grad_enabled():
+                scaled = triton_embedding.adaptive_embedding(
+                    tokens.reshape(-1),
+                    [cast(nn.Embedding, layer).weight for layer in self.emb_layers],
+                    list(self.emb_projs),
+                    self.cutoff_ends,
+                    self.emb_scale,
+                )  # one kernel, the scale included
+                if scaled is not None:
+                    return scaled.view(*tokens.shape, self.d_proj)
             embed = self._masked(tokens.reshape(-1)).view(*tokens.shape, self.d_proj)
         return embed * self.emb_scale
 
@@ -151,6 +162,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     def log_probs(self, hidden: Tensor) -> Tensor:
         """hidden [N, d_model] -> [N, vocab_size] float32 log-probabilities (for sampling)."""
+        if triton_chosen(hidden.device) and not torch.is_grad_enabled():
+            fused = self._triton_log_probs(hidden)
+            if fused is not None:
+                return fused
         head = self._head_log_probs(hidden)
         if self.n_clusters == 0:
             return head
@@ -161,6 +176,23 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             cluster = head[:, self.shortlist_size + i - 1, None]  # [N, 1] log p(cluster i)
             out[:, lo:hi] = cluster + self._tail_log_probs(hidden, i)
         return out
+
+    def _triton_log_probs(self, hidden: Tensor) -> Tensor | None:
+        """`log_probs` through the Triton kernels (txl.kernels.triton_softmax): the logits from the same products as
+        the torch path's, then two kernels for everything after them; None where they do not apply."""
+        weight, bias, proj = self._cluster_params(0)
+        projected = (
+            packed_linear(hidden, proj.t(), None, self, "_packed_head_proj") if proj is not None else hidden
+        )
+        logits = [packed_linear(projected, weight, bias, self, "_packed_head")]  # [N, shortlist]
+        clusters = None
+        if self.n_clusters:
+            clusters = packed_linear(
+                projected, self.cluster_weight, self.cluster_bias, self, "_packed_clusters"
+            )
+        for i in range(1, self.n_clusters + 1):
+            logits.append(self._logits(hidden, *self._cluster_params(i), f"tail{i}"))  # [N, n_i]
+        return triton_softmax.adaptive_log_probs(logits, clusters)
 
     def target_log_probs(
         self, hidden: Tensor, targets: Tensor, host_targets: Sequence[int] | None = None

@@ -22,7 +22,7 @@ from .attention import AttentionGroup, RelPartialLearnableMultiHeadAttn
 from .config import TxlConfig
 from .feedforward import PositionwiseFF
 from .memory import HiddenMemory, Memory
-from .paged import fused_decode
+from .paged import fused_decode, gpu_decode
 from .paged.layout import MemoryLayout
 from .paged.pool import BlockPool, Reservation, default_pool
 from .paged.rows import PagedRow
@@ -192,7 +192,10 @@ class TransfoXLModel(nn.Module):
         hidden = self.drop(self.word_emb(tokens))  # [N, D]
         if tables is None:
             tables = self.positional_tables(step.n_pos)
-        fused = fused_decode.applies(cast(Sequence[nn.Module], self.layers), step, self.training)
+        layers = cast(Sequence[nn.Module], self.layers)
+        if gpu_decode.applies(layers, step, self.training):
+            return gpu_decode.forward(layers, step, hidden, tables)
+        fused = fused_decode.applies(layers, step, self.training)
         if fused is not None:
             return fused_decode.forward(fused, cast(PagedStep, step), hidden, tables)
         for i, layer in enumerate(self.layers):

@@ -9,8 +9,9 @@ Three ways to the same threshold, all exact:
 - on a CPU, for rows with a wider nucleus (a flat distribution), a search that cuts the range of logits still in
   question into parts and keeps the part that holds the threshold (`_narrowing_search`), a few steps;
 - off the CPU, a search of a fixed number of passes over every row, with no host decision, so that a CUDA graph
-  captures it (`threshold_search`, on keys: each float32 logit's bits as an int32, ordered as the floats are).
-  On CUDA a Triton kernel weighs 16 pivots a pass (8 passes); elsewhere torch weighs one (32 passes).
+  captures it (`threshold_search`, on keys: each float32 logit's bits as an int32, ordered as the floats are):
+  torch weighs one pivot a pass (32 passes); where decoding takes the Triton kernels, sampling runs the same
+  search with 16 pivots a pass (8 passes, one launch each: `txl.kernels.triton_sampling`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-
-from .kernels import triton_decode, triton_sampling
 
 # A CPU looks at the best NUCLEUS_CANDIDATES words first; rows whose nucleus they do not cover look at 8 times as
 # many while that stays a small part of the vocabulary (1/32: a partial selection of more costs as much as the
@@ -120,33 +119,20 @@ def _narrowing_search(logits: Tensor, probs: Tensor, target: Tensor) -> Tensor:
 
 
 def searched_nucleus_thresholds(
-    logits: Tensor,
-    normaliser: Tensor,
-    top_p: Tensor,
-    *,
-    use_triton: bool | None = None,
-    stop_early: bool | None = None,
+    logits: Tensor, normaliser: Tensor, top_p: Tensor, *, stop_early: bool | None = None
 ) -> Tensor:
-    """The threshold search on every row: [N, V] logits, [N, 1] their logsumexp, [N] top_p -> [N, 1]. The masses
-    come from the Triton kernel (PIVOTS pivots a pass) where `use_triton` (default: on CUDA, where Triton kernels
-    are available), else from torch (one pivot a pass)."""
-    if use_triton is None:
-        use_triton = logits.device.type == "cuda" and triton_decode.available(logits.device)
-    masses: Callable[[Tensor], Tensor]
-    if use_triton:
-        ways = triton_sampling.PIVOTS
-        masses = functools.partial(triton_sampling.masses_above, logits, normaliser)
-    else:
-        ways = 1
-        keys = float_keys(logits)  # [N, V]
-        probs = torch.exp(logits - normaliser)  # [N, V]
-        zero = torch.zeros((), device=logits.device)
+    """The threshold search on every row, one pivot a pass (32 passes): [N, V] logits, [N, 1] their logsumexp,
+    [N] top_p -> [N, 1]. (Where decoding takes the Triton kernels, sampling runs its own search, 16 pivots a pass:
+    `txl.kernels.triton_sampling`.)"""
+    keys = float_keys(logits)  # [N, V]
+    probs = torch.exp(logits - normaliser)  # [N, V]
+    zero = torch.zeros((), device=logits.device)
 
-        def masses(pivots: Tensor) -> Tensor:  # [N, 1] -> [N, 1]
-            return torch.where(keys > pivots.to(torch.int32), probs, zero).sum(-1, keepdim=True)
+    def masses(pivots: Tensor) -> Tensor:  # [N, 1] -> [N, 1]
+        return torch.where(keys > pivots.to(torch.int32), probs, zero).sum(-1, keepdim=True)
 
     largest = float_keys(logits.amax(-1))  # [N]: nothing lies above it
-    found = threshold_search(masses, largest, top_p, ways=ways, stop_early=stop_early)
+    found = threshold_search(masses, largest, top_p, ways=1, stop_early=stop_early)
     return key_to_float(found)[:, None]
 
 

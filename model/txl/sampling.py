@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .kernels import triton_chosen, triton_sampling
 from .nucleus import nucleus_thresholds
 
 
@@ -228,9 +229,35 @@ def keep_thresholds(logits: Tensor, rows: RowParams) -> Tensor:
     return threshold
 
 
-def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:
+def sample_rows(log_probs: Tensor, rows: RowParams, readback: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """[N, V] float32 log-probs -> (token ids [N] long, the model's log-prob of each [N] float32), on the same
-    device, with no host synchronisation (but for CPU top-p, where the host decides what to search)."""
+    device, with no host synchronisation (but for CPU top-p, where the host decides what to search). `readback`
+    [N, 2] float64: each row's token and log-prob are also written there (what a decoding graph copies to the
+    host). Where decoding takes the Triton kernels (`txl.kernels.triton_chosen`), in a fixed few launches
+    (`txl.kernels.triton_sampling`)."""
+    if triton_chosen(log_probs.device):  # the counter hash too, inside the kernel
+        return triton_sampling.sample(
+            log_probs,
+            rows.temperature,
+            rows.greedy,
+            rows.top_k,
+            rows.top_p,
+            rows.uniform,
+            rows.seeds,
+            rows.counters,
+            max_top_k=rows.max_top_k,
+            any_top_p=rows.any_top_p,
+            readback=readback,
+        )
+    uniform = rows.uniform if rows.uniform is not None else counter_uniform(rows.seeds, rows.counters)
+    tokens, logprobs = _sample_rows(log_probs, rows, uniform)
+    if readback is not None:
+        readback[:, 0] = tokens
+        readback[:, 1] = logprobs
+    return tokens, logprobs
+
+
+def _sample_rows(log_probs: Tensor, rows: RowParams, uniform: Tensor) -> tuple[Tensor, Tensor]:
     # Each row's best token is brought to exactly 0 before tempering, so a positive temperature, however small,
     # leaves it at 0 (0 / t) and can only send the others to -inf: every row keeps a token of weight 1. Tempering
     # first let the best token underflow to -inf with the rest, and a row without a finite weight drew past the
@@ -241,7 +268,6 @@ def sample_rows(log_probs: Tensor, rows: RowParams) -> tuple[Tensor, Tensor]:
         weights = weights.masked_fill(logits < keep_thresholds(logits, rows), 0)
     cdf = weights.cumsum(-1)
     total = cdf[:, -1:].contiguous()  # [N, 1]
-    uniform = rows.uniform if rows.uniform is not None else counter_uniform(rows.seeds, rows.counters)
     target = uniform.to(cdf.dtype) * cdf[:, -1]  # [N]
     # The first token whose cdf exceeds the target: a token of zero weight never does. The target may round up to
     # the total (a number within 2**-25 of 1 becomes 1.0 in float32); the last token at which the cdf reaches the

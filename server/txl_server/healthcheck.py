@@ -62,7 +62,9 @@ def local_url(host: str, port: int, path: str = "") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m txl_server.healthcheck", description=__doc__)
-    parser.add_argument("--path", default="/health", help="/health (alive) or /ready (model and Redis)")
+    parser.add_argument(
+        "--path", default="/health", help="/health (alive: the device works, the worker progresses) or /ready"
+    )
     parser.add_argument("--timeout", type=float, default=4.0)
     parser.add_argument("--host", help="the server's --host (default: found as described above)")
     parser.add_argument("--port", type=int, help="the server's --port (default: found as described above)")

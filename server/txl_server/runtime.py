@@ -331,11 +331,28 @@ class Runtime:
         )
 
     async def ready(self) -> bool:
-        """Not stopping, Redis answers and the device works (a CUDA error that poisoned the context is not
-        recovered from: failing readiness lets an orchestrator restart the process)."""
-        if self.stopping or (self.worker is not None and self.worker.device_error is not None):
+        """Not stopping, alive (`liveness`), Redis answers (a CUDA error that poisoned the context is not
+        recovered from: failing readiness takes the server out of service, failing liveness restarts it)."""
+        if self.stopping or self.liveness() is not None:
             return False
         return self.service is not None and await self.service.store.ping()
+
+    def liveness(self) -> str | None:
+        """Why the process must be restarted, or None while it is alive (`/health`): the device failed (a
+        sticky error: nothing it computes can be trusted again), the worker's thread ended, or work has waited
+        longer than TXL_WORKER_STALL_SECONDS with no step finishing (a hung kernel, a deadlock). While the
+        model loads there is no worker yet: alive (the start-up probe gives loading its time)."""
+        worker = self.worker
+        if worker is None:
+            return None
+        if worker.device_error is not None:
+            return "the device failed"
+        if worker.died:
+            return "the worker stopped"
+        stalled = worker.stalled_for()
+        if stalled > self.settings.worker_stall_seconds:
+            return f"no step finished for {stalled:.0f} s with work waiting"
+        return None
 
     # ------------------------------------------------------------------ where sessions are kept
 

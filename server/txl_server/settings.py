@@ -106,6 +106,11 @@ class Settings(BaseSettings):
     # Kubernetes' terminationGracePeriodSeconds must be longer (deploy/k8s/server.yaml).
     shutdown_grace_seconds: float = Field(20.0, ge=0, le=3600)
 
+    # ---- liveness
+    # /health fails (and an orchestrator restarts the server) when work has waited this long with no step
+    # finishing: far above the longest step (a segment of the largest batch) on any device served.
+    worker_stall_seconds: float = Field(120.0, gt=0, le=86400)
+
     # ---- limits
     max_body_bytes: int = Field(16 * 1024**2, ge=1024)  # also the largest scoring document
     max_text_chars: int = Field(1024**2, ge=1)  # prompt/append text

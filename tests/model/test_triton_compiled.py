@@ -1,5 +1,5 @@
-"""The Triton kernels (decoding attention, top-p's masses) compile for the GPUs the image targets, without a GPU,
-and fit in registers."""
+"""The Triton kernels (decoding attention, the fused decoding body, sampling) compile for the GPUs the image targets,
+without a GPU, and fit in registers."""
 
 from __future__ import annotations
 
@@ -25,8 +25,11 @@ def test_kernels_compile_for_sm80_and_sm90_without_spills(capsys):
             )
     spilling = [variant.label() for variant, usage in rows if usage.spills or usage.stack]
     assert not spilling
-    # One warp a program can hold 255 registers a thread; above 128 an SM runs fewer programs than it can hold.
-    assert max(usage.registers for _, usage in rows) <= 128
+    # A thread may hold 255 registers; the attention kernels (one warp a program) stay within 128, so that an SM
+    # holds as many programs as it can run, and the 2- and 4-warp kernels within 168 (3 programs of 4 warps an SM).
+    for variant, usage in rows:
+        limit = 128 if variant.kernel in ("partitions", "combine") else 168
+        assert usage.registers <= limit, (variant.label(), usage.registers)
 
 
 def test_a_block_size_that_is_not_a_power_of_two_compiles():

@@ -2,14 +2,12 @@
 
     python -m tests.model.triton_interpreted model [same_length]   # decoding with the kernel against the torch path
     python -m tests.model.triton_interpreted contract SEED           # random kernel inputs against float64
-    python -m tests.model.triton_interpreted sampling                # top-p's search with the Triton masses
 
-`model` decodes with a tiny model through the Triton kernel and through the torch path and reports the largest
+`model` decodes with a tiny model through the Triton kernel, layer by layer (`txl.paged.gpu_decode.disabled()`:
+the fused body has tests of its own, fused_interpreted.py), and through the torch path and reports the largest
 difference of the log-probabilities. `contract` calls the kernel on random rows (every pool dtype, several block
 sizes including one that is not a power of two, split and single-pass launches) and reports, per dtype, the
 largest difference from the dense float64 computation, and the devices the launches were guarded with.
-`sampling` runs top-p's threshold search with the Triton kernel's masses (what a GPU runs) on rows of every kind
-and reports its thresholds beside torch's search and a full sort's, and the kernel's masses beside torch's.
 """
 
 from __future__ import annotations
@@ -21,22 +19,23 @@ import sys
 from collections.abc import Iterator
 
 import torch
-from txl import nucleus
-from txl.kernels import prefer, triton_decode, triton_sampling
+from txl.kernels import prefer, triton_decode
 from txl.kernels.triton_decode import LaunchPlan, plan_launch, tile_keys
+from txl.paged import gpu_decode
 
 from tests.helpers.tiny_models import tiny_model
 
 from .decode_cases import Case, dense_reference, random_case
 from .test_kernels import _decode_both_ways
-from .test_sampling import _rows_of_every_kind, _sorted_thresholds
 
 
 def model(same_length: bool) -> dict[str, object]:
     # Memories of 0, 1, a block boundary and past it, and long ones: split into partitions of one 64-key tile
     # (2 heads leave a GPU's SMs idle), so the combining kernel runs too.
     model = tiny_model(seed=24, mem_len=150, same_length=same_length, clamp_len=40)
-    with prefer("triton"):  # the "kernel" side; the reference side forces the torch path itself
+    # The "kernel" side, layer by layer (the fused body has tests of its own: fused_interpreted.py); the
+    # reference side forces the torch path itself.
+    with prefer("triton"), gpu_decode.disabled():
         got, expected = _decode_both_ways(model, [0, 1, 3, 4, 5, 70, 200], mem_len=150, block_size=4, steps=2)
     return {"max_error": float((got - expected).abs().max())}
 
@@ -66,7 +65,6 @@ def contract(seed: int) -> dict[str, object]:
     triton_decode.device_guard = recording_guard  # type: ignore[assignment]
     for dtype in (torch.float32, torch.bfloat16):  # what a server runs at start-up: both launch variants
         triton_decode.warm_up(torch.device("cpu"), dtype, heads=2, d_head=24, block_size=12)
-    triton_sampling.warm_up(torch.device("cpu"))
     rng = random.Random(seed)
     worst: dict[str, float] = {}
     worst_case: dict[str, str] = {}
@@ -92,36 +90,9 @@ def contract(seed: int) -> dict[str, object]:
     return {"max_error": worst, "worst_case": worst_case, "calls": cases, "guarded": sorted(set(guarded))}
 
 
-def top_p_search() -> dict[str, object]:
-    log_probs = _rows_of_every_kind(3000, torch.Generator().manual_seed(11))
-    normaliser = torch.logsumexp(log_probs, -1, keepdim=True)
-    thresholds: dict[str, list[list[float]]] = {"triton": [], "torch": [], "sorted": []}
-    for top_p in (0.05, 0.9, 0.999):
-        limit = torch.full((len(log_probs),), top_p)
-        for name, use_triton in (("triton", True), ("torch", False)):
-            found = nucleus.searched_nucleus_thresholds(
-                log_probs, normaliser, limit, use_triton=use_triton, stop_early=False
-            )
-            thresholds[name].append(found[:, 0].tolist())
-        thresholds["sorted"].append([_sorted_thresholds(row, 0, top_p) for row in log_probs])
-    # The masses themselves, at pivots spread over each row's keys.
-    keys = nucleus.float_keys(log_probs)  # [N, V]
-    pivots = torch.quantile(
-        keys.double(), torch.linspace(0, 1, triton_sampling.PIVOTS, dtype=torch.float64), dim=1
-    ).T.long()
-    got = triton_sampling.masses_above(log_probs, normaliser, pivots)
-    probs = torch.exp(log_probs - normaliser)
-    expected = torch.stack(
-        [(probs * (keys > pivots[:, j : j + 1])).sum(-1) for j in range(pivots.size(1))], 1
-    )
-    return {"thresholds": thresholds, "mass_error": float((got - expected).abs().max())}
-
-
 def main() -> None:
     if sys.argv[1] == "model":
         result = model(same_length=sys.argv[2:] == ["same_length"])
-    elif sys.argv[1] == "sampling":
-        result = top_p_search()
     else:
         result = contract(int(sys.argv[2]))
     print(json.dumps(result))

@@ -32,7 +32,7 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
-from . import triton_decode
+from . import triton_common, triton_decode
 from .decode_rows import DecodeRows
 from .paged_decode import PagedDecodeKernel, cpu_paged_decode
 from .prefill_attention import PrefillAttentionKernel, cpu_prefill_attention
@@ -57,14 +57,22 @@ def reference_path() -> contextlib.AbstractContextManager[None]:
     return prefer("torch")
 
 
+def triton_chosen(device: torch.device) -> bool:
+    """Whether decoding on `device` takes the Triton kernels here: asked for ("triton"), or by default on CUDA
+    (on a CPU they run under Triton's interpreter, for tests), and Triton runs there. One choice for everything a
+    decoding step runs (attention, the layers' fused operations, sampling): the start-up check compares it as a
+    whole with the torch path, and a failure of any part falls back to the torch path for all of them."""
+    choice = _choice.get()
+    wants = choice == "triton" or (choice == "auto" and device.type == "cuda")
+    return wants and triton_common.available(device)
+
+
 def decode_kernel(keys: Tensor) -> DecodeKernel | None:
     """The kernel decoding attention uses for a pool tensor like `keys`, or None for the torch path."""
     choice = _choice.get()
     if choice == "torch":
         return None
-    # Triton by default on CUDA only (on a CPU it runs under its interpreter, for tests).
-    wants_triton = choice == "triton" or (choice == "auto" and keys.device.type == "cuda")
-    if wants_triton and triton_decode.available(keys.device):
+    if triton_chosen(keys.device):
         return triton_decode.triton_paged_decode
     if choice in ("auto", "cpu") and keys.device.type == "cpu":
         kernel = cpu_paged_decode()
@@ -102,4 +110,5 @@ __all__ = [
     "prefer",
     "prefill_kernel",
     "reference_path",
+    "triton_chosen",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from torch import Tensor
@@ -22,3 +23,13 @@ class DecodeRows(Protocol):
 
     @property
     def windows(self) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class GivenRows:
+    """Rows given outright (the warm-ups' dummy rows): a `DecodeRows`."""
+
+    table: Tensor
+    starts: Tensor
+    key_lengths: Tensor
+    windows: Tensor

@@ -29,22 +29,22 @@ against the torch path where no GPU is present.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .decode_rows import DecodeRows
+from . import triton_common
+from .decode_rows import DecodeRows, GivenRows
+from .triton_common import DEFAULT_SMS as DEFAULT_SMS  # re-exported: benchmarks size their grids by it
+from .triton_common import available as available
+from .triton_common import device_guard, sms, triton
+from .triton_common import next_power_of_2 as _next_power_of_2
 
-try:  # Triton ships with CUDA builds of torch; the CPU build has it only if installed separately.
-    import triton
+if triton is not None:
     import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the installation
-    triton = None
 
 # One warp a program: its reductions (a tile's scores, the weighted sum of values) are shuffles within the warp;
 # across 4 warps they went through shared memory, with 10 to 15 barriers in the loop (0 to 4 now). A tile of
@@ -59,15 +59,6 @@ PARTITION_KEYS = 256
 PROGRAMS_PER_SM = 4
 # Partitions the combining kernel reads per iteration.
 COMBINE_CHUNK = 16
-# SMs of the device the grid is sized for where none is present (counting on a CPU): an H100 SXM.
-DEFAULT_SMS = 132
-
-
-def available(device: torch.device) -> bool:
-    """Whether the kernel can run on `device` here."""
-    if triton is None or os.environ.get("TXL_TRITON_KERNELS", "1") == "0":
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def supports_block_size(block_size: int) -> bool:
@@ -111,10 +102,6 @@ def plan_launch(
 def tile_keys(d_head: int) -> int:
     """Keys a program reads per iteration (a power of two, 16 to 64)."""
     return max(16, min(64, TILE_ELEMENTS // _next_power_of_2(d_head)))
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 @functools.cache
@@ -233,23 +220,6 @@ def jit_kernels() -> tuple[Any, Any]:
     return paged_decode_partitions, paged_decode_combine
 
 
-def device_guard(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The launch runs under the tensors' device: Triton launches on the thread's current device, and a server on
-    cuda:1 may call from a thread whose current device is cuda:0."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_SMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def triton_paged_decode(
     q: Tensor, bd: Tensor, keys: Tensor, values: Tensor, rows: DecodeRows, *, plan: LaunchPlan | None = None
 ) -> Tensor:
@@ -269,7 +239,7 @@ def triton_paged_decode(
             table_width=table.size(1),
             block_size=block_size,
             n_pos=n_pos,
-            sms=_sms(q.device),
+            sms=sms(q.device),
         )
     partitions_kernel, combine_kernel = jit_kernels()
     block_d = _next_power_of_2(d_head)
@@ -284,7 +254,9 @@ def triton_paged_decode(
             )
         else:  # not read: the kernel writes `out` directly
             part_max = part_sum = part_acc = out
-        partitions_kernel[(batch * heads, plan.partitions)](
+        triton_common.launch(
+            partitions_kernel,
+            (batch * heads, plan.partitions),
             q.float().contiguous(),
             bd.contiguous(),
             keys,
@@ -313,7 +285,9 @@ def triton_paged_decode(
             num_warps=NUM_WARPS,
         )
         if plan.split:
-            combine_kernel[(batch * heads,)](
+            triton_common.launch(
+                combine_kernel,
+                (batch * heads,),
                 part_max,
                 part_sum,
                 part_acc,
@@ -327,14 +301,6 @@ def triton_paged_decode(
     return out
 
 
-@dataclass(frozen=True)
-class _WarmUpRows:
-    table: Tensor
-    starts: Tensor
-    key_lengths: Tensor
-    windows: Tensor
-
-
 def warm_up(device: torch.device, dtype: torch.dtype, *, heads: int, d_head: int, block_size: int) -> None:
     """Compiles, at start-up, every variant a pool of `dtype` can launch while serving: the split kernel with its
     combining kernel, and the single pass (the other launch parameters are not specialised on). One row of two
@@ -345,7 +311,7 @@ def warm_up(device: torch.device, dtype: torch.dtype, *, heads: int, d_head: int
         return torch.tensor(values, dtype=torch.long, device=device)
 
     # Positions bs - 1 and bs: the end of block 1 and the start of block 2.
-    rows = _WarmUpRows(index([1, 2]), index(block_size - 1), index(2), index(3))
+    rows = GivenRows(index([1, 2]), index(block_size - 1), index(2), index(3))
     q = torch.zeros((1, heads, d_head), device=device)
     bd = torch.zeros((heads, 1, 2), device=device)
     tile = tile_keys(d_head)

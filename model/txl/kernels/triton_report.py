@@ -1,5 +1,5 @@
-"""The Triton kernels (decoding attention, top-p's masses) compiled ahead of time for a GPU architecture, with no GPU present: Triton's own LLVM
-and the ptxas it ships. Reports what each variant costs a GPU: registers, spills, shared memory, barriers.
+"""The Triton kernels (decoding attention, the fused decoding body, sampling) compiled ahead of time for a GPU
+architecture, with no GPU present: Triton's own LLVM and the ptxas it ships. Reports what each variant costs a GPU: registers, spills, shared memory, barriers.
 
 A kernel that spills keeps part of its state in local (off-chip) memory, which a memory-bound kernel cannot
 afford; a kernel that does not compile for a shape fails on its first GPU step. Both show here, on a CPU.
@@ -14,29 +14,51 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import triton_decode, triton_sampling
+from . import (
+    triton_attention,
+    triton_decode,
+    triton_embedding,
+    triton_rows_linear,
+    triton_sampling,
+    triton_softmax,
+)
+from .triton_common import next_power_of_2
 
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One compiled form of a kernel: the GPU architecture (80: A100, 90: H100) and the compile-time constants."""
+    """One compiled form of a kernel: the GPU architecture (80: A100, 90: H100) and the compile-time constants.
 
-    kernel: str  # "partitions", "combine" (decoding attention) or "masses" (top-p's search)
+    Kernels: "partitions" and "combine" (the layer-by-layer path's decoding attention, `triton_decode`);
+    "attention" (the fused decoding attention), "rows_linear" (a decoding step's linear layers with their
+    LayerNorm), "embedding", "softmax_stats" and "softmax_write" (the adaptive softmax), "row_max",
+    "nucleus_pass" and "draw" (sampling)."""
+
+    kernel: str
     arch: int
-    kv_dtype: str = "float32"  # the pool's dtype ("float32", "float16", "bfloat16"); the others read float32
+    kv_dtype: str = "float32"  # the model's (the pool's) dtype; sampling reads float32 whatever it is
     d_head: int = 64
     block_size: int = 16
     split: bool = True
+    rows: int = 1  # rows_linear: rows a step has (which tile of rows it compiles)
+    norm: bool = True  # rows_linear: with its LayerNorm (and bias, and ReLU on its input)
 
     def label(self) -> str:
+        mode = "split" if self.split else "single pass"
         if self.kernel == "combine":
             return f"combine sm_{self.arch} d_head {self.d_head}"
-        if self.kernel == "masses":
-            return f"top-p masses sm_{self.arch} ({triton_sampling.PIVOTS} pivots)"
-        mode = "split" if self.split else "single pass"
-        return f"partitions sm_{self.arch} {self.kv_dtype} d_head {self.d_head} bs {self.block_size} ({mode})"
+        if self.kernel == "partitions":
+            return f"partitions sm_{self.arch} {self.kv_dtype} d_head {self.d_head} bs {self.block_size} ({mode})"
+        if self.kernel == "attention":
+            return f"fused attention sm_{self.arch} {self.kv_dtype} d_head {self.d_head} ({mode})"
+        if self.kernel == "rows_linear":
+            epilogue = "bias, ReLU in, LayerNorm" if self.norm else "plain"
+            return f"rows linear sm_{self.arch} {self.kv_dtype} {self.rows} rows ({epilogue})"
+        if self.kernel in ("embedding", "softmax_stats", "softmax_write"):
+            return f"{self.kernel.replace('_', ' ')} sm_{self.arch} {self.kv_dtype}"
+        return f"{self.kernel.replace('_', ' ')} sm_{self.arch}"
 
 
 @dataclass(frozen=True)
@@ -72,63 +94,200 @@ def toolchain_missing() -> str | None:
 
 
 def standard_variants(archs: tuple[int, ...] = (80, 90)) -> list[Variant]:
-    """The variants a server compiles: the pool's three dtypes at d_head 64 (wt103) and 128, split and single
-    pass at the default block size, the combining kernel, and top-p's masses."""
+    """The variants a server compiles: the layer-by-layer path's attention (float32 and bfloat16 pools at d_head
+    64, wt103's, and 128; split and single pass; its combining kernel), the fused decoding body's kernels at the
+    same shapes and at every tile of rows, and sampling's."""
     variants = []
     for arch in archs:
-        for dtype in _DTYPES:
+        for dtype in ("float32", "bfloat16"):
             for d_head in (64, 128):
                 variants.append(Variant("partitions", arch, dtype, d_head))
+                variants.append(Variant("attention", arch, dtype, d_head))
+            for rows in (1, 32, 64):
+                variants.append(Variant("rows_linear", arch, dtype, rows=rows))
+            variants.append(Variant("embedding", arch, dtype))
+            variants.append(Variant("softmax_stats", arch, dtype))
         variants.append(Variant("partitions", arch, "bfloat16", 64, split=False))
-        for d_head in (64, 128):
-            variants.append(Variant("combine", arch, "float32", d_head))
-        variants.append(Variant("masses", arch))
+        variants.append(Variant("attention", arch, "bfloat16", 64, split=False))
+        variants.append(Variant("rows_linear", arch, "bfloat16", norm=False))
+        variants.append(Variant("combine", arch, "float32", 64))
+        variants.append(Variant("softmax_write", arch, "bfloat16"))
+        variants.extend(Variant(kernel, arch) for kernel in ("row_max", "nucleus_pass", "draw"))
     return variants
 
 
 def compile_variant(variant: Variant) -> Usage:
     """Compiles `variant` for its architecture and reads ptxas's account of it."""
-    partitions, combine = triton_decode.jit_kernels()
-    block_d = 1 << max(0, variant.d_head - 1).bit_length()
-    if variant.kernel == "partitions":
-        kv = _DTYPES[variant.kv_dtype]
-        signature = {name: "*fp32" for name in ("q", "bd", "part_max", "part_sum", "part_acc", "out")}
-        signature |= {"keys": f"*{kv}", "values": f"*{kv}"}
-        signature |= {name: "*i64" for name in ("table", "starts", "klens", "windows")}
-        signature |= {n: "i32" for n in ("B", "H", "S", "NB", "P", "window_stride", "partition", "num_parts")}
-        constants = {
-            "D": variant.d_head,
-            "BS": variant.block_size,
-            "BLOCK_D": block_d,
-            "TILE": triton_decode.tile_keys(variant.d_head),
-            "SPLIT": variant.split,
-        }
-        return compile_kernel(
-            partitions, signature, constants, arch=variant.arch, warps=triton_decode.NUM_WARPS
-        )
-    if variant.kernel == "masses":
-        signature = {"logits": "*fp32", "normaliser": "*fp32", "pivots": "*i32", "out": "*fp32"}
-        signature |= {name: "i32" for name in ("V", "row_stride", "parts")}
-        constants = {
-            "J": triton_sampling.PIVOTS,
-            "BLOCK": triton_sampling.BLOCK,
-            "ITERS": triton_sampling.BLOCKS_PER_PROGRAM,
-        }
-        return compile_kernel(
-            triton_sampling.jit_kernel(),
-            signature,
-            constants,
-            arch=variant.arch,
-            warps=triton_sampling.NUM_WARPS,
-        )
+    compile_one = {
+        "partitions": _partitions,
+        "combine": _combine,
+        "attention": _attention,
+        "rows_linear": _rows_linear,
+        "embedding": _embedding,
+        "softmax_stats": _softmax_stats,
+        "softmax_write": _softmax_write,
+        "row_max": _row_max,
+        "nucleus_pass": _nucleus_pass,
+        "draw": _draw,
+    }[variant.kernel]
+    return compile_one(variant)
+
+
+def _partitions(variant: Variant) -> Usage:
+    partitions, _ = triton_decode.jit_kernels()
+    kv = _DTYPES[variant.kv_dtype]
+    signature = {name: "*fp32" for name in ("q", "bd", "part_max", "part_sum", "part_acc", "out")}
+    signature |= {"keys": f"*{kv}", "values": f"*{kv}"}
+    signature |= {name: "*i64" for name in ("table", "starts", "klens", "windows")}
+    signature |= {n: "i32" for n in ("B", "H", "S", "NB", "P", "window_stride", "partition", "num_parts")}
+    constants = {
+        "D": variant.d_head,
+        "BS": variant.block_size,
+        "BLOCK_D": next_power_of_2(variant.d_head),
+        "TILE": triton_decode.tile_keys(variant.d_head),
+        "SPLIT": variant.split,
+    }
+    return compile_kernel(partitions, signature, constants, arch=variant.arch, warps=triton_decode.NUM_WARPS)
+
+
+def _combine(variant: Variant) -> Usage:
+    _, combine = triton_decode.jit_kernels()
     signature = {name: "*fp32" for name in ("part_max", "part_sum", "part_acc", "out")}
     signature["num_parts"] = "i32"
+    block_d = next_power_of_2(variant.d_head)
     constants = {"D": variant.d_head, "BLOCK_D": block_d, "CHUNK": triton_decode.COMBINE_CHUNK}
     return compile_kernel(combine, signature, constants, arch=variant.arch, warps=1)
 
 
+def _attention(variant: Variant) -> Usage:
+    dtype = _DTYPES[variant.kv_dtype]
+    signature = {name: f"*{dtype}" for name in ("qkv", "u", "v", "pos", "keys", "values", "out")}
+    signature |= {n: "*i64" for n in ("table", "starts", "klens", "windows", "write_blocks", "write_slots")}
+    signature |= {name: "*fp32" for name in ("part_max", "part_sum", "part_acc")}
+    signature |= {"sem": "*i32", "scale": "fp32"}
+    signature |= {n: "i32" for n in ("B", "S", "NB", "P", "P_TAB", "window_stride", "partition", "num_parts")}
+    tile, warps = triton_attention.tile_and_warps(variant.d_head)
+    constants = {
+        "H": 16,
+        "D": variant.d_head,
+        "BS": variant.block_size,
+        "BLOCK_D": next_power_of_2(variant.d_head),
+        "TILE": tile,
+        "SPLIT": variant.split,
+        "CHUNK": triton_attention.COMBINE_CHUNK,
+    }
+    return compile_kernel(triton_attention.jit_kernel(), signature, constants, arch=variant.arch, warps=warps)
+
+
+def _rows_linear(variant: Variant) -> Usage:
+    dtype = _DTYPES[variant.kv_dtype]
+    names = ("x", "w", "in_bias", "bias", "residual", "norm_w", "norm_b", "out")
+    signature = {name: f"*{dtype}" for name in names} | {"partial": "*fp32", "sem": "*i32", "eps": "fp32"}
+    signature |= {n: "i32" for n in ("M", "N", "K", "k_per_split", "splits")}
+    plan = triton_rows_linear.plan_rows(rows=variant.rows, outputs=4096, inputs=1024, sms=132)
+    constants = {
+        "BLOCK_M": plan.block_m,
+        "BLOCK_N": plan.block_n,
+        "BLOCK_K": plan.block_k,
+        "BLOCK_ROW": 1024,  # wt103's d_model
+        "RELU_INPUT": variant.norm,
+        "HAS_BIAS": variant.norm,
+        "NORM": variant.norm,
+        "SPLIT": variant.norm,
+        "WIDEN": False,
+        "IEEE": variant.kv_dtype == "float32",
+    }
+    return compile_kernel(
+        triton_rows_linear.jit_kernel(),
+        signature,
+        constants,
+        arch=variant.arch,
+        warps=triton_rows_linear.NUM_WARPS,
+    )
+
+
+def _embedding(variant: Variant) -> Usage:
+    dtype = _DTYPES[variant.kv_dtype]
+    tables = ("e0", "e1", "e2", "e3", "p0", "p1", "p2", "p3", "out")
+    signature = {"tokens": "*i64"} | {name: f"*{dtype}" for name in tables} | {"scale": "fp32"}
+    signature |= {n: "i32" for n in ("lo1", "lo2", "lo3", "vocab")}
+    constants = {  # wt103's clusters
+        "D": 1024,
+        "D0": 1024,
+        "D1": 256,
+        "D2": 64,
+        "D3": 16,
+        "CLUSTERS": 4,
+        "BLOCK_N": triton_embedding.BLOCK_N,
+        "BLOCK_E": triton_embedding.BLOCK_E,
+    }
+    return compile_kernel(
+        triton_embedding.jit_kernel(),
+        signature,
+        constants,
+        arch=variant.arch,
+        warps=triton_embedding.NUM_WARPS,
+    )
+
+
+def _softmax_stats(variant: Variant) -> Usage:
+    stats, _ = triton_softmax.jit_kernels()
+    dtype = _DTYPES[variant.kv_dtype]
+    signature = {name: f"*{dtype}" for name in ("x0", "x1", "x2", "x3", "clusters")}
+    signature |= {name: "*fp32" for name in ("chunk_max", "chunk_sum", "shifts")} | {"sem": "*i32"}
+    signature |= {n: "i32" for n in ("n0", "n1", "n2", "n3", "s1", "s2", "s3", "chunks")}
+    constants = {
+        "PARTS": 4,
+        "CHUNK": triton_softmax.CHUNK,
+        "BLOCK": triton_softmax.BLOCK,
+        "STATS_BLOCK": triton_softmax.STATS_BLOCK,
+    }
+    return compile_kernel(stats, signature, constants, arch=variant.arch, warps=triton_softmax.NUM_WARPS)
+
+
+def _softmax_write(variant: Variant) -> Usage:
+    _, write = triton_softmax.jit_kernels()
+    dtype = _DTYPES[variant.kv_dtype]
+    signature = {name: f"*{dtype}" for name in ("x0", "x1", "x2", "x3")} | {"shifts": "*fp32", "out": "*fp32"}
+    signature |= {n: "i32" for n in ("n0", "n1", "n2", "n3", "s1", "s2", "s3", "o1", "o2", "o3", "vocab")}
+    constants = {"CHUNK": triton_softmax.CHUNK, "BLOCK": triton_softmax.BLOCK}
+    return compile_kernel(write, signature, constants, arch=variant.arch, warps=triton_softmax.NUM_WARPS)
+
+
+_SAMPLING = {"CHUNK": triton_sampling.CHUNK, "CHUNK_BLOCK": triton_sampling.CHUNK_BLOCK}
+
+
+def _row_max(variant: Variant) -> Usage:
+    row_max, _, _ = triton_sampling.jit_kernels()
+    signature = {"lp": "*fp32", "chunk_best": "*fp32", "chunk_arg": "*i64", "sem": "*i32", "best": "*fp32"}
+    signature |= {"best_at": "*i64", "V": "i32", "chunks": "i32"}
+    constants = _SAMPLING | {"BLOCK": triton_sampling.BLOCK}
+    return compile_kernel(row_max, signature, constants, arch=variant.arch, warps=triton_sampling.NUM_WARPS)
+
+
+def _nucleus_pass(variant: Variant) -> Usage:
+    _, nucleus_pass, _ = triton_sampling.jit_kernels()
+    signature = {name: "*fp32" for name in ("lp", "best", "temperature", "top_p", "above", "total")}
+    signature |= {"lo": "*i64", "hi": "*i64", "sem": "*i32", "V": "i32", "chunks": "i32"}
+    constants = _SAMPLING | {"FIRST": False, "J": triton_sampling.PIVOTS, "BLOCK": triton_sampling.PASS_BLOCK}
+    return compile_kernel(
+        nucleus_pass, signature, constants, arch=variant.arch, warps=triton_sampling.NUM_WARPS
+    )
+
+
+def _draw(variant: Variant) -> Usage:
+    _, _, draw = triton_sampling.jit_kernels()
+    signature = {name: "*fp32" for name in ("lp", "best", "temperature", "kth", "chunk_sum", "logprobs")}
+    signature |= {name: "*i64" for name in ("best_at", "top_k", "hi", "seeds", "counters", "tokens")}
+    signature |= {"greedy": "*i1", "uniform": "*fp64", "readback": "*fp64", "sem": "*i32"}
+    signature |= {n: "i32" for n in ("V", "chunks", "k_width")}
+    flags = {"HAS_TOP_K": True, "HAS_TOP_P": True, "HAS_READBACK": True, "HAS_UNIFORM": False}
+    constants = _SAMPLING | flags | {"BLOCK": triton_sampling.BLOCK}
+    return compile_kernel(draw, signature, constants, arch=variant.arch, warps=triton_sampling.NUM_WARPS)
+
+
 def compile_kernel(
-    fn: Any, signature: dict[str, str], constants: dict[str, Any], *, arch: int, warps: int
+    fn: Any, signature: dict[str, str], constants: dict[str, Any], *, arch: int, warps: int, stages: int = 3
 ) -> Usage:
     """Compiles a jitted kernel `fn` for sm_`arch`: `signature` gives every runtime argument's Triton type
     ("*bf16", "i32"), `constants` the compile-time ones."""
@@ -144,7 +303,7 @@ def compile_kernel(
     compiled = triton.compile(
         ASTSource(fn, signature, constants, attributes),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": warps},
+        options={"num_warps": warps, "num_stages": stages},
     )
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:

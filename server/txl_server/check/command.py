@@ -54,6 +54,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="on a GPU, from the repository root: write the GPU section of docs/benchmarks.md",
     )
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        help="with --write-benchmarks: the docs directory to write into (default: the repository's docs/)",
+    )
     return parser.parse_args(argv)
 
 
@@ -88,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run_check(settings, loaded, tokens=args.tokens)
     print(report.render())
     if args.write_benchmarks:
-        print(f"wrote {write_section(report, repository_docs())}")
+        print(f"wrote {write_section(report, args.docs or repository_docs())}")
     return 1 if report.failures else 0
 
 

@@ -23,8 +23,8 @@ def section(report: CheckReport) -> Section:
         "The configured model on the configured device, through the server's own worker: parity of the engine "
         "against the model's hidden-state path (HF's function) on the session window grid, the start-up checks "
         "(attention kernel against the torch path, every CUDA graph against eager), and speed against the "
-        "memory-bandwidth floor measured in the same run (weight bytes per decoding step over a device copy's "
-        "bandwidth)."
+        "memory-bandwidth floor measured in the same run (the bytes a decoding step reads, the weights once and "
+        "each session's keys and values at the served mem_len, over a device copy's bandwidth)."
     )
     result.table(
         "Checks",
@@ -37,13 +37,13 @@ def section(report: CheckReport) -> Section:
     speed = report.speed
     if speed is not None:
         result.table(
-            f"Speed ({d.dtype}, attention {d.attention}, CUDA graphs {d.cuda_graphs})",
+            f"Speed ({d.dtype}, attention {d.attention}, CUDA graphs {d.cuda_graphs}, memories of {speed.mem:,})",
             ["what", "tokens/s", "ms per step", "floor (ms)", "x floor"],
             [
                 ["decode, 1 session", 1 / speed.decode_one, speed.decode_one * 1000, speed.floor_one * 1000,
                  speed.decode_one / speed.floor_one],
                 [f"decode, {speed.batch} sessions", speed.batch / speed.decode_batch, speed.decode_batch * 1000,
-                 speed.floor_one * 1000, speed.decode_batch / speed.floor_one],
+                 speed.floor_batch * 1000, speed.decode_batch / speed.floor_batch],
                 [f"scoring {speed.document:,} tokens", speed.scoring, float("nan"), float("nan"),
                  speed.scoring_floor / speed.scoring],
             ],

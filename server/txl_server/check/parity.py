@@ -11,8 +11,8 @@ import torch
 from txl import TransfoXLLMHeadModel, load_pretrained
 from txl.sampling import SamplingParams
 
+from ..engine.comparison import tolerance
 from ..engine.jobs import GenerateJob, job_result
-from ..engine.selfcheck import tolerance
 from ..engine.worker import Worker
 from ..settings import Settings
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..engine.comparison import Comparison
 from ..engine.device_report import DeviceReport
-from ..engine.selfcheck import Comparison, ServingPath
+from ..engine.selfcheck import ServingPath
 from .parity import Parity
 from .speed import Speed
 
@@ -129,17 +130,24 @@ def describe_speed(report: CheckReport, speed: Speed) -> None:
     report.add("copy bandwidth", f"{speed.bandwidth / 1e9:,.1f} GB/s (read + written)")
     report.add(
         "decode, 1 session",
-        f"{1 / speed.decode_one:,.0f} tokens/s, {speed.decode_one * 1000:.2f} ms per token; floor "
-        f"{speed.floor_one * 1000:.3f} ms ({speed.weight_bytes / 2**20:,.1f} MiB of weights): "
+        f"{1 / speed.decode_one:,.0f} tokens/s, {speed.decode_one * 1000:.2f} ms per token at mem {speed.mem:,}; "
+        f"floor {speed.floor_one * 1000:.3f} ms ({speed.weight_bytes / 2**20:,.1f} MiB of weights, "
+        f"{_memory_bytes(speed) / 2**20:,.1f} MiB of keys, values and positions): "
         f"{speed.decode_one / speed.floor_one:,.1f}x the floor",
     )
     report.add(
         f"decode, {speed.batch} sessions",
-        f"{speed.batch / speed.decode_batch:,.0f} tokens/s, {speed.decode_batch * 1000:.2f} ms per step: "
-        f"{speed.decode_batch / speed.floor_one:,.1f}x the floor (weights read once per step)",
+        f"{speed.batch / speed.decode_batch:,.0f} tokens/s, {speed.decode_batch * 1000:.2f} ms per step at mem "
+        f"{speed.mem:,}; floor {speed.floor_batch * 1000:.3f} ms (weights read once per step, each session's "
+        f"keys and values): {speed.decode_batch / speed.floor_batch:,.1f}x the floor",
     )
     report.add(
         "scoring",
         f"{speed.scoring:,.0f} tokens/s over {speed.document:,} tokens: "
         f"{speed.scoring_floor / speed.scoring:,.2f}x the floor's time",
     )
+
+
+def _memory_bytes(speed: Speed) -> float:
+    """What one session's step reads beside the weights: its memory's keys and values, the positional keys."""
+    return speed.floor_one * speed.bandwidth - speed.weight_bytes

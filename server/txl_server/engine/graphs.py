@@ -27,7 +27,6 @@ import operator
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 import torch
@@ -41,6 +40,7 @@ from txl.paged.step import StaticDecodeStep
 from txl.sampling import PADDING, RowParams, RowValues, SamplingParams, sample_rows
 from txl.window import keeps_after, windows_at
 
+from .launched import Launched, ReadBack, ReadBackTurns
 from .rows import DecodeOut, DecodeRow
 
 log = logging.getLogger(__name__)
@@ -77,39 +77,6 @@ def top_k_bucket(rows: Sequence[DecodeRow], vocab: int) -> int | None:
     if not limited:
         return 0
     return next((k for k in top_k_buckets(vocab) if k >= max(limited)), None)
-
-
-@dataclass(frozen=True)
-class ReadBack:
-    host: Tensor  # [n, 2] float64: each row's token and its log-prob, once `ready`
-    ready: torch.cuda.Event | None  # None: already there
-
-
-@dataclass(frozen=True)
-class Launched:
-    """A decoding iteration sent to the device. Known at once: each row's memory after it (host bookkeeping) and
-    its new hidden state (on the device); the sampled tokens once read back."""
-
-    memories: list[Memory]
-    hidden: Sequence[Tensor]
-    read_back: ReadBack | None
-    outputs: list[DecodeOut] | None = None  # an iteration that ran eagerly: all known already
-
-    @classmethod
-    def done(cls, outputs: list[DecodeOut]) -> Launched:
-        return cls([o.memory for o in outputs], [o.last_hidden for o in outputs], None, outputs)
-
-    def collect(self) -> list[DecodeOut]:
-        """The rows' sampled tokens and their log-probs (waits for the device if it has not finished)."""
-        if self.outputs is not None:
-            return self.outputs
-        assert self.read_back is not None
-        if self.read_back.ready is not None:
-            self.read_back.ready.synchronize()
-        # One conversion: [token, log-prob] pairs of Python floats (a token id is exact in a float64)
-        tokens, logprobs = zip(*self.read_back.host.tolist(), strict=True)
-        n = len(self.memories)
-        return list(map(DecodeOut, map(int, tokens), logprobs, repeat(None, n), self.memories, self.hidden))
 
 
 class SamplingInputs:
@@ -231,6 +198,7 @@ class DecodeGraphs:
         the server's largest mem_len); rows beyond it run eagerly."""
         self.model = model
         self.pool = pool
+        self.device = pool.layout.device
         self.eager = eager
         self.capture = capture
         self.sizes = buckets(max_batch_size)
@@ -245,10 +213,7 @@ class DecodeGraphs:
         # Why the graphs are off, once they are (a failed capture or check): set once, never retried.
         self.off: str | None = None
         # Tokens and log-probs read back through page-locked buffers, two in turn (`_read_back`).
-        self._readbacks = [
-            torch.zeros((self.sizes[-1], 2), dtype=torch.float64, pin_memory=capture) for _ in range(2)
-        ]
-        self._readback_turn = 0
+        self.readbacks = ReadBackTurns(self.sizes[-1], pinned=capture)
         # The new hidden states of the last iteration: all rows' [n, D], and each row's view of it.
         self._last_hidden: tuple[Tensor, tuple[Tensor, ...]] | None = None
         # The memories the last iteration left, weakly (a finished row's blocks are not kept), with its numbers.
@@ -335,6 +300,7 @@ class DecodeGraphs:
         copied back in one (the iteration's one wait, in `collect`)."""
         key = self.key(rows)
         assert key is not None, "run only rows the graphs support"
+        self.readbacks.check_free()  # before anything is planned or replayed
         same_length = self.model.config.same_length
         memories = [r.memory for r in rows]
         paged = [m.rows[0] for m in memories]
@@ -381,20 +347,22 @@ class DecodeGraphs:
             if plan.after is not None
             else None
         )
-        return Launched(memories, hidden, self._read_back(graph.readback[:n]))
+        return Launched(memories, hidden, self._read_back(graph.readback[:n]), turns=self.readbacks)
 
     def _read_back(self, readback: Tensor) -> ReadBack:
         """Starts copying the iteration's tokens and log-probs to the host: on CUDA into one of two page-locked
-        buffers (the next iteration's copy may land while this one's is still unread), with an event to wait on."""
+        buffers (the next iteration's copy may land while this one's is still unread), with an event to wait on.
+        The copy and the event are queued on the current stream of the pool's device, whatever device is current
+        on this thread: an event recorded on another device's stream would be ready before the copy landed."""
+        turn, buffer = self.readbacks.take()  # on a CPU too: the same rule, which tests can see
         if not self.capture:  # a copy even on a CPU: the next replay writes the same buffer
-            return ReadBack(readback.to("cpu", copy=True), None)
-        turn = self._readbacks[self._readback_turn]
-        self._readback_turn ^= 1
-        host = turn[: readback.size(0)]
-        host.copy_(readback, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return ReadBack(host, ready)
+            return ReadBack(readback.to("cpu", copy=True), None, turn)
+        host = buffer[: readback.size(0)]
+        with torch.cuda.device(self.device):
+            host.copy_(readback, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        return ReadBack(host, ready, turn)
 
     def _rebuild(self, key: GraphKey) -> _Graph | None:
         """A graph missing while serving: on a CPU (the buffers of a pool that grew, or a first use) built now;
@@ -429,10 +397,8 @@ class DecodeGraphs:
 
         def body() -> None:
             log_probs = self.model.log_probs(hidden_in)  # [B, V]
-            tokens, logprobs = sample_rows(log_probs, sampling.rows_params(max_top_k, any_top_p))
+            tokens, _ = sample_rows(log_probs, sampling.rows_params(max_top_k, any_top_p), readback)
             hidden = self.model.transformer.forward_step(tokens, step, tables)  # [B, D]
-            readback[:, 0] = tokens
-            readback[:, 1] = logprobs
             hidden_out.copy_(hidden)
 
         replay: Callable[[], None] = body
@@ -442,7 +408,7 @@ class DecodeGraphs:
         return _Graph(step, sampling, hidden_in, readback, hidden_out, tables, replay)
 
     def _capture(self, body: Callable[[], None]) -> Callable[[], None]:
-        device = self.pool.keys.device
+        device = self.device
         # Under the pool's device: the side stream, the capture and the kernels' launches belong to it, whatever
         # device is current on this thread (cuda:1 served from a thread whose current device is cuda:0).
         with torch.cuda.device(device):

@@ -114,6 +114,7 @@ class Outputs:
             task.job.emit(event)
 
     def _finish(self, task: DecodeTask) -> None:
+        task.state = task.state.owning()  # the session keeps it: not a view of its last batch's output
         rest = task.text.finish()
         if task.held is not None:
             held = task.held

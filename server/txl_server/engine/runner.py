@@ -18,7 +18,8 @@ from txl import BlockPool, Memory, TransfoXLLMHeadModel
 from txl.sampling import RowParams, sample_rows
 from txl.scoring import shifted
 
-from .graphs import DecodeGraphs, Launched
+from .graphs import DecodeGraphs
+from .launched import Launched
 from .rows import ChunkOut, ChunkRow, DecodeOut, DecodeRow, TopLogprobs
 
 

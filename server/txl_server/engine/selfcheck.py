@@ -25,20 +25,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from txl import BlockPool
+from torch import Tensor
+from txl import BlockPool, TransfoXLLMHeadModel
 from txl.kernels import decode_kernel, prefer, reference_path, triton_decode, triton_sampling
 from txl.kernels.linear_choice import ROW_BUCKETS
-from txl.paged import fused_decode
+from txl.paged import fused_decode, gpu_decode
 from txl.sampling import SamplingParams
 from txl.window import WindowRule
 
+from .comparison import Comparison, Float32Step, compare_paths, first_line
 from .graphs import DecodeGraphs, GraphKey
 from .rows import ChunkRow, DecodeOut, DecodeRow
 from .runner import ModelRunner
@@ -49,55 +50,8 @@ log = logging.getLogger(__name__)
 # Native decoding kernels in the order they are preferred (txl.kernels names), and the names reported.
 NATIVE_KERNELS = ("triton", "cpu")
 REPORTED = {"triton": "triton", "cpu": "c", "torch": "torch"}
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How far a path may be from the eager one and still be right: kernels that sum in another order differ by
-    rounding, far below these limits, in float32 and in half precision alike (a few units in the last place);
-    what a wrong path gives is far beyond either, or NaN (figures: docs/benchmarks/engine-figures.md)."""
-
-    logprob: float  # |delta log p| of the chosen tokens, in nats
-    hidden: float  # |delta hidden| over the largest |hidden| (at least 1)
-
-
-def tolerance(dtype: torch.dtype) -> Tolerance:
-    return Tolerance(1e-3, 1e-3) if dtype == torch.float32 else Tolerance(0.1, 0.05)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One path against the eager one on the same rows."""
-
-    what: str  # e.g. "triton kernel vs torch path", "graph of 8 rows, top-k 64, top-p"
-    tokens_equal: bool = False
-    logprob: float = math.inf  # largest |delta log p|
-    hidden: float = math.inf  # largest |delta hidden|, relative
-    error: str | None = None  # what it raised, when it did not finish
-    tolerance: Tolerance = Tolerance(0.0, 0.0)
-    # What it raised was an error of the device (the exception itself is not kept: its traceback would keep
-    # the dummy rows, and their blocks, alive).
-    device_error: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return (
-            self.error is None
-            and self.tokens_equal
-            and self.logprob <= self.tolerance.logprob
-            and self.hidden <= self.tolerance.hidden
-        )
-
-    def problem(self) -> str:
-        """What went wrong, in plain words."""
-        if self.error is not None:
-            return f"{self.what} raised {self.error}"
-        parts = [] if self.tokens_equal else ["other tokens"]
-        if not self.logprob <= self.tolerance.logprob:
-            parts.append(f"log-probs off by {self.logprob:.3g}")
-        if not self.hidden <= self.tolerance.hidden:
-            parts.append(f"hidden states off by {self.hidden:.3g}")
-        return f"{self.what} differs from the eager path: {', '.join(parts)}"
+# The top-k of the kernel check's first row (the others: a quarter of it, or none).
+KERNEL_CHECK_TOP_K = 64
 
 
 @dataclass
@@ -161,7 +115,7 @@ def prepare(
     except Exception as exc:
         if not is_device_error(exc) or device_works(worker.pool.layout.device):
             raise
-        _device_failed(worker, _first_line(exc))
+        _device_failed(worker, first_line(exc))
     return path
 
 
@@ -171,12 +125,12 @@ def _check(path: ServingPath, worker: Worker, max_mem_len: int, triton: bool, se
         _choose_linear_kernels(worker, max_mem_len)
     # Rows enough for the largest graph (a few for the kernel alone).
     rows = _dummy_rows(worker, max_mem_len, max(4, graphs.sizes[-1] if graphs is not None else 0), seed)
-    few = [_with_params(row, i, (4, 0, False), 0) for i, row in enumerate(rows[:4])]
-    _choose_attention(path, worker, few, triton=triton)
+    exact = Float32Model(worker.model)
+    _choose_attention(path, worker, rows[:4], exact, triton=triton)
     worker.attention = _kernel_of(path.attention)
     if graphs is not None:
         with prefer(worker.attention):
-            _capture_and_check(path, worker, graphs, rows)
+            _capture_and_check(path, worker, graphs, rows, exact)
 
 
 def _choose_linear_kernels(worker: Worker, mem_len: int) -> None:
@@ -207,7 +161,13 @@ def _available(name: str, pool: BlockPool) -> bool:
         return decode_kernel(pool.keys[0]) is not None
 
 
-def _choose_attention(path: ServingPath, worker: Worker, rows: list[DecodeRow], *, triton: bool) -> None:
+def _choose_attention(
+    path: ServingPath, worker: Worker, rows: list[DecodeRow], exact: Float32Model, *, triton: bool
+) -> None:
+    """The first native kernel that matches the torch path. "triton" is everything a decoding step runs on the
+    GPU (the fused layers, attention, the log-softmax, sampling: `txl.kernels.triton_chosen`), so the rows sample
+    as served rows do: greedy, tempered, top-k and top-p together, so that a sampling kernel that fails or differs
+    turns Triton off like any other (the torch path then samples too)."""
     pool = worker.pool
     for name in NATIVE_KERNELS:
         if not _available(name, pool):
@@ -219,31 +179,55 @@ def _choose_attention(path: ServingPath, worker: Worker, rows: list[DecodeRow], 
             try:  # every variant serving launches, compiled now: nothing compiles while sessions wait
                 _warm_up_triton(worker)
             except Exception as exc:
-                _raise_if_device_failed(worker, is_device_error(exc), _first_line(exc))
-                path.attention_reason = f"the Triton kernels did not compile ({_first_line(exc)})"
-                log.warning("%s; decoding attention does not use them", path.attention_reason)
+                _raise_if_device_failed(worker, is_device_error(exc), first_line(exc))
+                path.attention_reason = f"the Triton kernels did not compile ({first_line(exc)})"
+                log.warning(
+                    "%s; decoding does not use them (attention, layers, sampling: the torch path takes them)",
+                    path.attention_reason,
+                )
                 continue
-        check = compare_paths(
-            f"the {REPORTED[name]} attention kernel vs the torch path",
-            functools.partial(_eager, worker, rows, name),
-            lambda: _eager(worker, rows, "torch"),
-            worker.model.dtype,
-        )
+        check = check_kernel(worker, name, rows, exact)
         path.checks.append(check)
         if check.ok:
             path.attention = REPORTED[name]
             return
         _raise_if_device_failed(worker, check.device_error, check.error)
         path.attention_reason = check.problem()
-        log.warning("%s; decoding attention does not use that kernel", path.attention_reason)
+        log.warning(
+            "%s; decoding does not use that kernel (attention, layers, sampling: the torch path takes them)",
+            path.attention_reason,
+        )
+
+
+def check_kernel(worker: Worker, name: str, rows: list[DecodeRow], exact: Float32Model) -> Comparison:
+    """Kernel `name` against the torch path on `rows` (a decoding step with every kind of sampling, then a
+    scored segment), twice where the first draw gives other tokens at a near tie."""
+    what = f"the {REPORTED[name]} attention kernel vs the torch path"
+    check = Comparison(what, error="not run")
+    for draw in range(2):
+        few = [
+            _with_params(row, i, (len(rows), KERNEL_CHECK_TOP_K, True), draw) for i, row in enumerate(rows)
+        ]
+        check = compare_paths(
+            what,
+            functools.partial(_eager, worker, few, name),
+            functools.partial(_eager, worker, few, "torch"),
+            worker.model.dtype,
+            exact.step(few),
+        )
+        if check.ok or check.error is not None or not check.close:
+            return check
+    return check
 
 
 def _warm_up_triton(worker: Worker) -> None:
     layout, pool = worker.pool.layout, worker.pool
-    triton_decode.warm_up(
-        layout.device, layout.dtype, heads=layout.n_head, d_head=layout.d_head, block_size=pool.block_size
-    )
-    triton_sampling.warm_up(layout.device)
+    with prefer("triton"):
+        triton_decode.warm_up(
+            layout.device, layout.dtype, heads=layout.n_head, d_head=layout.d_head, block_size=pool.block_size
+        )
+        gpu_decode.warm_up(worker.model, pool)
+        triton_sampling.warm_up(layout.device)
 
 
 def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut]:
@@ -266,7 +250,7 @@ def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut
 
 
 def _capture_and_check(
-    path: ServingPath, worker: Worker, graphs: DecodeGraphs, rows: list[DecodeRow]
+    path: ServingPath, worker: Worker, graphs: DecodeGraphs, rows: list[DecodeRow], exact: Float32Model
 ) -> None:
     if graphs.capture and worker.pool.growable:
         graphs.turn_off(
@@ -276,11 +260,11 @@ def _capture_and_check(
     try:
         graphs.capture_all()
     except Exception as exc:
-        _raise_if_device_failed(worker, is_device_error(exc), _first_line(exc))
-        graphs.turn_off(f"capturing them failed ({_first_line(exc)})")
+        _raise_if_device_failed(worker, is_device_error(exc), first_line(exc))
+        graphs.turn_off(f"capturing them failed ({first_line(exc)})")
         return
     for key in graphs.all_keys():
-        check = check_graph(graphs, worker, key, rows)
+        check = check_graph(graphs, worker, key, rows, exact)
         path.checks.append(check)
         if not check.ok:
             _raise_if_device_failed(worker, check.device_error, check.error)
@@ -288,7 +272,13 @@ def _capture_and_check(
             return
 
 
-def check_graph(graphs: DecodeGraphs, worker: Worker, key: GraphKey, rows: list[DecodeRow]) -> Comparison:
+def check_graph(
+    graphs: DecodeGraphs,
+    worker: Worker,
+    key: GraphKey,
+    rows: list[DecodeRow],
+    exact: Float32Model | None = None,
+) -> Comparison:
     """Graph `key` replayed once on dummy rows, its outputs poisoned before, against the eager path."""
     size, top_k, top_p = key
     smaller = max((s for s in graphs.sizes if s < size), default=0)
@@ -308,8 +298,9 @@ def check_graph(graphs: DecodeGraphs, worker: Worker, key: GraphKey, rows: list[
             functools.partial(_replayed, graphs, key, batch),
             functools.partial(eager.decode, batch),
             worker.model.dtype,
+            exact.step(batch) if exact is not None else None,
         )
-        if check.ok or check.error is not None or not _close(check):
+        if check.ok or check.error is not None or not check.close:
             return check
     return check
 
@@ -331,49 +322,59 @@ def _with_params(row: DecodeRow, i: int, key: GraphKey, draw: int) -> DecodeRow:
     return dataclasses.replace(row, params=params, seed=1000 + i, counter=draw)
 
 
-# ---------------------------------------------------------------------------------------------- comparing
-
-
-def compare_paths(
-    what: str,
-    run: Callable[[], list[DecodeOut]],
-    reference: Callable[[], list[DecodeOut]],
-    dtype: torch.dtype,
-) -> Comparison:
-    """`run` against `reference` on the same rows: tokens, their log-probs, the hidden states after."""
-    limits = tolerance(dtype)
-    try:
-        got = run()
-    except Exception as exc:
-        return Comparison(what, error=_first_line(exc), tolerance=limits, device_error=is_device_error(exc))
-    expected = reference()
-    logprob = max((_distance(a.logprob, b.logprob) for a, b in zip(got, expected, strict=True)), default=0.0)
-    hidden = 0.0
-    for a, b in zip(got, expected, strict=True):
-        scale = max(1.0, float(b.last_hidden.float().abs().max()))
-        delta = (a.last_hidden.float() - b.last_hidden.float()).abs().nan_to_num(math.inf).max()
-        hidden = max(hidden, float(delta) / scale)
-    tokens_equal = [a.token for a in got] == [b.token for b in expected]
-    return Comparison(what, tokens_equal, logprob, hidden, None, limits)
-
-
-def _distance(a: float, b: float) -> float:
-    return math.inf if math.isnan(a) or math.isnan(b) else abs(a - b)
-
-
-def _close(check: Comparison) -> bool:
-    return check.logprob <= check.tolerance.logprob and check.hidden <= check.tolerance.hidden
-
-
 def _device_failed(worker: Worker, error: str) -> None:
     if worker.device_error is None:
         worker.device_error = error
     log.error("the device failed at start-up (%s): reporting not ready", worker.device_error)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+# ---------------------------------------------------------------------------------------------- float32
+
+
+class Float32Model:
+    """The served model in float32 on the CPU, made on first use and only in half precision: what a path's
+    hidden states are judged against when they differ from the eager path's by more than the tolerance
+    (`engine.comparison`). Built from the served weights (a copy on the host, never on the device, whose memory
+    the pool holds)."""
+
+    def __init__(self, model: TransfoXLLMHeadModel) -> None:
+        self.served = model
+        self._model: TransfoXLLMHeadModel | None = None
+
+    def model(self) -> TransfoXLLMHeadModel:
+        if self._model is None:
+            # Ordinary tensors even when made under inference mode (as the checks run): the model's positional
+            # table is keyed on its weights' versions, which inference tensors do not keep.
+            with torch.inference_mode(False):
+                with torch.device("meta"):
+                    copy = TransfoXLLMHeadModel(self.served.config)
+                copy = copy.to_empty(device="cpu")
+                weights = {
+                    k: v.detach().to("cpu", torch.float32) for k, v in self.served.state_dict().items()
+                }
+                copy.load_state_dict(weights)
+            self._model = copy.eval()
+        return self._model
+
+    def step(self, rows: list[DecodeRow]) -> Float32Step:
+        """The rows' decoding step in float32, feeding the tokens the eager path fed."""
+
+        def hidden(outputs: Sequence[DecodeOut]) -> list[Tensor]:
+            model = self.model()
+            block_size = rows[0].memory.pool.block_size
+            blocks = sum(r.memory.rows[0].ids.size for r in rows) + 2 * len(rows) + 2
+            pool = BlockPool(model.memory_layout(), block_size=block_size, blocks=blocks)
+            memories = [r.memory.to_pool(pool) for r in rows]
+            tokens = torch.tensor([o.token for o in outputs[: len(rows)]])
+            same_length = model.config.same_length
+            with torch.inference_mode(), reference_path():
+                out, _ = model.transformer.forward_rows(
+                    tokens, [1] * len(rows), [m.rows[0] for m in memories], [m.rule(same_length) for m in memories],
+                    pool,
+                )  # fmt: skip
+            return list(out)
+
+        return hidden
 
 
 # ---------------------------------------------------------------------------------------------- dummy rows

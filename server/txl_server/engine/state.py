@@ -47,6 +47,16 @@ class ModelState:
             raise ValueError("the memory was not advanced by these tokens")
         return ModelState(memory, last_hidden, (*self.tail, *tokens)[-TAIL_TOKENS:])
 
+    def owning(self) -> ModelState:
+        """This state with a `last_hidden` that holds its own row only. A decoding iteration's new hidden states
+        are one tensor, each row a view of it; a view kept by a session that stays idle would keep the whole
+        batch's alive (and `nbytes` would not count it). Copied once, when a state leaves the worker (a request
+        ends), not at each step."""
+        hidden = self.last_hidden
+        if hidden is None or hidden.untyped_storage().nbytes() == hidden.numel() * hidden.element_size():
+            return self
+        return ModelState(self.memory, hidden.clone(), self.tail)
+
     def moved(self, pool: BlockPool) -> ModelState:
         """A copy in another pool (tier moves between the device and the host): same values."""
         memory = self.memory.to_pool(pool)

@@ -16,8 +16,8 @@ from txl import Memory
 from txl.paged.rows import new_blocks
 from txl.tokenizers import Tokenizer
 
-from .graphs import Launched
 from .jobs import AdvanceJob, GenerateJob, TokenEvent
+from .launched import Launched
 from .rows import ChunkRow, DecodeRow, TopLogprobs
 from .state import ModelState
 from .text import GenerationText

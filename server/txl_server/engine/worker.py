@@ -26,8 +26,9 @@ from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 
 from ..errors import Overloaded, Unavailable
-from .graphs import DecodeGraphs, Launched
+from .graphs import DecodeGraphs
 from .jobs import AdvanceJob, CallJob, DoneEvent, ErrorEvent, GenerateJob, Job, Outbox
+from .launched import Launched
 from .outputs import Outputs
 from .rows import ChunkRow, DecodeRow
 from .runner import ModelRunner
@@ -127,6 +128,9 @@ class Worker:
         # Set when a step fails with an error of the device itself (a CUDA error poisons the whole context):
         # the server then reports not ready, so that an orchestrator restarts it.
         self.device_error: str | None = None
+        # When the worker last showed progress (time.monotonic()): an iteration ended, it went idle or woke, or
+        # work came while it was idle. Work waiting long past it is a stuck worker (`stalled_for`).
+        self.progress_at = time.monotonic()
         self._cv = threading.Condition()
         self._inbox: list[Job] = []
         self._stopping = False
@@ -157,6 +161,8 @@ class Worker:
                 raise Unavailable("the server is shutting down")
             if not isinstance(job, CallJob) and self._load() >= self.max_queued:
                 raise Overloaded("too many requests are in progress; retry shortly", retry_after=1.0)
+            if not self._load():  # idle until now: what it waits for starts counting here
+                self.progress_at = time.monotonic()
             self._inbox.append(job)
             self._cv.notify()
 
@@ -177,6 +183,18 @@ class Worker:
     def _load(self) -> int:
         return len(self._inbox) + self.active_jobs
 
+    def stalled_for(self) -> float:
+        """Seconds that work has waited with no iteration ending (0 while idle or progressing): a hung kernel or
+        a deadlock, which liveness reports (`Runtime.liveness`). Read without the lock (a stuck worker may hold
+        it); a job's arrival or end seen a moment late only shifts it by that moment."""
+        busy = bool(self._inbox) or self.scheduler.active > 0 or self._pending is not None
+        return max(0.0, time.monotonic() - self.progress_at) if busy else 0.0
+
+    @property
+    def died(self) -> bool:
+        """Its thread ended while not asked to stop (an error escaped the loop): nothing will be served."""
+        return self._thread is not None and not self._thread.is_alive() and not self._stopping
+
     # ------------------------------------------------------------------ loop (worker thread)
 
     def _run(self) -> None:
@@ -193,7 +211,9 @@ class Worker:
         with self._cv:
             while not self._stopping and not self._inbox and not self.scheduler.active:
                 self._outbox.flush()
+                self.progress_at = time.monotonic()
                 self._cv.wait()
+            self.progress_at = time.monotonic()
             return not self._stopping
 
     def _iterate(self) -> None:
@@ -216,6 +236,7 @@ class Worker:
             self._outbox.flush()
             with self._cv:
                 self._cv.wait(STARVED_WAIT_SECONDS)
+        self.progress_at = time.monotonic()
         self.observer.on_queue(len(self._inbox), self.active_jobs)
 
     def _schedule(self) -> Iteration[DecodeTask, IngestTask]:

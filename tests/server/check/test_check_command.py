@@ -53,6 +53,9 @@ def test_the_check_passes_on_the_cpu_and_prints_its_report(tiny_model_dir):
     assert line("greedy tokens").startswith("ok ") and line("seeded generation").startswith("ok ")
     assert "blocks of 16 positions" in line("memory pool") and "sessions at mem_len 32" in line("budgets")
     assert "GB/s" in line("copy bandwidth") and "x the floor" in line("decode, 1 session")
+    # decoding measured at the served mem_len, against a floor that counts the memory's keys and values
+    assert "at mem 32;" in line("decode, 1 session") and "MiB of keys, values" in line("decode, 1 session")
+    assert "at mem 32;" in line("decode, 4 sessions") and "each session's keys" in line("decode, 4 sessions")
     assert "tokens/s over" in line("scoring")
     assert "Traceback" not in done.stderr
 
@@ -96,7 +99,7 @@ def test_the_gpu_section_holds_the_checks_and_the_speed_against_the_floor(tmp_pa
     report.add("parity", "299 positions: max |delta log p| 0.04 against the reference in bfloat16", True)
     report.add("graphs vs eager", "42 graphs replayed against eager", True)
     report.parity = Parity("bfloat16", 128, 512, 100, 200, 0.04, True, 0.1, 0.01, 0.1, 0.01, True, 0)
-    report.speed = Speed(3e12, 27 * 2**20, 9.4e-6, 1e-4, 64, 2e-4, 8192, 1e6, 1e8)
+    report.speed = Speed(3e12, 27 * 2**20, 9.4e-6, 1e-4, 64, 2e-4, 8192, 1e6, 1e8, 512, 4e-5)
     path = gpu_section.write_section(report, tmp_path)
     text = path.read_text()
     assert path == tmp_path / "benchmarks.md" and (tmp_path / "benchmarks" / "gpu.md").exists()
@@ -104,4 +107,5 @@ def test_the_gpu_section_holds_the_checks_and_the_speed_against_the_floor(tmp_pa
     parity = "| parity | 299 positions: max \\|delta log p\\| 0.04 against the reference in bfloat16 | yes |"
     assert parity in text
     assert "| decode, 1 session | 10,000 | 0.1 | 0.0094 | 10.6 |" in text
-    assert "| decode, 64 sessions | 320,000 | 0.2 | 0.0094 | 21.3 |" in text
+    assert "| decode, 64 sessions | 320,000 | 0.2 | 0.04 | 5 |" in text
+    assert "CUDA graphs on, memories of 512)" in text

@@ -24,6 +24,8 @@ from tests.helpers.tiny_models import tiny_model
 
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique_dim", "_unique2"}
 PHASES = ("before", "body", "after")
+# Operations that only allocate: no kernel runs (torch.zeros is an allocation and a fill: the fill counts).
+ALLOCATING = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
 
 
 class Counts(TorchDispatchMode):
@@ -58,9 +60,32 @@ class Counts(TorchDispatchMode):
                     return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype)
         out = func(*args, **kwargs)
         made = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type == "meta"]
-        if made and not func.is_view and name not in ("_to_copy", "to"):
+        kernel = name not in ("_to_copy", "to") or _same_device_cast(args, kwargs)
+        if (
+            made
+            and kernel
+            and not func.is_view
+            and name not in ALLOCATING
+            and not _returns_an_input(made, args, name)
+        ):
             count["launch"] += 1
         return out
+
+
+def _returns_an_input(made: list[torch.Tensor], args: tuple, name: str) -> bool:
+    """An operation that hands back an input unchanged (dropout at inference): no kernel runs. (In-place
+    operations, `add_`, also return their input, and do run one.)"""
+    if name.endswith("_"):
+        return False
+    inputs = {id(t) for t in tree_leaves(args) if isinstance(t, torch.Tensor)}
+    return all(id(t) in inputs for t in made)
+
+
+def _same_device_cast(args: tuple, kwargs: dict) -> bool:
+    """A conversion on the device itself (a dtype cast): a kernel, where a copy across devices is a transfer."""
+    source = args[0]
+    device = kwargs.get("device")
+    return device is None or torch.device(device).type == source.device.type
 
 
 _tensor = torch.tensor
@@ -93,34 +118,67 @@ def one_iteration(batch: int) -> dict[str, collections.Counter[str]]:
     model = tiny_model(seed=1, mem_len=32).to("meta")
     model.transformer.pos_emb.inv_freq = torch.empty_like(model.transformer.pos_emb.inv_freq)
     pool = txl.BlockPool(model.memory_layout(), block_size=16, blocks=4096, growable=False)
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.95, seed=i) if i % 2 else SamplingParams(top_k=40)
+        for i in range(batch)
+    ]
+    rows = _rows(model, pool, params, [15 + i % 3 for i in range(batch)], mem_len=32, grid=8)
+    return _iteration(model, pool, rows, max_positions=40, kernel="torch")
+
+
+def wt103_model(n_layer: int = 18) -> txl.TransfoXLLMHeadModel:
+    """The wt103 shape (18 layers, d_model 1,024, 16 heads, vocabulary 267,735 in 4 clusters) in bfloat16, on the
+    meta device."""
+    config = txl.TxlConfig(dropout=0.0, n_layer=n_layer)
+    with torch.device("meta"):
+        model = txl.TransfoXLLMHeadModel(config).to(torch.bfloat16).eval()
+    model.transformer.pos_emb.inv_freq = torch.empty_like(model.transformer.pos_emb.inv_freq)
+    return model
+
+
+def wt103_iteration(
+    batch: int, params: SamplingParams, kernel: str, *, n_layer: int = 18
+) -> dict[str, collections.Counter[str]]:
+    """Counts of a warm decoding iteration of the wt103 shape at its mem_len (1,600), `batch` rows sampled with
+    `params`, through `DecodeGraphs.run` with attention kernel `kernel` ("triton": the fused decoding body, the
+    Triton kernels standing in as one operation each, `txl.kernels.triton_common.launch`)."""
+    model = wt103_model(n_layer)
+    mem_len = model.config.mem_len
+    pool = txl.BlockPool(model.memory_layout(), block_size=16, blocks=batch * 8 + 8, growable=False)
+    rows = _rows(model, pool, [params] * batch, [20] * batch, mem_len=mem_len, grid=None)
+    rule = txl.WindowRule(mem_len, model.config.same_length, None)
+    return _iteration(model, pool, rows, max_positions=rule.max_positions, kernel=kernel)
+
+
+def _rows(model, pool, params, lengths, *, mem_len, grid) -> list[DecodeRow]:
+    rows = []
+    with torch.inference_mode(), prefer("torch"):
+        for i, (p, n) in enumerate(zip(params, lengths, strict=True)):
+            memory = model.empty_memory(1, mem_len=mem_len, pool=pool, grid=grid)
+            hidden, memory = model(torch.zeros(1, n, dtype=torch.long, device="meta"), memory)
+            rows.append(DecodeRow(memory, hidden[0, -1].clone(), p, i, 0))
+    return rows
+
+
+def _iteration(model, pool, rows, *, max_positions: int, kernel: str) -> dict[str, collections.Counter[str]]:
     eager = ModelRunner(model, pool).decode
     graphs = graphs_module.DecodeGraphs(
-        model, pool, eager=eager, max_batch_size=batch, max_positions=40, capture=False
+        model, pool, eager=eager, max_batch_size=len(rows), max_positions=max_positions, capture=False
     )
-    rows = []
-    with torch.inference_mode():
-        for i in range(batch):
-            params = (
-                SamplingParams(temperature=0.8, top_p=0.95, seed=i) if i % 2 else SamplingParams(top_k=40)
-            )
-            memory = model.empty_memory(1, mem_len=32, pool=pool, grid=8)
-            hidden, memory = model(torch.zeros(1, 15 + i % 3, dtype=torch.long, device="meta"), memory)
-            rows.append(DecodeRow(memory, hidden[0, -1].clone(), params, i, 0))
-    with prefer("torch"), torch.inference_mode(), counting() as counts:
+    with prefer(kernel), torch.inference_mode(), counting() as counts:
         warm = graphs.run(rows)  # built in the setup phase (on a GPU: captured at start-up)
         rows = [
             DecodeRow(o.memory, o.last_hidden, r.params, r.seed, 1) for o, r in zip(warm, rows, strict=True)
         ]
         (graph,) = graphs._graphs.values()
         inner = graph.replay
-        if True:
 
-            def replay() -> None:
-                counts.phase = "body"
-                inner()
-                counts.phase = "after"
+        def replay() -> None:
+            counts.phase = "body"
+            inner()
+            counts.phase = "after"
 
-            graph.replay = replay
-            counts.phase = "before"
-            graphs.run(rows)
+        graph.replay = replay
+        counts.phase = "before"
+        graphs.run(rows)
     return {phase: counts.counts[phase] for phase in PHASES}

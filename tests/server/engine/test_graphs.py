@@ -123,7 +123,8 @@ def test_a_graph_keeps_reading_what_it_captured_after_an_eager_step_grows_the_po
 
 def test_a_pool_that_grows_while_rows_are_planned_is_never_replayed_stale(monkeypatch):
     """A growable pool (CPU) reallocates its tensors when a step's new blocks do not fit: the graph that runs
-    the step must be one built on the reallocated tensors."""
+    the step must be one built on the reallocated tensors. The graphs are built before the rows are planned (as
+    at start-up), so that a graph looked up before planning would be one built on the old tensors."""
     replays = []
     build = DecodeGraphs._build
 
@@ -140,10 +141,13 @@ def test_a_pool_that_grows_while_rows_are_planned_is_never_replayed_stale(monkey
 
     monkeypatch.setattr(graphs_module.DecodeGraphs, "_build", recording_build)
     model = tiny_model(seed=41, mem_len=MEM_LEN)
-    pool = txl.BlockPool(model.memory_layout(), block_size=4, blocks=12)  # 11 usable blocks
+    # 11 usable blocks each; the reference runs in a pool of its own, so that this one grows only in the plan.
+    pool, reference = (txl.BlockPool(model.memory_layout(), block_size=4, blocks=12) for _ in range(2))
     graphs = graphs_over(model, pool, max_batch_size=4, max_positions=MEM_LEN, capture=False)
     rows = decode_rows(model, pool, [8, 8, 8, 8])  # 2 full blocks each: every row needs a new block
-    expected, _ = ModelRunner(model, pool).run(rows, [])
+    expected, _ = ModelRunner(model, reference).run(decode_rows(model, reference, [8, 8, 8, 8]), [])
+    graphs.capture_all()
+    assert pool.generation == 0 and pool.capacity - pool.used_blocks < 4
     got = graphs.run(rows)
     assert pool.generation > 0 and replays and all(born == now for born, now in replays)
     assert [o.token for o in got] == [o.token for o in expected]

@@ -53,14 +53,16 @@ class Fault:
         monkeypatch.setattr(runner_module, "sample_rows", self.sample_rows)
         monkeypatch.setattr(graphs_module, "sample_rows", self.sample_rows)
 
-    def sample_rows(self, log_probs: torch.Tensor, rows: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_rows(
+        self, log_probs: torch.Tensor, rows: Any, readback: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         poisoned = (rows.seeds == signed64(POISON_SEED)) & (rows.counters >= FAULT_FROM)  # [N]
         if poisoned.any():
             self.batch_sizes.append(int(poisoned.numel()))
             if self.kind == "raise":
                 raise InjectedFault("a fault no validator knows")
             log_probs = log_probs.masked_fill(poisoned[:, None], float("nan"))
-        return self.original(log_probs, rows)
+        return self.original(log_probs, rows, readback)
 
 
 def together(worker: Any, n: int, monkeypatch: pytest.MonkeyPatch) -> None:

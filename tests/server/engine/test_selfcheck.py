@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 import txl
-from txl.kernels import prefill_attention, triton_decode
+from txl.kernels import prefill_attention, triton_common, triton_decode
 from txl.kernels.prefill_attention import cpu_prefill_attention
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
@@ -141,14 +141,15 @@ async def test_a_graph_that_differs_from_eager_turns_the_graphs_off(
 
 @pytest.fixture
 def failing_triton(monkeypatch):
-    """A Triton kernel that can run here (as on a GPU) but raises, as in an image with no C compiler."""
+    """Triton kernels that can run here (as on a GPU) but raise, as in an image with no C compiler."""
     calls: list[int] = []
 
     def raising(*args, **kwargs):
         calls.append(1)
         raise RuntimeError(TRITON_FAILURE)
 
-    monkeypatch.setattr(triton_decode, "available", lambda device: True)
+    monkeypatch.setattr(triton_common, "available", lambda device: True)
+    monkeypatch.setattr(triton_common, "launch", raising)
     monkeypatch.setattr(triton_decode, "triton_paged_decode", raising)
     return calls
 
@@ -228,6 +229,31 @@ def test_the_switches_in_every_combination_serve_the_same_tokens(tiny_model_dir)
         assert (line["cuda_graphs"] == "on") == line["graphs"], line
         assert line["checks_ok"], line
     assert all(line["tokens"] == lines[0]["tokens"] for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [("sampling-raises", "Failed to find C compiler"), ("top-p-differs", "differs from the eager path")],
+)
+def test_a_triton_sampling_kernel_that_fails_turns_triton_off_and_top_p_is_served(
+    tiny_model_dir, fault, reason
+):
+    """Triton's sampling kernel raising (no C compiler, a driver mismatch), or its top-p threshold search wrong,
+    while Triton's other kernels run, under Triton's interpreter: the start-up check samples greedy, top-k and
+    top-p rows through it, so Triton is turned off for everything, sampling included (logged); top-p requests
+    are then served (graphs on), the tokens those without Triton give. (Before: the check sampled greedily, Triton
+    stayed on, and top-p requests got other tokens, or on CUDA failed.)"""
+    if triton_decode.triton is None:
+        pytest.skip("triton is not installed")
+    done = run_interpreted("tests.server.engine.switch_cases", str(tiny_model_dir), fault, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line, reference = [json.loads(text) for text in done.stdout.splitlines()]
+    assert line["attention"] != "triton" and reason in line["attention_reason"], line
+    assert (
+        line["cuda_graphs"] == "on" and len(line["tokens"]) == 3 and all(len(t) == 5 for t in line["tokens"])
+    )
+    assert not reference["triton"] and line["tokens"] == reference["tokens"]
+    assert "does not use that kernel (attention, layers, sampling" in done.stderr  # the fallback, logged
 
 
 def test_top_k_buckets_are_few_and_a_larger_top_k_runs_eagerly():

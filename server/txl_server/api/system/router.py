@@ -13,10 +13,19 @@ from .protocol import SystemInfo
 router = APIRouter(tags=["system"])
 
 
-@router.get("/health")
-async def health() -> dict[str, str]:
-    """The process is alive and serving HTTP."""
-    return {"status": "ok"}
+@router.get(
+    "/health",
+    responses={
+        503: {
+            "model": ErrorBody,
+            "description": "Not alive: the device failed, or the worker made no progress with work waiting",
+        }
+    },
+)
+async def health(request: Request) -> dict[str, str]:
+    """Liveness: the process serves HTTP, its device works and its worker makes progress (a failure means
+    restart it; while the model loads it is alive). `/ready` says whether to send it traffic."""
+    return serving.health(request.app.state.runtime)
 
 
 @router.get(

@@ -24,13 +24,20 @@ async def ready(runtime: Runtime) -> JSONResponse:
             cuda_graphs=report.cuda_graphs,
         )
         return JSONResponse({"status": "ready", "model": runtime.model_id, **serving.model_dump()})
-    failed = runtime.worker is not None and runtime.worker.device_error is not None
+    reason = runtime.liveness()
     message = (
-        "not ready: the device failed; restart the server"
-        if failed
+        f"not ready: {reason}; restart the server"
+        if reason is not None
         else "not ready: model or Redis unavailable"
     )
     return JSONResponse(Unavailable(message).body(), status_code=503)
+
+
+def health(runtime: Runtime) -> dict[str, str]:
+    reason = runtime.liveness()
+    if reason is not None:
+        raise Unavailable(f"not alive: {reason}; restart the server")
+    return {"status": "ok"}
 
 
 def system_info(runtime: Runtime, model_id: str) -> SystemInfo:
