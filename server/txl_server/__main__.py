@@ -134,7 +134,9 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
         # a response being written.
         timeout_graceful_shutdown=5,
     )
-    server = TxlServer(config, ready_message=ready_message(settings.host, settings.port))
+    server = TxlServer(
+        config, ready_message=ready_message(settings.host, settings.port), exit_process=exit_now
+    )
     server.run(sockets=sockets)
     # uvicorn returns normally when startup failed (e.g. an unreadable checkpoint): report it as a failure.
     return 0 if server.started else 1

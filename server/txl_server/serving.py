@@ -21,11 +21,13 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 import uvicorn
+
+from .watchdog import Watchdog
 
 log = logging.getLogger("txl_server")
 
@@ -88,11 +90,20 @@ def warn_if_open(sockets: list[socket.socket], *, has_api_keys: bool) -> None:
 
 
 class TxlServer(uvicorn.Server):
-    """uvicorn's server, announcing where to go once it answers and draining the app before it shuts down."""
+    """uvicorn's server, announcing where to go once it answers and draining the app before it shuts down; with
+    `exit_process`, a watchdog ends the process once the app's runtime is no longer alive (watchdog.py)."""
 
-    def __init__(self, config: uvicorn.Config, *, ready_message: str) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        ready_message: str,
+        exit_process: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.ready_message = ready_message
+        self.exit_process = exit_process
+        self.watchdog: Watchdog | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -101,8 +112,18 @@ class TxlServer(uvicorn.Server):
                 with contextlib.suppress(AttributeError):
                     self._log_started_message(sockets)
             log.info("%s", self.ready_message)
+            self._watch()
+
+    def _watch(self) -> None:
+        runtime = getattr(getattr(self.config.app, "state", None), "runtime", None)
+        if self.exit_process is None or runtime is None or not runtime.settings.exit_when_not_alive:
+            return
+        self.watchdog = Watchdog(runtime.liveness, self.exit_process)
+        self.watchdog.start()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.watchdog is not None:  # a shutdown asked for ends the process its own way
+            self.watchdog.stop()
         drain = getattr(getattr(self.config.app, "state", None), "shutdown", None)
         if drain is not None:
             await drain.drain()

@@ -110,6 +110,9 @@ class Settings(BaseSettings):
     # /health fails (and an orchestrator restarts the server) when work has waited this long with no step
     # finishing: far above the longest step (a segment of the largest batch) on any device served.
     worker_stall_seconds: float = Field(120.0, gt=0, le=86400)
+    # `python -m txl_server` exits (status 3) once it is not alive, so that Docker's restart policy, compose or
+    # systemd start it again as Kubernetes would (watchdog.py); false: only /health says so.
+    exit_when_not_alive: bool = True
 
     # ---- limits
     max_body_bytes: int = Field(16 * 1024**2, ge=1024)  # also the largest scoring document
