@@ -21,7 +21,7 @@ SECOND_STAGE: dict[str, str] = {
     "tests/model/test_triton_decode.py::test_triton_decode_kernel_meets_its_contract_on_random_rows": (
         "the decode kernel under Triton's interpreter, on random rows"
     ),
-    "tests/model/test_triton_sampling.py::test_the_search_with_triton_masses_keeps_what_a_full_sort_keeps": (
+    "tests/model/test_triton_sampling.py::test_the_triton_sampler_keeps_what_a_full_sort_keeps_and_draws_the_torch_paths_tokens": (
         "the sampling kernel under Triton's interpreter"
     ),
     "tests/server/engine/test_graphs.py::test_static_decode_buffers_with_the_triton_kernel_give_the_eager_results": (
