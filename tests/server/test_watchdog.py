@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,6 +36,15 @@ def faulty(self, *args, **kwargs):
 
 runner.ModelRunner.run = faulty
 """
+
+
+def fault_hooks(tmp_path: Path, fault: str) -> tuple[Path, str]:
+    """The marker file that turns `fault` on, and the PYTHONPATH that installs it in a server process."""
+    marker = tmp_path / "fault-now"
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAULTS.format(marker=str(marker), fault=fault))
+    return marker, os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def test_the_watchdog_exits_once_liveness_fails_long_enough_and_not_for_a_blip():
@@ -69,16 +79,12 @@ def test_a_stopped_watchdog_never_exits():
 def test_a_process_that_is_not_alive_exits_3_and_a_restart_continues_its_session(
     fault, tiny_model_dir, redis_server, tmp_path
 ):
-    marker = tmp_path / "fault-now"
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(FAULTS.format(marker=str(marker), fault=fault))
+    marker, path = fault_hooks(tmp_path, fault)
     env = {
         **process_env(tiny_model_dir, redis_server.url, f"watchdog-{fault}"),
         "TXL_WORKER_STALL_SECONDS": "1",
         "TXL_LEASE_TTL_SECONDS": "2",
     }
-    path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH", "")) if p)
     first = ServerProcess(tmp_path / "first.log", **env, PYTHONPATH=path).start()
     try:
         with first.client() as client:
@@ -126,11 +132,7 @@ def test_a_process_that_is_not_alive_exits_3_and_a_restart_continues_its_session
 
 
 def test_a_process_told_not_to_exit_stays_up_unhealthy(tiny_model_dir, redis_server, tmp_path):
-    marker = tmp_path / "fault-now"
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(FAULTS.format(marker=str(marker), fault="device"))
-    path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH", "")) if p)
+    marker, path = fault_hooks(tmp_path, "device")
     env = process_env(tiny_model_dir, redis_server.url, "watchdog-off")
     server = ServerProcess(
         tmp_path / "off.log", **env, PYTHONPATH=path, TXL_EXIT_WHEN_NOT_ALIVE="false"
