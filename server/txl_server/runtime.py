@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
+from pydantic import SecretStr
 from redis import asyncio as aioredis
 from txl import BlockPool, TransfoXLLMHeadModel, load_pretrained
 from txl.kernels import linear
@@ -35,6 +36,8 @@ from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Recover
 from .sessions.redis_server import EmbeddedRedis
 from .sessions.service import SessionService
 from .sessions.stateless import StatelessService
+from .sessions.store.connection import connect
+from .sessions.store.redis_health import EvictingRedis, RedisHealth, eviction_refusal
 from .sessions.store.stores import Stores
 from .settings import Persistence, Settings
 
@@ -174,6 +177,7 @@ class Runtime:
         self.session_observer = session_observer
         self.embedded_redis: EmbeddedRedis | None = None
         self.redis: aioredis.Redis | None = None
+        self.health: RedisHealth | None = None
         self.worker: Worker | None = None
         self.service: SessionService | None = None
         self.stateless: StatelessService | None = None
@@ -204,13 +208,22 @@ class Runtime:
             redis.launch()  # from the loop's thread, which lives as long as the server (see launch)
             url = await asyncio.to_thread(redis.wait_ready)
             log.info("started a private Redis at %s (data in %s)", url, redis.data_dir)
-        self.redis = aioredis.from_url(
-            url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10
+        self.redis = connect_redis(settings, url)
+        stores = Stores.connect(
+            self.redis,
+            prefix=settings.redis_prefix,
+            replica=self.replica.id,
+            allow_eviction=settings.redis_allow_eviction,
         )
-        stores = Stores.connect(self.redis, prefix=settings.redis_prefix, replica=self.replica.id)
+        self.health = stores.health
+        stores.sessions.wait_timeout_ms = settings.redis_wait_timeout_ms
+        if self.session_observer is not None:
+            stores.health.on_loss = self.session_observer.on_store_loss
+            stores.sessions.on_unreplicated = self.session_observer.on_unreplicated_commit
         exclusive = self.embedded_redis is not None  # a private Redis has no other replica
         log.info("%s", self.where_sessions_are())
         try:
+            await self._check_store(stores)
             await self._reconcile(stores, exclusive)
             pending = False
         except Unavailable as exc:  # the server still starts (and says it is not ready until Redis answers)
@@ -261,17 +274,32 @@ class Runtime:
                 found.leases_broken,
             )
 
+    async def _check_store(self, stores: Stores) -> None:
+        """Redis checked as a database (store/redis_health.py): refuses an evicting one (EvictingRedis), then
+        how many replicas a commit waits for."""
+        info = await stores.health.start()
+        stores.sessions.wait_replicas = self._replicas_to_wait(info.connected_replicas)
+
+    def _replicas_to_wait(self, connected: int) -> int:
+        wanted = self.settings.redis_wait_replicas
+        return min(1, connected) if wanted is None else wanted
+
     async def _beat_forever(self, stores: Stores, exclusive: bool, reconcile_pending: bool) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             try:
                 if reconcile_pending:
+                    await self._check_store(stores)
                     await self._reconcile(stores, exclusive)
                     reconcile_pending = False
                 else:
                     await stores.heartbeats.beat(
                         self.replica.name, self.replica.incarnation, HEARTBEAT_TTL_SECONDS
                     )
+                    state = await stores.health.check()
+                    if state.info is not None:
+                        replicas = self._replicas_to_wait(state.info.connected_replicas)
+                        stores.sessions.wait_replicas = replicas
             except Exception as exc:  # Redis away: beat again next round
                 log.debug("heartbeat skipped: %s", exc)
 
@@ -330,12 +358,23 @@ class Runtime:
             self.worker, self.serving, mem_len=mem_len, max_mem_len=max_mem_len, budgets=self.budgets
         )
 
-    async def ready(self) -> bool:
-        """Not stopping, alive (`liveness`), Redis answers (a CUDA error that poisoned the context is not
-        recovered from: failing readiness takes the server out of service, failing liveness restarts it)."""
-        if self.stopping or self.liveness() is not None:
-            return False
-        return self.service is not None and await self.service.store.ping()
+    async def not_ready(self) -> str | None:
+        """Why the server should get no traffic now, or None: stopping, not alive (`liveness`: a CUDA error that
+        poisoned the context is not recovered from: failing readiness takes the server out of service, failing
+        liveness restarts it), starting, Redis unreachable, or Redis unfit to keep sessions (evicting, out of
+        memory, a read-only replica: store/redis_health.py)."""
+        if self.stopping:
+            return "the server is shutting down"
+        alive = self.liveness()
+        if alive is not None:
+            return f"{alive}; restart the server"
+        if self.service is None or self.health is None:
+            return "the server is starting"
+        try:
+            state = await self.health.check()
+        except Unavailable as exc:
+            return exc.message
+        return "; ".join(state.problems) or None
 
     def liveness(self) -> str | None:
         """Why the process must be restarted, or None while it is alive (`/health`): the device failed (a
@@ -392,6 +431,43 @@ class Runtime:
         if self.embedded_redis.ephemeral:
             return "stopped; the throw-away sessions were deleted with their temporary directory"
         return f"stopped; sessions are kept in {self.embedded_redis.data_dir} for the next start{what}"
+
+
+def check_redis(settings: Settings) -> None:
+    """Before the model loads: raises EvictingRedis if the configured Redis evicts keys (and the settings do not
+    accept it), so that start-up stops in one line. A Redis that does not answer yet is checked once it does."""
+
+    async def check() -> None:
+        assert settings.redis_url is not None
+        redis = connect_redis(settings, settings.redis_url)
+        try:
+            health = RedisHealth(
+                redis, prefix=settings.redis_prefix, allow_eviction=settings.redis_allow_eviction
+            )
+            info = await health.info()
+            if info.evicting and not settings.redis_allow_eviction:
+                raise EvictingRedis(eviction_refusal(info.maxmemory_policy))
+        except Unavailable:
+            pass
+        finally:
+            await redis.aclose()
+
+    if settings.redis_url is not None:
+        asyncio.run(check())
+
+
+def connect_redis(settings: Settings, url: str) -> aioredis.Redis:
+    """The client for the Redis at `url`, with the settings' timeout and passwords."""
+
+    def secret(value: SecretStr | None) -> str | None:
+        return value.get_secret_value() if value is not None else None
+
+    return connect(
+        url,
+        timeout=settings.redis_timeout_seconds,
+        password=secret(settings.redis_password),
+        sentinel_password=secret(settings.redis_sentinel_password),
+    )
 
 
 def redacted(url: str) -> str:

@@ -80,7 +80,22 @@ class Settings(BaseSettings):
     keep_versions: int = Field(32, ge=0, le=1024)
 
     # ---- redis
-    redis_url: str | None = None  # None: start a private redis-server for this process
+    # None: start a private redis-server for this process. redis://host:port/db, or for a Redis that fails over,
+    # redis+sentinel://host:port[,host:port...]/master-name (sessions/store/connection.py).
+    redis_url: str | None = None
+    redis_password: SecretStr | None = None  # the Redis password (kept out of the URL, which is logged)
+    redis_sentinel_password: SecretStr | None = None  # the Sentinels' password, if they have one
+    # Every Redis call is answered within this long or fails (a change that got no answer is settled, never
+    # reported as "nothing was changed": sessions/settling.py).
+    redis_timeout_seconds: float = Field(5.0, gt=0, le=60)
+    # A Redis whose maxmemory-policy evicts keys deletes live sessions silently: the server refuses to start on
+    # one unless this accepts it.
+    redis_allow_eviction: bool = False
+    # A commit waits for this many replicas to acknowledge it (Redis WAIT) before it is answered; None: one when
+    # the master has replicas, else none. redis_wait_timeout_ms bounds the wait (the commit is answered either
+    # way: it is applied on the master; one not yet replicated is counted in txl_store_commits_unreplicated).
+    redis_wait_replicas: int | None = Field(None, ge=0, le=16)
+    redis_wait_timeout_ms: int = Field(1000, ge=1, le=60000)
     # The private Redis's directory (its append-only file). None: the user's data directory (see
     # `private_redis_dir`), so that sessions outlive the process like a database's rows.
     redis_data_dir: Path | None = None

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from redis import asyncio as aioredis
 from txl_server.sessions.store.blocks import StoredVersion
+from txl_server.sessions.store.lease import Lease, new_token
 from txl_server.sessions.store.plumbing import now
 from txl_server.sessions.store.sessions import SessionMeta, SessionStore
 from txl_server.sessions.store.versions import BlocksMissing, VersionSummary, VersionWrite
@@ -37,14 +38,34 @@ async def _refs(store: SessionStore, block: str) -> int | None:
     return None if value is None else int(value)
 
 
+async def _lease(store: SessionStore, session_id: str) -> Lease:
+    """The session's lease, taken as a step takes it."""
+    lease = Lease(session_id, new_token("test"), 10.0)
+    assert await store.redis.set(store.keys.lease(session_id), lease.token, nx=True, px=lease.ttl_ms)
+    return lease
+
+
+async def _create(store: SessionStore, meta: SessionMeta, write: VersionWrite) -> None:
+    lease = Lease(meta.id, new_token("test"), 10.0)
+    assert await store.reserve(meta.owner, meta.id, limit=100, lease=lease)
+    await store.create(meta, write, lease=lease)
+
+
+async def _delete(store: SessionStore, meta: SessionMeta) -> None:
+    await store.delete(meta, lease=await _lease(store, meta.id))
+
+
 async def _commit(store, session_id, version, blocks, new, keep=32):
     return await store.commit(
-        _meta(session_id, version), expected_version=version - 1, write=_write(version, blocks, new, keep)
+        _meta(session_id, version),
+        expected_version=version - 1,
+        lease=await _lease(store, session_id),
+        write=_write(version, blocks, new, keep),
     )
 
 
 async def test_versions_share_blocks_and_a_block_goes_with_its_last_reference(store):
-    await store.create(_meta("s"), _write(1, ["a", "b"], ["a", "b"]))
+    await _create(store, _meta("s"), _write(1, ["a", "b"], ["a", "b"]))
     assert await _commit(store, "s", 2, ["a", "c"], ["c"])
     assert [await _refs(store, b) for b in "abc"] == [2, 1, 1]
     first = await store.load_version("s", 1)
@@ -60,33 +81,35 @@ async def test_versions_share_blocks_and_a_block_goes_with_its_last_reference(st
 
 
 async def test_a_fork_lists_its_parents_blocks_and_outlives_it(store):
-    await store.create(_meta("p"), _write(1, ["a", "b"], ["a", "b"]))
-    await store.create(_meta("f"), _write(1, ["a", "b"], []))  # nothing written: both blocks listed
+    await _create(store, _meta("p"), _write(1, ["a", "b"], ["a", "b"]))
+    await _create(store, _meta("f"), _write(1, ["a", "b"], []))  # nothing written: both blocks listed
     assert [await _refs(store, b) for b in "ab"] == [2, 2]
-    await store.delete(_meta("p"))
+    await _delete(store, _meta("p"))
     assert [await _refs(store, b) for b in "ab"] == [1, 1]
     assert (await store.load_version("f")).blocks == [b"data-a", b"data-b"]
-    await store.delete(_meta("f"))
+    await _delete(store, _meta("f"))
     assert [await _refs(store, b) for b in "ab"] == [None, None]
-    assert not await store.redis.keys(store.prefix + "*")
+    # What stays: the deleted marks (until the sessions would have expired) and the store's identity.
+    left = sorted(k.decode().removeprefix(store.prefix) for k in await store.redis.keys(store.prefix + "*"))
+    assert left == ["d:f", "d:p", "store"]
 
 
 async def test_a_version_listing_a_block_the_store_lacks_writes_nothing(store):
-    await store.create(_meta("s"), _write(1, ["a"], ["a"]))
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))
     with pytest.raises(BlocksMissing) as missing:
         await _commit(store, "s", 2, ["a", "zz"], [])
     assert missing.value.ids == {"zz"}
     assert (await store.get("s")).version == 1 and await _refs(store, "a") == 1
     with pytest.raises(BlocksMissing):
-        await store.create(_meta("t"), _write(1, ["gone"], []))
+        await _create(store, _meta("t"), _write(1, ["gone"], []))
     assert await store.get("t") is None
 
 
 async def test_blocks_live_at_least_as_long_as_every_memory_listing_them(store):
-    await store.create(_meta("s"), _write(1, ["a"], ["a"]))
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))
     long_lived = _meta("l")
     long_lived.ttl_seconds = 5000
-    await store.create(long_lived, _write(1, ["a"], []))
+    await _create(store, long_lived, _write(1, ["a"], []))
     assert await store.redis.ttl(store.keys.blocks + "a") > 4000
     await _commit(store, "s", 2, ["a"], [])  # a shorter-lived commit never shortens it
     assert await store.redis.ttl(store.keys.blocks + "a") > 4000
