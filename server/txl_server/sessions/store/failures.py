@@ -39,27 +39,47 @@ def cause(exc: BaseException, timeout: float | None) -> str:
     if isinstance(exc, ConnectionError | OSError):
         return "it cannot be reached" if never_sent(exc) else "the connection to it was lost"
     if isinstance(exc, ReadOnlyError):
-        return "it is a read-only replica (a failover may be under way)"
+        return _REFUSALS["READONLY"]
     if isinstance(exc, BusyLoadingError):
-        return "it is loading its data after a restart"
+        return _REFUSALS["LOADING"]
     if isinstance(exc, ResponseError):
-        text = str(exc)
-        if text.startswith("OOM"):
-            return "it is out of memory (maxmemory reached: it refuses writes)"
-        if text.startswith(("MASTERDOWN", "NOREPLICAS")):
-            return "its master is down (a failover may be under way)"
-        log.warning("Redis answered an error: %s", text)
+        refusal = _refusal(exc)
+        if refusal is not None:
+            return refusal
+        log.warning("Redis answered an error: %s", exc)
         return "it answered with an error"
     return "it failed"
 
 
+# Error replies with which Redis refuses a command (or a script, at its first write) before changing anything, and
+# what each means. A script stopped by another error may have written part of what it meant to.
+_REFUSALS = {
+    "OOM": "it is out of memory (maxmemory reached: it refuses writes)",
+    "READONLY": "it is a read-only replica (a failover may be under way)",
+    "LOADING": "it is loading its data after a restart",
+    "MASTERDOWN": "its master is down (a failover may be under way)",
+    "NOREPLICAS": "it has too few replicas to take writes",
+    "NOSCRIPT": "it lost its scripts (a restart or a failover)",
+    "BUSY": "it is busy running a script",
+}
+
+
+def _refusal(exc: ResponseError) -> str | None:
+    text = str(exc)
+    for code, meaning in _REFUSALS.items():
+        # As a reply ("OOM command not allowed ...") or inside a script's error ("... -OOM command ...").
+        if text.startswith(code + " ") or f"-{code} " in text:
+            return meaning
+    return None
+
+
 def never_sent(exc: BaseException) -> bool:
-    """Whether the call failed before anything was sent: no connection could be made (redis-py's message for a
-    failed connect names it), or Redis refused the command before running it (an error reply)."""
+    """Whether the call changed nothing for sure: no connection could be made (redis-py's message for a failed
+    connect names it), or Redis refused the command before running it."""
     if isinstance(exc, TimeoutError):
         return False
     if isinstance(exc, ResponseError):
-        return True  # an error reply: Redis refused it whole (scripts are atomic)
+        return _refusal(exc) is not None
     # redis-py's Sentinel client turns a READONLY reply (a demoted master refused the command) into this.
     message = str(exc)
     return (
@@ -71,6 +91,11 @@ def failure(exc: RedisError | OSError, *, store: str, writes: bool, timeout: flo
     """The error a route answers for a failed call to `store` (e.g. "session store (Redis)")."""
     why = cause(exc, timeout)
     if writes and not never_sent(exc):
+        if isinstance(exc, ResponseError):
+            return OutcomeUnknown(
+                f"the {store} answered an error while applying a change ({exc.__class__.__name__}): the change "
+                "may have been applied in part; read the resource again to find out"
+            )
         return OutcomeUnknown(
             f"the {store} failed after a change was sent to it ({why}): the change may or may not have been "
             "applied; read the resource again to find out, or retry with the same Idempotency-Key"
