@@ -63,6 +63,12 @@ def _server(model: Path, url: str, **settings: object) -> LiveServer:
     return LiveServer(live_settings("losses", model=model, redis_url=url, **settings))
 
 
+def _record(figures: object, fault: str, what: str, clients: str, lost: str, test: str) -> None:
+    """A row of docs/reliability.md's table of store faults."""
+    row = {"fault": what, "clients": clients, "lost": lost, "test": f"test_store_losses.py -k {test}"}
+    figures.record("store_faults", {fault: row})  # type: ignore[attr-defined]
+
+
 def _appended(client: httpx.Client, sid: str, n: int) -> int:
     version = 0
     for _ in range(n):
@@ -73,7 +79,7 @@ def _appended(client: httpx.Client, sid: str, n: int) -> int:
 
 
 def test_a_redis_restarted_from_an_older_snapshot_is_noticed_and_no_session_reuses_a_version(
-    tiny_model_dir, redis_process, caplog
+    tiny_model_dir, redis_process, caplog, figures
 ):
     with _server(tiny_model_dir, redis_process[0].url) as live, live.client() as client:
         steady = client.post("/v1/sessions", json={"text": "Untouched after the snapshot."}).json()
@@ -107,9 +113,21 @@ def test_a_redis_restarted_from_an_older_snapshot_is_noticed_and_no_session_reus
         metrics = client.get("/metrics").text
         assert metric(metrics, "txl_store_data_loss_total", kind="steps") == len(sids)
     assert any("THE SESSION STORE LOST DATA" in r.message and "older" in r.message for r in caplog.records)
+    _record(
+        figures,
+        "older_snapshot",
+        f"Redis SIGKILLed and restarted from an RDB snapshot older than {len(sids)} sessions' last 2 steps",
+        "410 `store_lost_steps` for each of them (get, append, generate), never 200 at a reused version; they "
+        "leave the list; sessions the snapshot holds whole continue; logged loudly, "
+        '`txl_store_data_loss_total{kind="older"}`',
+        "the steps Redis lost (said so, never continued from)",
+        "older_snapshot",
+    )
 
 
-def test_a_redis_restarted_empty_answers_410_for_the_sessions_it_lost(tiny_model_dir, redis_process, caplog):
+def test_a_redis_restarted_empty_answers_410_for_the_sessions_it_lost(
+    tiny_model_dir, redis_process, caplog, figures
+):
     with _server(tiny_model_dir, redis_process[0].url) as live, live.client() as client:
         sid = client.post("/v1/sessions", json={"text": "Lost whole."}).json()["id"]
         deleted = client.post("/v1/sessions", json={"text": "Deleted first."}).json()["id"]
@@ -128,9 +146,20 @@ def test_a_redis_restarted_empty_answers_410_for_the_sessions_it_lost(tiny_model
             assert time.monotonic() < deadline, "the empty store was not noticed"
             time.sleep(0.5)
     assert any("came back empty" in r.message for r in caplog.records)
+    _record(
+        figures,
+        "restarted_empty",
+        "Redis SIGKILLed and restarted without its data",
+        "410 `store_lost_session` for the sessions this server acknowledged (404 for one deleted before); logged "
+        'loudly, `txl_store_data_loss_total{kind="empty"}`; new sessions are created',
+        "what Redis lost (said so)",
+        "restarted_empty",
+    )
 
 
-def test_an_evicting_redis_is_refused_at_start_in_one_line_unless_accepted(tiny_model_dir, redis_process):
+def test_an_evicting_redis_is_refused_at_start_in_one_line_unless_accepted(
+    tiny_model_dir, redis_process, figures
+):
     url = redis_process[0].url
     redis.Redis(port=redis_process[0].port).config_set("maxmemory-policy", "allkeys-lru")
     env = {"TXL_REDIS_URL": url, "TXL_MODEL": str(tiny_model_dir), "PATH": "/usr/bin:/bin"}
@@ -149,10 +178,19 @@ def test_an_evicting_redis_is_refused_at_start_in_one_line_unless_accepted(tiny_
         _server(tiny_model_dir, url).start(timeout=60)
     with _server(tiny_model_dir, url, redis_allow_eviction=True) as live, live.client() as client:
         assert _wait_ready(client).status_code == 200
+    _record(
+        figures,
+        "evicting",
+        "A Redis with `maxmemory-policy allkeys-lru`",
+        f"the server refuses to start, exit 2, one line: `{lines[0][:110]}...`; "
+        "`TXL_REDIS_ALLOW_EVICTION=true` accepts it",
+        "nothing (no session is kept in it)",
+        "evicting_redis_is_refused",
+    )
 
 
 def test_a_redis_that_starts_evicting_or_runs_out_of_memory_makes_the_server_not_ready(
-    tiny_model_dir, redis_process
+    tiny_model_dir, redis_process, figures
 ):
     admin = redis.Redis(port=redis_process[0].port)
     with _server(tiny_model_dir, redis_process[0].url) as live, live.client() as client:
@@ -181,3 +219,12 @@ def test_a_redis_that_starts_evicting_or_runs_out_of_memory_makes_the_server_not
         assert ready.status_code == 503 and "out of memory" in ready.json()["error"]["message"]
         admin.config_set("maxmemory", 0)
         assert _wait_ready(client).status_code == 200
+    _record(
+        figures,
+        "out_of_memory",
+        "Redis reaches `maxmemory` (noeviction), or starts evicting (a failover to a Redis configured otherwise)",
+        f'writes 503 "out of memory" after {i} creates, nothing changed; `/ready` 503 with the reason until '
+        f"Redis has room again; Redis stayed within {max(0, used - limit)} bytes of its limit",
+        "nothing",
+        "runs_out_of_memory",
+    )

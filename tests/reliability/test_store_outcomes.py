@@ -85,6 +85,12 @@ def _session(client: httpx.Client, text: str) -> str:
     return sid
 
 
+def _record(figures: Any, fault: str, what: str, clients: str, test: str) -> None:
+    """A row of docs/reliability.md's table of store faults."""
+    row = {"fault": what, "clients": clients, "lost": "nothing", "test": f"test_store_outcomes.py -k {test}"}
+    figures.record("store_faults", {fault: row})
+
+
 def _versions(client: httpx.Client, sid: str) -> list[int]:
     body = client.get(f"/v1/sessions/{sid}/versions").json()
     return sorted(v["version"] for v in body["data"])
@@ -105,20 +111,32 @@ def _retry_until_answered(client: httpx.Client, send: Any, timeout: float = 20) 
         time.sleep(0.25)
 
 
-def test_a_commit_redis_ran_late_is_reported_applied_and_its_retry_replays_it(stopped_redis):
+def test_a_commit_redis_ran_late_is_reported_applied_and_its_retry_replays_it(stopped_redis, figures):
     live, hook = stopped_redis
     with live.client() as client:
         sid = _session(client, "Applied late.")
         hook.arm(resume_after=1.0)  # within the lease: Redis runs the queued commit when it resumes
+        started = time.monotonic()
         first = _append(client, sid, "late-1")
+        answered = time.monotonic() - started
         assert first.status_code == 200, first.text
         assert first.json()["session"]["version"] == 3
         retry = _append(client, sid, "late-1")
         assert retry.status_code == 200 and retry.json() == first.json()
         assert _versions(client, sid) == [1, 2, 3]
+    _record(
+        figures,
+        "stopped_within_lease",
+        "Redis stopped (SIGSTOP) as a keyed append commits, resumed 1 s later (within the 2 s lease)",
+        f"200 after {answered:.2f} s (settled as applied once Redis answered); the retry with the same key "
+        "replays it",
+        "test_a_commit_redis_ran_late",
+    )
 
 
-def test_a_commit_that_arrived_after_its_lease_is_reported_not_applied_and_its_retry_runs_once(stopped_redis):
+def test_a_commit_that_arrived_after_its_lease_is_reported_not_applied_and_its_retry_runs_once(
+    stopped_redis, figures
+):
     live, hook = stopped_redis
     with live.client() as client:
         sid = _session(client, "Applied never.")
@@ -133,9 +151,17 @@ def test_a_commit_that_arrived_after_its_lease_is_reported_not_applied_and_its_r
         assert retry.status_code == 200 and retry.json()["session"]["version"] == 3
         assert _append(client, sid, "never-1").json() == retry.json()  # and once only
         assert _versions(client, sid) == [1, 2, 3]
+    _record(
+        figures,
+        "stopped_past_lease",
+        "Redis stopped as a keyed append commits, resumed 2.6 s later (past the 2 s lease)",
+        '503 with Retry-After, "found not applied: nothing was changed" (Redis refused the late commit: its '
+        "lease had expired); the retry with the same key applies it, once",
+        "test_a_commit_that_arrived_after_its_lease",
+    )
 
 
-def test_a_commit_whose_outcome_stays_unknown_says_so_and_its_retry_applies_it_once(stopped_redis):
+def test_a_commit_whose_outcome_stays_unknown_says_so_and_its_retry_applies_it_once(stopped_redis, figures):
     live, hook = stopped_redis
     with live.client() as client:
         sid = _session(client, "Unknown for a while.")
@@ -151,6 +177,14 @@ def test_a_commit_whose_outcome_stays_unknown_says_so_and_its_retry_applies_it_o
         assert _versions(client, sid) == [1, 2, 3]
         assert _append(client, sid, "unknown-1").json() == retry.json()
         assert _versions(client, sid) == [1, 2, 3]
+    _record(
+        figures,
+        "stopped_past_settling",
+        "Redis stopped as a keyed append commits, resumed 4.5 s later (past the settling's 3 s)",
+        "503 `outcome_unknown` saying how to find out; the retry with the same key (409 until its claim lapsed) "
+        "applies it, once",
+        "test_a_commit_whose_outcome_stays_unknown",
+    )
 
 
 def test_a_streamed_generation_commit_redis_ran_late_ends_done_and_replays_once(stopped_redis):
