@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
@@ -30,6 +32,11 @@ from .engine.selfcheck import ServingPath, graphs_setting, prepare
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
 from .memory_budgets import MemoryBudgets, describe_budgets, memory_budgets
+from .sessions.blocks.identity import reconcile as reconcile_block_store
+from .sessions.blocks.migration import migrate as migrate_legacy_blocks
+from .sessions.blocks.opening import open_block_store
+from .sessions.blocks.store import BlockStore, Marker
+from .sessions.blocks.sweeper import BlockSweeper
 from .sessions.observer import SessionObserver
 from .sessions.placement import Released
 from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Recovery, Replica
@@ -37,9 +44,10 @@ from .sessions.redis_server import EmbeddedRedis
 from .sessions.service import SessionService
 from .sessions.stateless import StatelessService
 from .sessions.store.connection import connect
+from .sessions.store.plumbing import now
 from .sessions.store.redis_health import EvictingRedis, RedisHealth, eviction_refusal
 from .sessions.store.stores import Stores
-from .settings import Persistence, Settings
+from .settings import Persistence, Settings, block_store_location, user_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +193,10 @@ class Runtime:
         self.budgets: MemoryBudgets | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._migration: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self.blocks: BlockStore | None = None
         self.replica = Replica.new(settings.port)
         self.stopping = False  # shutting down: not ready for new traffic
         self.model_id = ""
@@ -209,6 +221,7 @@ class Runtime:
             url = await asyncio.to_thread(redis.wait_ready)
             log.info("started a private Redis at %s (data in %s)", url, redis.data_dir)
         self.redis = connect_redis(settings, url)
+        self.blocks = blocks = open_blocks(settings, self.embedded_redis)
         stores = Stores.connect(
             self.redis,
             prefix=settings.redis_prefix,
@@ -217,8 +230,8 @@ class Runtime:
         )
         self.health = stores.health
         stores.sessions.wait_timeout_ms = settings.redis_wait_timeout_ms
+        stores.health.on_loss = self._on_store_loss
         if self.session_observer is not None:
-            stores.health.on_loss = self.session_observer.on_store_loss
             stores.sessions.on_unreplicated = self.session_observer.on_unreplicated_commit
         exclusive = self.embedded_redis is not None  # a private Redis has no other replica
         log.info("%s", self.where_sessions_are())
@@ -236,6 +249,7 @@ class Runtime:
             tokenizer=tokenizer,
             worker=self.worker,
             stores=stores,
+            blocks=blocks,
             budgets=budgets,
             model_id=self.model_id,
             observer=self.session_observer,
@@ -251,6 +265,16 @@ class Runtime:
             observer=self.session_observer,
         )
         self._reaper = asyncio.create_task(self._reap_forever())
+        sweeper = BlockSweeper(blocks, stores.sessions, hold_seconds=settings.block_store_hold_seconds)
+        self._sweeper = asyncio.create_task(sweeper.run_forever())
+        self._migration = asyncio.create_task(self._migrate(stores, blocks))
+
+    async def _migrate(self, stores: Stores, blocks: BlockStore) -> None:
+        """Moves the blocks an older server kept in Redis into the block store, once (blocks/migration.py)."""
+        try:
+            await migrate_legacy_blocks(stores.sessions, blocks)
+        except Exception as exc:  # Redis or the block store away: sessions still move as they are used
+            log.warning("could not move the blocks an older server kept in Redis: %s", exc)
 
     async def _reap_forever(self) -> None:
         assert self.service is not None
@@ -275,10 +299,24 @@ class Runtime:
             )
 
     async def _check_store(self, stores: Stores) -> None:
-        """Redis checked as a database (store/redis_health.py): refuses an evicting one (EvictingRedis), then
-        how many replicas a commit waits for."""
+        """Redis checked as a database (store/redis_health.py): refuses an evicting one (EvictingRedis), and a
+        block store that is not Redis's (ForeignBlockStore); then how many replicas a commit waits for."""
         info = await stores.health.start()
+        assert self.blocks is not None
+        await reconcile_block_store(self.blocks, stores.health)
         stores.sessions.wait_replicas = self._replicas_to_wait(info.connected_replicas)
+
+    def _on_store_loss(self, kind: str) -> None:
+        """Redis was found to have lost data: counted, and the block store keeps every block a while (a Redis
+        restored from a backup finds its sessions' blocks: blocks/sweeper.py)."""
+        if self.session_observer is not None:
+            self.session_observer.on_store_loss(kind)
+        blocks, health = self.blocks, self.health
+        if blocks is not None and health is not None and health.identity is not None:
+            marker = Marker(health.identity, loss_at=now())
+            task = asyncio.get_running_loop().create_task(blocks.write_marker(marker))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _replicas_to_wait(self, connected: int) -> int:
         wanted = self.settings.redis_wait_replicas
@@ -320,7 +358,7 @@ class Runtime:
         self.stopping = True
         if deadline is None:
             deadline = time.monotonic() + self.settings.shutdown_grace_seconds
-        for task in (self._reaper, self._heartbeat):
+        for task in (self._reaper, self._heartbeat, self._sweeper, self._migration, *self._background):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -357,6 +395,10 @@ class Runtime:
         return describe(
             self.worker, self.serving, mem_len=mem_len, max_mem_len=max_mem_len, budgets=self.budgets
         )
+
+    async def ready(self) -> bool:
+        """Whether the server should get traffic (`not_ready` says why not)."""
+        return await self.not_ready() is None
 
     async def not_ready(self) -> str | None:
         """Why the server should get no traffic now, or None: stopping, not alive (`liveness`: a CUDA error that
@@ -431,6 +473,16 @@ class Runtime:
         if self.embedded_redis.ephemeral:
             return "stopped; the throw-away sessions were deleted with their temporary directory"
         return f"stopped; sessions are kept in {self.embedded_redis.data_dir} for the next start{what}"
+
+
+def open_blocks(settings: Settings, embedded: EmbeddedRedis | None) -> BlockStore:
+    """The block store the settings name (with --ephemeral, in the private Redis's temporary directory)."""
+    location = block_store_location(settings)
+    if not location:
+        assert embedded is not None
+        location = str(embedded.data_dir / "blocks")
+    cache = user_data_dir() / "block-cache" / re.sub(r"[^A-Za-z0-9._-]", "_", settings.served_model_id)
+    return open_block_store(settings, location, cache_dir=cache)
 
 
 def check_redis(settings: Settings) -> None:

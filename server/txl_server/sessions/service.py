@@ -33,6 +33,7 @@ from ..limits import check_max_tokens
 from ..memory_budgets import MemoryBudgets
 from ..settings import Settings
 from .admission import Admission
+from .blocks.store import BlockStore
 from .history import SessionHistory
 from .memories import MemoryService
 from .observer import SessionObserver
@@ -81,6 +82,7 @@ class SessionService:
         tokenizer: Tokenizer,
         worker: Worker,
         stores: Stores,
+        blocks: BlockStore,
         budgets: MemoryBudgets,
         model_id: str,
         observer: SessionObserver | None = None,
@@ -114,6 +116,7 @@ class SessionService:
             model=model,
             worker=worker,
             store=self.store,
+            blocks=blocks,
             max_mem_len=self.max_mem_len,
             vocab_size=tokenizer.vocab_size,
         )

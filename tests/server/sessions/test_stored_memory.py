@@ -1,5 +1,5 @@
-"""Stored memories in a real Redis: versions list blocks shared by reference; a block is written once and goes
-when no kept version of any session lists it."""
+"""Stored memories in a real Redis: versions list blocks shared by reference (their bytes in the block store,
+sessions/blocks/); a block's references are written once and go when no kept version of any session lists it."""
 
 from __future__ import annotations
 
@@ -27,10 +27,13 @@ def _meta(session_id: str, version: int = 1) -> SessionMeta:
     return SessionMeta(session_id, "owner", stamp, stamp, 600, 32, "m", tokens=version, version=version)
 
 
-def _write(version: int, blocks: list[str], new: list[str], keep: int = 32) -> VersionWrite:
-    header = {"format": 3, "blocks": blocks, "fed": version}
+def _write(
+    version: int, blocks: list[str], new: list[str], keep: int = 32, written_at: float | None = None
+) -> VersionWrite:
+    header = {"format": 4, "blocks": blocks, "fed": version}
     stored = StoredVersion(header, b"h%d" % version, {b: f"data-{b}".encode() for b in new})
-    return VersionWrite(stored, VersionSummary(version, version, now(), "append", f"v{version}"), keep)
+    summary = VersionSummary(version, version, now(), "append", f"v{version}")
+    return VersionWrite(stored, summary, keep, now() if written_at is None else written_at)
 
 
 async def _refs(store: SessionStore, block: str) -> int | None:
@@ -56,11 +59,15 @@ async def _delete(store: SessionStore, meta: SessionMeta) -> None:
 
 
 async def _commit(store, session_id, version, blocks, new, keep=32):
+    return await _commit_write(store, session_id, version, _write(version, blocks, new, keep))
+
+
+async def _commit_write(store, session_id, version, write):
     return await store.commit(
         _meta(session_id, version),
         expected_version=version - 1,
         lease=await _lease(store, session_id),
-        write=_write(version, blocks, new, keep),
+        write=write,
     )
 
 
@@ -69,9 +76,10 @@ async def test_versions_share_blocks_and_a_block_goes_with_its_last_reference(st
     assert await _commit(store, "s", 2, ["a", "c"], ["c"])
     assert [await _refs(store, b) for b in "abc"] == [2, 1, 1]
     first = await store.load_version("s", 1)
-    assert first.blocks == [b"data-a", b"data-b"] and first.hidden == b"h1" and first.header["fed"] == 1
+    assert first.header["blocks"] == ["a", "b"] and first.hidden == b"h1" and first.header["fed"] == 1
+    assert first.blocks == [b"", b""]  # their bytes are in the block store, not in Redis
     newest = await store.load_version("s")
-    assert newest.version == 2 and newest.blocks == [b"data-a", b"data-c"]
+    assert newest.version == 2 and newest.header["blocks"] == ["a", "c"]
     # Keeping two versions: the third pushes the first out, and b (listed only by it) goes.
     assert await _commit(store, "s", 3, ["a", "d"], ["d"], keep=2)
     assert [await _refs(store, b) for b in "abcd"] == [2, None, 1, 1]
@@ -86,7 +94,7 @@ async def test_a_fork_lists_its_parents_blocks_and_outlives_it(store):
     assert [await _refs(store, b) for b in "ab"] == [2, 2]
     await _delete(store, _meta("p"))
     assert [await _refs(store, b) for b in "ab"] == [1, 1]
-    assert (await store.load_version("f")).blocks == [b"data-a", b"data-b"]
+    assert (await store.load_version("f")).header["blocks"] == ["a", "b"]
     await _delete(store, _meta("f"))
     assert [await _refs(store, b) for b in "ab"] == [None, None]
     # What stays: the deleted marks (until the sessions would have expired) and the store's identity.
@@ -103,6 +111,25 @@ async def test_a_version_listing_a_block_the_store_lacks_writes_nothing(store):
     with pytest.raises(BlocksMissing):
         await _create(store, _meta("t"), _write(1, ["gone"], []))
     assert await store.get("t") is None
+
+
+async def test_a_version_whose_new_blocks_were_written_long_ago_is_refused_whole(store):
+    """Its blocks may have been collected by the block store's sweeper, taken for a crashed writer's."""
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))
+    with pytest.raises(BlocksMissing) as stale:
+        await _commit_write(store, "s", 2, _write(2, ["a", "b"], ["b"], written_at=now() - 60))
+    assert stale.value.ids == set()
+    assert (await store.get("s")).version == 1 and await _refs(store, "b") is None
+
+
+async def test_an_older_servers_blocks_keep_their_bytes_in_redis_until_they_move(store):
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))
+    await store.redis.hset(store.keys.blocks + "a", "d", b"bytes kept by an older server")
+    assert (await store.load_version("s")).blocks == [b"bytes kept by an older server"]
+    legacy = [found async for found in store.legacy_blocks()]
+    assert legacy == [{"a": b"bytes kept by an older server"}]
+    assert await store.drop_legacy_data(["a"]) == 1
+    assert (await store.load_version("s")).blocks == [b""] and await _refs(store, "a") == 1
 
 
 async def test_blocks_live_at_least_as_long_as_every_memory_listing_them(store):
@@ -125,5 +152,5 @@ async def test_a_memory_an_older_server_stored_still_loads(store):
     # Its first commit in the new format replaces it whole.
     await store.redis.hset(store.keys.session("old"), mapping=_meta("old", 4).to_redis())
     assert await _commit(store, "old", 5, ["n"], ["n"])
-    assert (await store.load_version("old")).blocks == [b"data-n"]
+    assert (await store.load_version("old")).header["blocks"] == ["n"]
     assert not await store.redis.hexists(store.keys.versions("old"), "b:0")

@@ -5,7 +5,8 @@ that two ideas never share a key by accident):
     s:{id}          hash: a session's metadata; expires with the session (sessions.py)
     t:{owner}       set: the owner's session ids (pruned of expired ones when listed)
     m:{id}          hash: a session's stored versions, each a header listing its blocks (lua/versions.lua)
-    k:{block}       hash: one block of positions, shared by every version, fork, session and memory listing it
+    k:{block}       hash: one block's references, shared by every version, fork, session and memory listing it
+                    (its bytes in the block store: sessions/blocks/)
     l:{id}          string: the session's single-writer lease ("{replica}/{random}"), expires by itself (leases.py)
     d:{id}          string: a deleted session's mark, as long as it would have lived (a 404 then, not a loss)
     i:{owner}:{key} string: a request's first result under an Idempotency-Key (idempotency.py)
@@ -15,6 +16,7 @@ that two ideas never share a key by accident):
     cl:{session}    string: the conversation's turn lock ("{replica}/{random}"), expires by itself
     b:{response}    hash: a background response's job, and be:{response}, a list: its events (jobs.py)
     store           hash: the store's identity: its id and how many commits it ever made (redis_health.py)
+    sweep           string: the block sweeper's lock (one replica sweeps at a time: sessions/blocks/sweeper.py)
     M:{id}          hash: a preloaded memory's metadata (memories.py)
     Mi:{owner}      set: the owner's memory ids
     Mv:{id}         hash: a preloaded memory's stored state, one version in the format of m:{id}
@@ -145,6 +147,10 @@ class Keys:
     @property
     def store(self) -> str:
         return f"{self.prefix}store"
+
+    @property
+    def sweep_lock(self) -> str:
+        return f"{self.prefix}sweep"
 
     def deleted(self, session_id: str) -> str:
         return f"{self.prefix}d:{session_id}"

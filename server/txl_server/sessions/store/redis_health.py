@@ -153,16 +153,16 @@ class RedisHealth(RedisStore):
         raw = {text(k): text(v) for k, v in (await self.call(lambda: self.redis.hgetall(key))).items()}
         if not raw:
             if self.identity is not None:
-                self._lost("empty", "Redis came back empty (restarted without its data, or flushed)")
+                self.report_loss("empty", "Redis came back empty (restarted without its data, or flushed)")
             await self._write_identity(self.identity or secrets.token_hex(8))
             return
         identity, commits = raw.get("id", ""), int(raw.get("commits", "0"))
         if self.identity is not None and identity != self.identity:
-            self._lost(
+            self.report_loss(
                 "replaced", "Redis holds another store than before (another Redis, or one restored wrong)"
             )
         elif commits < self.highest_commit:
-            self._lost(
+            self.report_loss(
                 "older",
                 f"Redis came back older: it counts {commits} commits, {self.highest_commit - commits} fewer than "
                 "this server saw (restarted from an older snapshot, lost the end of its append-only file, or "
@@ -178,7 +178,14 @@ class RedisHealth(RedisStore):
         await self.call(lambda: self.redis.hset(key, items=fields), writes=True)
         self.identity = identity
 
-    def _lost(self, kind: str, what: str) -> None:
+    async def uses_block_store(self) -> bool:
+        """Whether the sessions in this Redis keep their memories in a block store (`note_block_store`)."""
+        return bool(await self.call(lambda: self.redis.hexists(self.keys.store, "blocks")))
+
+    async def note_block_store(self) -> None:
+        await self.call(lambda: self.redis.hset(self.keys.store, "blocks", "1"), writes=True)
+
+    def report_loss(self, kind: str, what: str) -> None:
         log.error(
             "THE SESSION STORE LOST DATA: %s. Sessions this server acknowledged answer 410 (store_lost_steps or "
             "store_lost_session); others continue from what Redis holds. Restore Redis from its append-only file "

@@ -74,6 +74,7 @@ class SessionStore(RedisStore):
         self._settle = self.script("settle_step")
         self._reserve = self.script("session_reserve")
         self._mark_lost = self.script("fields", "session_mark_lost")
+        self._drop_legacy = self.script("drop_legacy_data")
         # Told the store's commit count after each commit (redis_health.py watches it for a Redis that went back).
         self.on_commit: Callable[[int], None] = lambda count: None
         # Replicas a commit waits for (the runtime sets it from settings and what the master reports), how long,
@@ -268,6 +269,66 @@ class SessionStore(RedisStore):
         args = [ttl, reason, *field_args(meta.to_redis())]
         key = self.keys.session(meta.id)
         return bool(await self.call(lambda: self._mark_lost(keys=[key], args=args), writes=True))
+
+    # ------------------------------------------------------------------ block references
+
+    async def referenced(self, block_ids: Sequence[str]) -> set[str]:
+        """Which of these blocks some kept version still lists (their reference keys exist)."""
+
+        async def fetch() -> builtins.list[Any]:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for block in block_ids:
+                    pipe.exists(self.keys.blocks + block)
+                return await pipe.execute()
+
+        if not block_ids:
+            return set()
+        found = await self.call(fetch)
+        return {block for block, exists in zip(block_ids, found, strict=True) if exists}
+
+    async def take_sweep_lock(self, token: str, ttl_ms: int) -> bool:
+        """The block sweeper's lock, for this replica (`token`) for `ttl_ms`: kept if it held it already."""
+        key = self.keys.sweep_lock
+
+        async def take() -> bool:
+            if await self.redis.set(key, token, nx=True, px=ttl_ms):
+                return True
+            held = await self.redis.get(key)
+            return held is not None and text(held) == token and bool(await self.redis.pexpire(key, ttl_ms))
+
+        return await self.call(take)
+
+    async def legacy_blocks(self, batch: int = 200) -> AsyncIterator[dict[str, bytes]]:
+        """The blocks whose bytes an older server kept in Redis, in batches (id -> bytes)."""
+        start = len(self.keys.blocks)
+
+        async def scan_from(at: int) -> Any:
+            return await self.call(lambda: self.redis.scan(at, match=self.keys.every("k"), count=batch))
+
+        async def data(keys: builtins.list[Any]) -> builtins.list[Any]:
+            async def fetch() -> builtins.list[Any]:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.hget(key, "d")
+                    return await pipe.execute()
+
+            return await self.call(fetch)
+
+        cursor = 0
+        while True:
+            cursor, keys = await scan_from(cursor)
+            if keys:
+                values = await data(keys)
+                found = {text(k)[start:]: as_bytes(v) for k, v in zip(keys, values, strict=True) if v}
+                if found:
+                    yield found
+            if cursor == 0:
+                return
+
+    async def drop_legacy_data(self, block_ids: builtins.list[str]) -> int:
+        """Drops from Redis the bytes of blocks now in the block store; how many were dropped."""
+        keys = [self.keys.blocks + block for block in block_ids]
+        return int(await self.call(lambda: self._drop_legacy(keys=keys), writes=True))
 
     # ------------------------------------------------------------------ stored versions
 
