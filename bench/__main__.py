@@ -24,6 +24,7 @@ SUITES = {
     "engine": "bench.engine",
     "batching": "bench.batching",
     "persistence": "bench.persistence",
+    "chained": "bench.chained",
     "handoff": "bench.handoff",
     "memories": "bench.memories",
     "http": "bench.http",

@@ -118,6 +118,7 @@ ORDER = [
     "http",
     "memory",
     "persistence",
+    "chained",
     "prefix",
     "memories",
     "responses",
