@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis as redis_sync
 from txl.kernels.linear import cpu_runs_bfloat16
 from txl_server.check.benchmark_docs import Section
 from txl_server.runtime import Runtime
+from txl_server.sessions.redis_server import EmbeddedRedis, free_port
 from txl_server.sessions.step import Steps
 from txl_server.settings import Settings
 
@@ -85,6 +87,43 @@ async def measure(settings: Settings, text: str, sessions: int, appends: int, lo
         await runtime.stop()
 
 
+async def measure_wait(settings: Settings, text: str, appends: int) -> dict[int, list[float]]:
+    """Commit milliseconds with a replica attached (on loopback), waiting for it (WAIT 1) or not, alternately."""
+    runtime = Runtime(settings)
+    await runtime.start()
+    replica = EmbeddedRedis(Path(str(settings.redis_data_dir)).parent / "replica", port=free_port())
+    replica.start()
+    original = Steps.commit
+    try:
+        assert runtime.embedded_redis is not None and runtime.service is not None
+        master = runtime.embedded_redis.port
+        redis_sync.Redis(port=replica.port).replicaof("127.0.0.1", master)
+        while redis_sync.Redis(port=master).info("replication")["connected_slaves"] < 1:
+            await asyncio.sleep(0.05)
+        service = runtime.service
+        session = await service.create(OWNER, text=text)
+        commit_ms: list[float] = []
+
+        async def timed(self: Steps, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await original(self, *args, **kwargs)
+            finally:
+                commit_ms.append((time.perf_counter() - started) * 1000)
+
+        Steps.commit = timed  # type: ignore[method-assign]
+        timings: dict[int, list[float]] = {0: [], 1: []}
+        for i in range(2 * appends):
+            service.store.wait_replicas = i % 2
+            await service.append(OWNER, session.id, " Yes.")
+            timings[i % 2].append(commit_ms[-1])
+        return timings
+    finally:
+        Steps.commit = original  # type: ignore[method-assign]
+        replica.stop()
+        await runtime.stop()
+
+
 def _settings(data: Path, **overrides: Any) -> Settings:
     return Settings(
         redis_data_dir=data / "redis", block_store=str(data / "blocks"), persistence="always", **overrides
@@ -134,6 +173,16 @@ def run(quick: bool = False) -> Section:
                 statistics.median(f.append_ms),
             ]
             for name, f in rows
+        ],
+    )
+    with tempfile.TemporaryDirectory(prefix="txl-bench-persistence-") as data:
+        waits = asyncio.run(measure_wait(_settings(Path(data) / "wait"), bundled_text, 10 if quick else 40))
+    section.table(
+        "a commit with a replica attached (loopback), waiting for it to acknowledge (Redis WAIT) or not (ms)",
+        ["commit waits for", "p50", "p99"],
+        [
+            [f"{n} replica{'s' if n != 1 else ''}", statistics.median(waits[n]), percentile(waits[n], 99)]
+            for n in (0, 1)
         ],
     )
     section.note(
