@@ -230,11 +230,12 @@ def rows_linear(
     residual: Tensor | None = None,
     norm: tuple[Tensor, Tensor, float] | None = None,
     plan: RowsPlan | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
     """x [M, K], weight [N, K] (model dtype) -> [M, N]: x @ weight^T + bias, where `relu_input` [K] first makes x
     relu(x + relu_input); with `norm` (LayerNorm weight, bias, eps) and `residual` [M, N], LayerNorm(residual +
-    that). `plan` overrides how the call is split (tests). One launch, and with the LayerNorm above
-    IN_KERNEL_ROWS rows a second (`triton_layer_norm`)."""
+    that). `plan` overrides how the call is split (tests); `out` [M, N], contiguous, is written (else a new
+    tensor). One launch, and with the LayerNorm above IN_KERNEL_ROWS rows a second (`triton_layer_norm`)."""
     m, k = x.shape
     n = weight.size(0)
     device = x.device
@@ -245,7 +246,9 @@ def rows_linear(
         plan, m, n, x.dtype, relu_input=relu_input is not None, bias=bias is not None, norm=norm is not None
     )
     with device_guard(device):
-        out = torch.empty((m, n), dtype=x.dtype, device=device)
+        if out is None:
+            out = torch.empty((m, n), dtype=x.dtype, device=device)
+        assert out.shape == (m, n) and out.dtype == x.dtype and out.is_contiguous()
         partial = stats = counts = out  # not read without partial products
         if constants["SPLIT"] or constants["NORM"]:
             partial = torch.empty((plan.splits, m, n), dtype=torch.float32, device=device)
