@@ -150,5 +150,6 @@ def assemble(docs: Path) -> Path:
     for name in names:
         parts.append((sections / f"{name}.md").read_text(encoding="utf-8"))
     path = docs / "benchmarks.md"
+    docs.mkdir(parents=True, exist_ok=True)  # (a results folder where nothing was measured yet)
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
