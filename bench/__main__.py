@@ -36,6 +36,7 @@ SUITES = {
     "prefix": "bench.prefix",
     "turns": "bench.turns",
     "gpu": "bench.gpu",
+    "gpu_estimate": "bench.gpu_estimate",
     "gpu_kernels": "bench.gpu_kernels",
 }
 

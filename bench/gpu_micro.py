@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 from txl.kernels.decode_rows import GivenRows
-from txl.kernels.triton_attention import decode_attention
+from txl.kernels.triton_attention import decode_attention, tile_and_warps
+from txl.kernels.triton_decode import LaunchPlan
 from txl.kernels.triton_rows_linear import rows_linear
 
 WT103 = dict(d_model=1024, heads=16, d_head=64, d_inner=4096, mem=1600, block_size=16)
@@ -111,6 +112,13 @@ def attention_cases(device: torch.device, dtype: torch.dtype, shape: dict[str, i
         )  # fmt: skip
         moved = (rows * 2 + 1) * heads * (mem + 1) * d_head * size  # keys and values, the positional keys
         cases.append(Case(f"fused attention (memory {mem:,})", rows, call, moved))
+        # Partitions of other sizes (the default: PARTITION_TILES): one tile, and four (before): what fewer keys a
+        # program gain at 1 row and cost at 64 (more partitions' sums, more waves of programs).
+        tile, _ = tile_and_warps(d_head)
+        for tiles in (1, 4):
+            plan = LaunchPlan(tile, tiles * tile, -(-min(width * block, mem + tile) // (tiles * tile)))
+            label = f"fused attention, partitions of {tiles} tile{'s' if tiles > 1 else ''}"
+            cases.append(Case(label, rows, functools.partial(call, plan=plan), moved))
     return cases
 
 

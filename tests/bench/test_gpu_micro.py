@@ -20,7 +20,15 @@ def test_the_kernel_table_has_each_row_linear_and_attention_at_their_batches():
         (kernel, rows)
         for rows in (1, 16, 64)
         for kernel in ("output projection + LayerNorm", "feed-forward output + LayerNorm")
-    ] + [("fused attention", 1), ("fused attention", 64)]
+    ] + [
+        (kernel, rows)
+        for rows in (1, 64)
+        for kernel in (
+            "fused attention",
+            "fused attention, partitions of 1 tile",
+            "fused attention, partitions of 4 tiles",
+        )
+    ]
     assert all(
         seconds > 0 and floor > 0 and ratio == pytest.approx(seconds / floor)
         for _, _, seconds, floor, ratio in table

@@ -42,25 +42,33 @@ if triton is not None:
 # warps from d_head 128: 80 to 130 registers, no spills (tests/model/test_triton_compiled.py).
 TILE_ELEMENTS = 1024
 MIN_TILE = 16
-# The last program of a row combines its partitions: their maxima COMBINE_STATS at a time (a wt103 row's 101 in
+# The last program of a row combines its partitions: their maxima COMBINE_STATS at a time (a wt103 row's 51 in
 # one read), then their sums and weighted values COMBINE_CHUNK partitions at a time.
 COMBINE_STATS = 128
 COMBINE_CHUNK = 32
 
 
+# Tiles of keys a partition holds, whatever the batch or the table: a row's partitions, and so the order its sums
+# are taken in, depend on its own keys only, so that a row gives the same bits in a graph's padded buffers as in an
+# eager step, alone or in any batch.
+PARTITION_TILES = 2
+
+
 def plan_partitions(*, d_head: int, table_width: int, block_size: int, n_pos: int) -> LaunchPlan:
-    """Partitions of one tile of keys each (16 at wt103's d_head), enough for the most keys a row can see (from
-    host-known bounds: the table's width and the distances the positional table covers, from the tile boundary at
-    or before its first key), so that a CUDA graph captures the grid. A partition holds a fixed number of keys,
-    whatever the batch or the table: a row's partitions, and so the order its sums are taken in, depend on its
-    own keys only, so that a row gives the same bits in a graph's padded buffers as in an eager step, alone or in
-    any batch. One tile each: a program's loads of keys, positional keys and values are then one round trip, not
-    one per tile in turn, which is what a batch of one waits on (a wt103 row: 101 partitions a head, 1,616
-    programs; before, 26 partitions of four tiles took about 0.1 ms more a step). At 64 rows the partitions' sums
-    (264 bytes a partition against 4 KiB of keys and values) add about 6% to what the step reads and writes."""
+    """Partitions of PARTITION_TILES tiles of keys (32 keys at wt103's d_head), enough for the most keys a row can
+    see (from host-known bounds: the table's width and the distances the positional table covers, from the tile
+    boundary at or before its first key), so that a CUDA graph captures the grid.
+
+    Why two tiles: a program reads its tiles one after another (a round trip to HBM each), which is what a batch
+    of one waits on, and its last program combines the partitions' sums, which the others wrote. Four tiles (26
+    partitions a wt103 row, before) made a batch of one wait on four trips in turn; one tile (101 partitions) makes
+    the sums 6% of the bytes a step moves at 64 rows and more waves of programs than the keys' bytes take, and its
+    last program reads twice as many sums. Two keep most of one tile's gain at batch 1 and about a third of its
+    cost at 64 rows (docs/benchmarks.md, the estimate; `python -m bench gpu` times 1, 2 and 4 tiles)."""
     tile, _ = tile_and_warps(d_head)
     span = min(table_width * block_size, n_pos + tile - 1)
-    return LaunchPlan(tile, tile, max(1, -(-span // tile)))
+    keys = PARTITION_TILES * tile
+    return LaunchPlan(tile, keys, max(1, -(-span // keys)))
 
 
 def tile_and_warps(d_head: int) -> tuple[int, int]:

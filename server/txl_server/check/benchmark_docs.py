@@ -128,6 +128,7 @@ ORDER = [
     "turns",
     "load",
     "gpu",
+    "gpu_estimate",
     "gpu_kernels",
 ]
 
