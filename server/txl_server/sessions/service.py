@@ -32,6 +32,7 @@ from ..errors import Conflict, InvalidRequest
 from ..limits import check_max_tokens
 from ..memory_budgets import MemoryBudgets
 from ..settings import Settings
+from ..telemetry.spans import step_text
 from .admission import Admission
 from .history import SessionHistory
 from .memories import MemoryService
@@ -372,6 +373,7 @@ class SessionService:
                 meta, result.state, meta.tokens + len(tokens), lease=lease, kind="append", text=text
             )
         self.observer.on_tokens("ingested", len(tokens))
+        step_text(text)
         return AppendOutcome(committed, len(tokens), result.logprob)
 
     async def generate(
@@ -440,6 +442,7 @@ class SessionService:
             )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
+        step_text(text, result.text)
         yield GenerateOutcome(committed, result)
 
     # ------------------------------------------------------------------ this process's states
