@@ -71,7 +71,11 @@ class RequestIds:
             method, context=parent, kind=trace.SpanKind.SERVER, attributes=_attributes(scope, headers)
         )
         span.set_attribute("txl.request_id", context.request_id)
-        context.tracing, context.root = self.tracing, span
+        context.tracing = self.tracing
+        if span.is_recording():
+            context.root = span
+        else:  # not sampled: nothing more is drawn, but its lines name the trace
+            context.caller_trace_id = trace.format_trace_id(span.get_span_context().trace_id)
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         try:
             await self.app(scope, receive, answer)

@@ -55,10 +55,13 @@ def caller_trace_id(traceparent: str | None) -> str | None:
 class RequestContext:
     request_id: str
     tracing: Tracing | None = None  # None: this server does not trace
-    root: Span | None = None  # the request's server span (a background response's own span), when traced
+    # The request's server span (a background response's own span), when traced and sampled: None, no span is
+    # drawn for it.
+    root: Span | None = None
     caller_trace_id: str | None = None  # from the caller's traceparent, logged when not traced
     tenant: str | None = None
     session_id: str | None = None
+    conversation_id: str | None = None  # named by the request (a conversation's); else its session's
     # What the request's steps read and wrote, summed (gen_ai.usage.*).
     input_tokens: int = 0
     output_tokens: int = 0

@@ -105,7 +105,7 @@ def session_held(owner: str, session_id: str, *, since: int) -> None:
                 "txl.session.id": session_id,
                 "txl.tenant": owner,
                 "gen_ai.request.model": context.tracing.model,
-                "gen_ai.conversation.id": session_id,
+                "gen_ai.conversation.id": context.conversation_id or session_id,
             }
         )
 
@@ -127,6 +127,15 @@ def commit_written(version: int, persistence: str, write: VersionWrite | None) -
 def turn_attributes(response_id: str, conversation_id: str) -> dict[str, str]:
     """A Responses turn's ids: its response, and its conversation (a conversation's, else its session's)."""
     return {"gen_ai.response.id": response_id, "gen_ai.conversation.id": conversation_id}
+
+
+def turn_started(response_id: str, conversation_id: str) -> None:
+    """A Responses turn holds its session: its ids on the request's span (the conversation's wins over the
+    session's from then on)."""
+    context = current()
+    if context is not None:
+        context.conversation_id = conversation_id
+        context.annotate(turn_attributes(response_id, conversation_id))
 
 
 def usage(fed: int, cached: int, output: int) -> dict[str, int]:
@@ -228,7 +237,12 @@ async def linked(name: str, work: Coroutine[Any, Any, T], attributes: dict[str, 
     root = context.tracing.tracer.start_span(
         name, context=otel_context.Context(), links=[link], attributes=_with_id(context, attributes)
     )
-    enter(RequestContext(context.request_id, context.tracing, root, tenant=context.tenant))
+    conversation = attributes.get("gen_ai.conversation.id")
+    enter(
+        RequestContext(
+            context.request_id, context.tracing, root, tenant=context.tenant, conversation_id=conversation
+        )
+    )
     otel_context.attach(trace.set_span_in_context(root, otel_context.Context()))  # this task's alone
     try:
         return await work

@@ -232,3 +232,30 @@ def test_every_answer_carries_a_request_id_and_the_json_log_names_it_with_the_tr
     (line,) = [a for a in access if a.get("request_id") == "log-step-1"]
     assert line["trace_id"] == step_trace and line["session_id"] == session["id"]
     assert KEY not in server.log() and SECRET_TEXT not in server.log()
+
+
+def test_a_conversation_turn_names_its_conversation_in_the_foreground_and_the_background(client, receiver):
+    conversation = client.post("/v1/conversations", json={}).json()["id"]
+    trace_id = "8af7651916cd43dd8448eb211c80319f"
+    body = {"input": "The tide", "max_output_tokens": 3, "conversation": conversation}
+    turn = client.post("/v1/responses", json=body, headers={"traceparent": traceparent(trace_id)})
+    assert turn.status_code == 200
+    request = server_span(trace_of(receiver, trace_id, "session.commit"))
+    assert request.attributes["gen_ai.conversation.id"] == conversation
+    assert request.attributes["gen_ai.response.id"] == turn.json()["id"]
+
+    background_trace = "9af7651916cd43dd8448eb211c8031a0"
+    later = {**body, "input": " came in", "background": True}
+    started = client.post("/v1/responses", json=later, headers={"traceparent": traceparent(background_trace)})
+    request = server_span(trace_of(receiver, background_trace))
+
+    def done(spans: list[ReceivedSpan]) -> bool:
+        roots = [s for s in spans if (background_trace, request.span_id) in s.links]
+        return bool(roots) and any(
+            s.name == "session.commit" and s.trace_id == roots[0].trace_id for s in spans
+        )
+
+    spans = receiver.wait_for(done)
+    (work,) = [s for s in spans if (background_trace, request.span_id) in s.links]
+    assert work.attributes["gen_ai.response.id"] == started.json()["id"]
+    assert work.attributes["gen_ai.conversation.id"] == conversation  # not its session's id
