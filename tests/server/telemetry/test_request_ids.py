@@ -8,18 +8,13 @@ import re
 
 import pytest
 
-from tests.helpers.live_server import live_server_fixture
+from tests.helpers.live_server import client_fixture, live_server_fixture
 
 KEY = "key-request-ids"
 NEW_ID = re.compile(r"[0-9a-f]{32}")
 
 server = live_server_fixture("request-ids", api_keys=KEY, max_body_bytes=4096)
-
-
-@pytest.fixture
-def client(server):
-    with server.client(KEY) as client:
-        yield client
+client = client_fixture(KEY)
 
 
 @pytest.fixture
