@@ -163,6 +163,57 @@ class Figures:
         return statistics.fmean(self.cpu[name])
 
 
+def untraced_costs(requests: int = 20000) -> tuple[float, float]:
+    """What runs with tracing off, alone: (µs per request of the request-id layer, over the same call without
+    it; ns per token of the worker's stamps, engine/job_timing.py)."""
+    import asyncio
+
+    from txl_server.api.request_ids import RequestIds
+    from txl_server.engine.job_timing import JobTiming
+
+    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def sent(message: dict) -> None:
+        pass
+
+    async def received() -> dict:
+        return {"type": "http.request"}
+
+    headers = [
+        (b"host", b"127.0.0.1:8000"),
+        (b"user-agent", b"python-httpx/0.28.1"),
+        (b"authorization", b"Bearer k"),
+    ]
+
+    async def per_call(call: Callable) -> float:
+        started = time.perf_counter()
+        for _ in range(requests):
+            scope = {
+                "type": "http",
+                "path": "/v1/sessions/x",
+                "method": "GET",
+                "headers": headers,
+                "state": {},
+            }
+            await call(scope, received, sent)
+        return (time.perf_counter() - started) / requests
+
+    async def layer() -> float:
+        wrapped = RequestIds(app, tracing=None)
+        return min([await per_call(wrapped) - await per_call(app) for _ in range(3)])
+
+    timing = JobTiming()
+    started = time.perf_counter()
+    for _ in range(requests * 10):
+        timing.decoded()
+    stamp = (time.perf_counter() - started) / (requests * 10)
+    return asyncio.run(layer()) * 1e6, stamp * 1e9
+
+
 def span_cost(requests: int = 2000) -> float:
     """CPU seconds per traced request of 8 spans (a step's: its server span with its attributes and 7 children
     with theirs), made and sent through the SDK as the server sets it up: batches over OTLP/HTTP to a receiver
@@ -311,9 +362,12 @@ def run(quick: bool = False) -> Section:
         f"({sink.bytes / 1024:.0f} KiB)."
     )
     per_step = span_cost(200 if quick else 2000)
+    layer, stamp = untraced_costs(2000 if quick else 20000)
     section.note(
-        f"In this process, a step's 8 spans made and sent through the SDK: {1e6 * per_step:.0f} µs of CPU per "
-        "request, the receiving end included (`span_cost`)."
+        f"Alone, in this process: with tracing off, the request-id layer costs {layer:.1f} µs per request and "
+        f"the worker's stamps {stamp:.0f} ns per token (`untraced_costs`); with tracing on, a step's 8 spans made "
+        f"and sent through the SDK cost {1e6 * per_step:.0f} µs of CPU, the receiving end included "
+        "(`span_cost`)."
     )
     section.note('One chained Responses turn, traced (docs/deploy.md, "Traces and logs"):\n\n' + timeline())
     return section
