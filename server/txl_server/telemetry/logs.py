@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -87,15 +88,15 @@ class TextAccessFormatter(AccessFormatter):
 
 
 def log_config(log_format: str, level: str) -> dict[str, Any]:
-    """A `logging.config.dictConfig` for the process: its own loggers and uvicorn's (given to uvicorn too, which
-    applies it when it starts), all to stderr except uvicorn's access lines in text (stdout, as uvicorn has them)."""
+    """uvicorn's loggers as a `logging.config.dictConfig` (uvicorn applies it when it starts): to stderr, except
+    its access lines in text (stdout, as uvicorn has them). The root logger, which the server's own loggers and
+    the libraries' reach, is `configure_logging`'s."""
     level = level.upper()
     if log_format == "json":
-        formatters: dict[str, Any] = {n: {"()": JsonFormatter} for n in ("default", "uvicorn", "access")}
+        formatters: dict[str, Any] = {n: {"()": JsonFormatter} for n in ("uvicorn", "access")}
         access_stream = "ext://sys.stderr"  # one stream of lines to collect
     else:
         formatters = {
-            "default": {"()": TextFormatter, "format": TEXT_FORMAT},
             "uvicorn": {"()": "uvicorn.logging.DefaultFormatter", "fmt": "%(levelprefix)s %(message)s"},
             "access": {"()": TextAccessFormatter, "fmt": ACCESS_FORMAT},
         }
@@ -106,11 +107,9 @@ def log_config(log_format: str, level: str) -> dict[str, Any]:
         "disable_existing_loggers": False,
         "formatters": formatters,
         "handlers": {
-            "default": {**handler, "formatter": "default"},
             "uvicorn": {**handler, "formatter": "uvicorn"},
             "access": {**handler, "formatter": "access", "stream": access_stream},
         },
-        "root": {"handlers": ["default"], "level": level},
         "loggers": {
             "uvicorn": {"handlers": ["uvicorn"], "level": level, "propagate": False},
             "uvicorn.error": {"level": level},
@@ -120,5 +119,12 @@ def log_config(log_format: str, level: str) -> dict[str, Any]:
 
 
 def configure_logging(log_format: str, level: str) -> None:
-    """The process's logging, from the start (uvicorn applies the same configuration again when it starts)."""
+    """The process's logging, from the start: the root logger as `logging.basicConfig` would set it (nothing
+    if it has a handler already: an embedding program's, a test's), in the chosen format; then uvicorn's."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
+        root.addHandler(handler)
+        root.setLevel(level.upper())
     logging.config.dictConfig(log_config(log_format, level))

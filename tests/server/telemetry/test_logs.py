@@ -8,7 +8,6 @@ import contextvars
 import io
 import json
 import logging
-import logging.config
 import sys
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 from starlette.responses import PlainTextResponse
 from txl_server.api.request_ids import RequestIds
 from txl_server.telemetry.context import RequestContext, enter
-from txl_server.telemetry.logs import JsonFormatter, TextFormatter, log_config
+from txl_server.telemetry.logs import JsonFormatter, TextFormatter, configure_logging
 
 
 def record(
@@ -79,15 +78,14 @@ def test_a_text_line_ends_with_the_request_id_while_serving_one():
 
 @pytest.mark.parametrize("log_format", ["json", "text"])
 def test_the_configuration_sends_the_apps_and_uvicorns_lines_in_one_format(log_format, monkeypatch):
-    stderr = io.StringIO()
+    stderr, stdout = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(sys, "stdout", stdout)
     saved = {name: logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.access", "uvicorn.error")}
     state = {name: (lg.handlers[:], lg.level, lg.propagate) for name, lg in saved.items()}
     try:
-        config = log_config(log_format, "info")
-        if log_format == "text":  # uvicorn's access lines go to stdout in text, as uvicorn has them
-            config["handlers"]["access"]["stream"] = "ext://sys.stderr"
-        logging.config.dictConfig(config)
+        logging.getLogger().handlers[:] = []  # a process that has configured nothing yet
+        configure_logging(log_format, "info")
         logging.getLogger("txl_server.test").info("from the app")
         logging.getLogger("uvicorn.error").info("from uvicorn")
         logging.getLogger("uvicorn.access").info(
@@ -98,14 +96,26 @@ def test_the_configuration_sends_the_apps_and_uvicorns_lines_in_one_format(log_f
         for name, (handlers, level, propagate) in state.items():
             saved[name].handlers[:], saved[name].level, saved[name].propagate = handlers, level, propagate
     lines = stderr.getvalue().splitlines()
-    assert len(lines) == 3
     if log_format == "json":
         parsed = [json.loads(line) for line in lines]
         assert [p["logger"] for p in parsed] == ["txl_server.test", "uvicorn.error", "uvicorn.access"]
-        assert parsed[2]["http"]["path"] == "/health"
-    else:
-        assert lines[0].endswith("INFO txl_server.test: from the app")
-        assert "from uvicorn" in lines[1] and '"GET /health HTTP/1.1" 200' in lines[2]
+        assert parsed[2]["http"]["path"] == "/health" and stdout.getvalue() == ""
+    else:  # uvicorn's access lines go to stdout in text, as uvicorn has them
+        assert len(lines) == 2 and lines[0].endswith("INFO txl_server.test: from the app")
+        assert "from uvicorn" in lines[1] and '"GET /health HTTP/1.1" 200' in stdout.getvalue()
+
+
+def test_an_existing_root_handler_is_kept_as_basic_config_keeps_it(monkeypatch):
+    """An embedding program's (or a test's) handler on the root logger stays, and nothing is added beside it."""
+    root = logging.getLogger()
+    kept = logging.StreamHandler(io.StringIO())
+    saved = (root.handlers[:], root.level)
+    try:
+        root.handlers[:] = [kept]
+        configure_logging("json", "info")
+        assert root.handlers == [kept]
+    finally:
+        root.handlers[:], root.level = saved
 
 
 async def test_without_tracing_a_requests_lines_carry_the_callers_trace_id():
