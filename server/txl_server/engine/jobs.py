@@ -140,9 +140,13 @@ class Job:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = False
         self.timing = JobTiming()  # for the request's trace
+        self.stop_reason: Exception | None = None  # why it was cancelled, if not for its client leaving
 
-    def cancel(self) -> None:
-        """Leave the worker at its next iteration; nothing the job computed is kept."""
+    def cancel(self, reason: Exception | None = None) -> None:
+        """Leave the worker at its next iteration; nothing the job computed is kept. The job ends with `reason`
+        as its error (default: its client went away)."""
+        if not self.cancelled:
+            self.stop_reason = reason
         self.cancelled = True
 
     def emit(self, event: Event) -> None:

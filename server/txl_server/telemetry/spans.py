@@ -7,7 +7,7 @@ A request's trace is its server span (api/request_ids.py) and, under it, one chi
     engine.queue     a job waiting in the worker's inbox until the worker takes it in
     engine.prefill   its input fed, segment by segment (tokens, segments)
     engine.decode    its tokens sampled, one span for all of them (steps, tokens, sampling)
-    session.commit   the next version written (Redis, the stored blocks: bytes) and placed
+    session.commit   the next version written (its new blocks to the block store: `blocks.write`, then Redis)
 
 The engine's three are drawn from the times the worker stamped on the job (engine/job_timing.py) once it has
 ended, so the worker's thread never touches a span. No span stays current across a `yield`: a generator may be
@@ -111,14 +111,18 @@ def session_held(owner: str, session_id: str, *, since: int) -> None:
 
 
 def commit_written(version: int, persistence: str, write: VersionWrite | None) -> None:
-    """What a commit sends besides Redis's metadata (`write`: the stored version, in persistence `always`): its
-    bytes, and its new blocks of all it lists (the others are already stored), on the commit's span."""
+    """What a commit writes of its stored version (`write`, in persistence `always`; None: metadata only), on the
+    commit's span: the new blocks to the block store (the others it lists are stored already), and the version's
+    header and hidden state to Redis beside the session's metadata."""
     if _traced() is None:
         return
     attributes: dict[str, Any] = {"txl.session.version": version, "txl.persistence": str(persistence)}
     stored = write.stored if write is not None else None
-    attributes["txl.commit.bytes"] = stored.nbytes if stored is not None else 0
     attributes["txl.commit.blocks"] = len(stored.new_blocks) if stored is not None else 0
+    attributes["txl.commit.store_bytes"] = sum(map(len, stored.new_blocks.values())) if stored else 0
+    attributes["txl.commit.redis_bytes"] = (
+        len(stored.hidden or b"") + len(stored.header_json()) if stored is not None else 0
+    )
     if stored is not None:
         attributes["txl.commit.blocks_listed"] = len(stored.block_ids)
     annotate(attributes)

@@ -79,7 +79,7 @@ def server_span(trace: list[ReceivedSpan]) -> ReceivedSpan:
 
 def assert_stages_under(trace: list[ReceivedSpan], server: ReceivedSpan) -> None:
     for span in trace:
-        if span is server:
+        if span is server or span.name == "blocks.write":  # the commit's own child
             continue
         assert span.parent_span_id == server.span_id, span.name
         assert server.start_ns <= span.start_ns <= span.end_ns <= server.end_ns, span.name
@@ -133,7 +133,11 @@ def test_a_streamed_session_step_is_one_trace_under_the_callers_trace(client, re
     commit = named["session.commit"]
     assert commit.attributes["txl.session.version"] == 2
     assert commit.attributes["txl.persistence"] == "always"
-    assert commit.attributes["txl.commit.bytes"] > 0 and commit.attributes["txl.commit.blocks"] >= 1
+    assert commit.attributes["txl.commit.blocks"] >= 1 and commit.attributes["txl.commit.store_bytes"] > 0
+    assert 0 < commit.attributes["txl.commit.redis_bytes"] < commit.attributes["txl.commit.store_bytes"]
+    (written,) = [s for s in trace_of(receiver, trace_id, "blocks.write") if s.name == "blocks.write"]
+    assert written.parent_span_id == commit.span_id  # the block store, within the commit
+    assert commit.start_ns <= written.start_ns <= written.end_ns <= commit.end_ns
     # In order: the lease, the fetch, then the engine's work, then the commit.
     assert named["session.lease"].end_ns <= named["session.fetch"].start_ns
     assert max(s.end_ns for s in prefill) <= decode.end_ns <= commit.start_ns

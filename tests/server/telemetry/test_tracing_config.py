@@ -101,30 +101,23 @@ def test_without_an_endpoint_the_app_does_not_import_the_tracing_sdk(tmp_path):
 
 
 def test_the_traced_observer_passes_every_hook_on():
-    hooks = [n for n, f in inspect.getmembers(SessionObserver, inspect.isfunction) if not n.startswith("_")]
-    assert hooks and all(
-        name in TracedSessions.__dict__ for name in hooks
-    )  # a new hook must be passed on too
+    """Every hook of SessionObserver, those added after this test was written too, reaches the metrics."""
+    hooks = [n for n, _ in inspect.getmembers(SessionObserver, inspect.isfunction) if not n.startswith("_")]
     calls: list[tuple] = []
 
     class Recording(SessionObserver):
         def __getattribute__(self, name):
-            attribute = object.__getattribute__(self, name)
             if name in hooks:
                 return lambda *args: calls.append((name, *args))
-            return attribute
+            return object.__getattribute__(self, name)
 
     observer = TracedSessions(Recording())
-    observer.on_tier_move("redis", "device")
-    observer.on_conflict()
-    observer.on_tokens("generated", 3)
-    observer.on_prefix_cache(2, 5)
-    assert calls == [
-        ("on_tier_move", "redis", "device"),
-        ("on_conflict",),
-        ("on_tokens", "generated", 3),
-        ("on_prefix_cache", 2, 5),
-    ]
+    expected = []
+    for name in hooks:
+        arguments = tuple(range(len(inspect.signature(getattr(SessionObserver, name)).parameters) - 1))
+        getattr(observer, name)(*arguments)
+        expected.append((name, *arguments))
+    assert len(hooks) >= 4 and calls == expected
 
 
 @pytest.mark.parametrize(

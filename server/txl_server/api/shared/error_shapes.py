@@ -9,7 +9,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from ...errors import Conflict, Overloaded, ServiceError
+from ...errors import Conflict, Overloaded, ServiceError, Unavailable
 
 # A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer, which holds it
 # for one step: a retry a second later usually finds the session free.
@@ -20,7 +20,7 @@ INTERNAL_ERROR = {"type": "internal", "message": "internal error", "param": None
 
 def error_response(error: ServiceError) -> JSONResponse:
     headers = {}
-    if isinstance(error, Overloaded):
+    if isinstance(error, Overloaded | Unavailable):
         headers["Retry-After"] = str(max(1, round(error.retry_after)))
     elif isinstance(error, Conflict):
         headers["Retry-After"] = str(CONFLICT_RETRY_AFTER_SECONDS)
