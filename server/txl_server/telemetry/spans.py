@@ -119,7 +119,9 @@ def commit_written(version: int, persistence: str, write: VersionWrite | None) -
     attributes: dict[str, Any] = {"txl.session.version": version, "txl.persistence": str(persistence)}
     stored = write.stored if write is not None else None
     attributes["txl.commit.blocks"] = len(stored.new_blocks) if stored is not None else 0
-    attributes["txl.commit.store_bytes"] = sum(map(len, stored.new_blocks.values())) if stored else 0
+    attributes["txl.commit.store_bytes"] = (
+        sum(memoryview(b).nbytes for b in stored.new_blocks.values()) if stored is not None else 0
+    )
     attributes["txl.commit.redis_bytes"] = (
         len(stored.hidden or b"") + len(stored.header_json()) if stored is not None else 0
     )
