@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ SUITES = {
     "engine": "bench.engine",
     "batching": "bench.batching",
     "persistence": "bench.persistence",
+    "chained": "bench.chained",
     "handoff": "bench.handoff",
     "memories": "bench.memories",
     "http": "bench.http",
@@ -36,6 +38,7 @@ SUITES = {
     "prefix": "bench.prefix",
     "turns": "bench.turns",
     "gpu": "bench.gpu",
+    "gpu_estimate": "bench.gpu_estimate",
     "gpu_kernels": "bench.gpu_kernels",
 }
 
@@ -74,7 +77,10 @@ def main() -> None:
         suite_started = time.perf_counter()
         print(f"\n=== {name} ===", flush=True)
         module = importlib.import_module(SUITES[name])
-        measured = module.run(quick=args.quick)  # None: nothing measured here (the GPU suite without a GPU)
+        # A suite whose `run` takes `out` writes its section there as it goes (a long GPU run cut short keeps
+        # what it measured); None: nothing measured here (the GPU suite without a GPU).
+        keeps = "out" in inspect.signature(module.run).parameters
+        measured = module.run(quick=args.quick, **({"out": args.out} if keeps else {}))
         for section in measured if isinstance(measured, list) else [measured] if measured else []:
             section.save(args.out)
         print(f"({name}: {time.perf_counter() - suite_started:.0f} s)", flush=True)

@@ -77,7 +77,7 @@ def _kernel_tables(section: Section, old: ModuleType) -> None:
         for d_head in (64, 128):
             combine = triton_report.compile_variant(triton_report.Variant("combine", arch, "float32", d_head))
             rows.append([f"sm_{arch}", "(combine)", d_head, "–", _usage_cell(combine)])
-        masses = triton_report.compile_variant(triton_report.Variant("masses", arch))
+        masses = triton_report.compile_variant(triton_report.Variant("nucleus_pass", arch))
         rows.append([f"sm_{arch}", "(top-p masses)", "–", "(a sort)", _usage_cell(masses)])
     section.table(
         "Kernels compiled for A100 (sm_80) and H100 (sm_90), block size 16: per thread (decode before: 4 warps a "

@@ -12,6 +12,7 @@ import itertools
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +30,13 @@ ROUNDS = 5
 
 
 class Server:
+    """`python -m txl_server` in a process of its own, ready to serve, its output in a log file. A server that
+    exits before it is ready (a missing package, a device that fails) is noticed at once, its last lines raised
+    with it, instead of after the whole start-up deadline."""
+
+    STARTUP_SECONDS = 120
+    TAIL_LINES = 30
+
     def __init__(self, model_dir: Path | None, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         env = {
@@ -40,22 +48,45 @@ class Server:
         }
         if model_dir is not None:
             env["TXL_MODEL"] = str(model_dir)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "txl_server", "--port", str(self.port)], env=env, stdout=subprocess.DEVNULL
-        )
+        handle, name = tempfile.mkstemp(prefix="txl-bench-server-", suffix=".log")
+        os.close(handle)
+        self.log = Path(name)
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "txl_server", "--port", str(self.port)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.STARTUP_SECONDS
         while time.monotonic() < deadline:
+            status = self.process.poll()
+            if status is not None:
+                raise RuntimeError(
+                    f"the server exited with status {status} before it was ready:\n{self.tail()}"
+                )
             try:
                 if httpx.get(self.url + "/ready", timeout=1).status_code == 200:
                     return
             except httpx.TransportError:
-                time.sleep(0.2)
-        raise RuntimeError("server did not start")
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the server was not ready after {self.STARTUP_SECONDS} s:\n{self.tail()}")
+
+    def tail(self) -> str:
+        """The last lines the server printed (its log: `self.log`)."""
+        lines = self.log.read_text(errors="replace").splitlines()[-self.TAIL_LINES :]
+        return "\n".join(f"  | {line}" for line in lines) or "  (it printed nothing)"
 
     def stop(self) -> None:
         self.process.terminate()
-        self.process.wait(timeout=30)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 TOKEN_EVENT = b'data: {"type":"token"'
@@ -149,8 +180,6 @@ def run(quick: bool = False) -> Section:
 
 
 def _save_random(model) -> Path:
-    import tempfile
-
     from txl import save_pretrained
     from txl.tokenizers import ByteTokenizer, save_tokenizer
 

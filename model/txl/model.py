@@ -182,25 +182,34 @@ class TransfoXLModel(nn.Module):
 
     @torch.no_grad()
     def forward_step(
-        self, tokens: Tensor, step: GroupedStep, tables: Sequence[Tensor] | None = None
+        self,
+        tokens: Tensor,
+        step: GroupedStep,
+        tables: Sequence[Tensor] | None = None,
+        *,
+        out: Tensor | None = None,
     ) -> Tensor:
         """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed).
 
         `tables`: per layer, positional keys covering at least `step.n_pos` distances (default: the model's own
-        table); a captured graph passes the tables it captured, which it keeps alive."""
+        table); a captured graph passes the tables it captured, which it keeps alive. `out` [N, D]: where the
+        output goes (a graph's static buffer; the GPU's fused body writes it there from its last kernel)."""
         step.begin()
         hidden = self.drop(self.word_emb(tokens))  # [N, D]
         if tables is None:
             tables = self.positional_tables(step.n_pos)
         layers = cast(Sequence[nn.Module], self.layers)
         if gpu_decode.applies(layers, step, self.training):
-            return gpu_decode.forward(layers, step, hidden, tables)
+            return gpu_decode.forward(layers, step, hidden, tables, out=out)
         fused = fused_decode.applies(layers, step, self.training)
         if fused is not None:
-            return fused_decode.forward(fused, cast(PagedStep, step), hidden, tables)
-        for i, layer in enumerate(self.layers):
-            hidden = cast(RelPartialLearnableDecoderLayer, layer).forward_paged(hidden, step, i, tables[i])
-        return hidden
+            hidden = fused_decode.forward(fused, cast(PagedStep, step), hidden, tables)
+        else:
+            for i, layer in enumerate(self.layers):
+                hidden = cast(RelPartialLearnableDecoderLayer, layer).forward_paged(
+                    hidden, step, i, tables[i]
+                )
+        return hidden if out is None else out.copy_(hidden)
 
     def _forward_dense(
         self, tokens: Tensor, memories: Sequence[HiddenMemory]

@@ -1,6 +1,7 @@
 """`python -m txl_server [--host H] [--port P] [--model DIR]`: the server, configured by flags and TXL_* variables.
 
 `python -m txl_server check [...]`: checks the configured model on the configured device instead (txl_server.check).
+`python -m txl_server store migrate|sweep|status`: the block store, by hand (txl_server.sessions.blocks.command).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
         from .check.command import main as check
 
         return check(argv[1:])
+    if argv[:1] == ["store"]:
+        from .sessions.blocks.command import main as store
+
+        return store(argv[1:])
     args = parse_args(argv, prog)
     from .settings import Settings
 
@@ -101,8 +106,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
 
 def _serve(settings: Any, sockets: list[Any]) -> int:
     from .device_check import DeviceUnavailable, check_device
-    from .runtime import EvictingRedis, UnsupportedDtype, check_dtype, check_redis, load_model
+    from .runtime import (
+        EvictingRedis,
+        UnsupportedDtype,
+        check_dtype,
+        check_redis,
+        load_model,
+    )
     from .serving import warn_if_open
+    from .sessions.blocks.identity import ForeignBlockStore
 
     try:  # before loading: a GPU that is not there is named as such, not as a model that cannot load
         check_device(settings.device, settings.dtype)
@@ -118,6 +130,9 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
         check_redis(settings)
     except EvictingRedis as exc:
         print(f"cannot keep sessions in this Redis: {exc}", file=sys.stderr)
+        return 2
+    except ForeignBlockStore as exc:
+        print(f"cannot continue this Redis's sessions: {exc}", file=sys.stderr)
         return 2
     # After the checks that stop start-up in one line, before the minutes of loading.
     warn_if_open(sockets, has_api_keys=settings.has_api_keys)

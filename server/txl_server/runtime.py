@@ -13,14 +13,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
-from pydantic import SecretStr
 from redis import asyncio as aioredis
 from txl import BlockPool, TransfoXLLMHeadModel, load_pretrained
 from txl.kernels import linear
@@ -32,9 +30,10 @@ from .engine.selfcheck import ServingPath, graphs_setting, prepare
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
 from .memory_budgets import MemoryBudgets, describe_budgets, memory_budgets
+from .sessions.blocks.identity import check as check_block_store
 from .sessions.blocks.identity import reconcile as reconcile_block_store
 from .sessions.blocks.migration import migrate as migrate_legacy_blocks
-from .sessions.blocks.opening import open_block_store
+from .sessions.blocks.opening import open_blocks
 from .sessions.blocks.store import BlockStore, Marker
 from .sessions.blocks.sweeper import BlockSweeper
 from .sessions.observer import SessionObserver
@@ -43,11 +42,11 @@ from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Recover
 from .sessions.redis_server import EmbeddedRedis
 from .sessions.service import SessionService
 from .sessions.stateless import StatelessService
-from .sessions.store.connection import connect
+from .sessions.store.connection import connect_redis
 from .sessions.store.plumbing import now
 from .sessions.store.redis_health import EvictingRedis, RedisHealth, eviction_refusal
 from .sessions.store.stores import Stores
-from .settings import Persistence, Settings, block_store_location, user_data_dir
+from .settings import Persistence, Settings
 
 log = logging.getLogger(__name__)
 
@@ -475,19 +474,11 @@ class Runtime:
         return f"stopped; sessions are kept in {self.embedded_redis.data_dir} for the next start{what}"
 
 
-def open_blocks(settings: Settings, embedded: EmbeddedRedis | None) -> BlockStore:
-    """The block store the settings name (with --ephemeral, in the private Redis's temporary directory)."""
-    location = block_store_location(settings)
-    if not location:
-        assert embedded is not None
-        location = str(embedded.data_dir / "blocks")
-    cache = user_data_dir() / "block-cache" / re.sub(r"[^A-Za-z0-9._-]", "_", settings.served_model_id)
-    return open_block_store(settings, location, cache_dir=cache)
-
-
 def check_redis(settings: Settings) -> None:
     """Before the model loads: raises EvictingRedis if the configured Redis evicts keys (and the settings do not
-    accept it), so that start-up stops in one line. A Redis that does not answer yet is checked once it does."""
+    accept it), ForeignBlockStore if its sessions keep their memories in a block store of which the configured one
+    holds nothing, so that start-up stops in one line. A Redis that does not answer yet is checked once it
+    does."""
 
     async def check() -> None:
         assert settings.redis_url is not None
@@ -499,6 +490,7 @@ def check_redis(settings: Settings) -> None:
             info = await health.info()
             if info.evicting and not settings.redis_allow_eviction:
                 raise EvictingRedis(eviction_refusal(info.maxmemory_policy))
+            await check_block_store(open_blocks(settings, None), health)
         except Unavailable:
             pass
         finally:
@@ -506,20 +498,6 @@ def check_redis(settings: Settings) -> None:
 
     if settings.redis_url is not None:
         asyncio.run(check())
-
-
-def connect_redis(settings: Settings, url: str) -> aioredis.Redis:
-    """The client for the Redis at `url`, with the settings' timeout and passwords."""
-
-    def secret(value: SecretStr | None) -> str | None:
-        return value.get_secret_value() if value is not None else None
-
-    return connect(
-        url,
-        timeout=settings.redis_timeout_seconds,
-        password=secret(settings.redis_password),
-        sentinel_password=secret(settings.redis_sentinel_password),
-    )
 
 
 def redacted(url: str) -> str:

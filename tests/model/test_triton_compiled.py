@@ -36,3 +36,13 @@ def test_a_block_size_that_is_not_a_power_of_two_compiles():
     variant = triton_report.Variant("partitions", 90, "bfloat16", 64, block_size=12)
     usage = triton_report.compile_variant(variant)
     assert not usage.spills
+
+
+def test_the_row_linears_stream_their_weights_as_vectors_through_a_pipeline():
+    """A product's weights and rows are read in 16-byte vectors, copied asynchronously while the previous tile is
+    multiplied. Before, the weight's shape was not specialised on (`do_not_specialize`), so Triton could not
+    know a row of W was 16-byte aligned: every load was of one 2-byte number, none of them pipelined."""
+    for variant in triton_report.standard_variants(archs=(90,)):
+        if variant.kernel == "rows_linear":
+            usage = triton_report.compile_variant(variant)
+            assert usage.narrow_loads == 0 and usage.async_copies > 0, (variant.label(), usage)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from txl.kernels import triton_attention, triton_common, triton_rows_linear
+from txl.kernels import triton_attention, triton_common, triton_layer_norm, triton_rows_linear
 
 from tests.helpers.interpreted import run_interpreted
 
@@ -48,34 +48,61 @@ def test_a_model_decodes_through_the_fused_body_as_through_the_torch_path():
 
 
 def test_row_linears_split_their_inputs_to_fill_the_gpu_at_batch_one():
-    # wt103's FF output (1,024 x 4,096) at batch 1: 16 tiles of 64 outputs, the inputs cut in 16 ranges.
-    plan = triton_rows_linear.plan_rows(rows=1, outputs=1024, inputs=4096, sms=132)
-    assert (plan.block_m, plan.block_n, plan.splits) == (16, 64, 16)
+    # wt103's FF output (1,024 x 4,096) at batch 1: 32 tiles of 32 outputs (the LayerNorm's tiles), the inputs
+    # cut in 16 ranges; without the LayerNorm, 16 tiles of 64 outputs.
+    plan = triton_rows_linear.plan_rows(rows=1, outputs=1024, inputs=4096, sms=132, norm=True)
+    assert (plan.block_m, plan.block_n, plan.splits) == (16, 32, 16)
     assert plan.k_per_split * plan.splits >= 4096 and plan.k_per_split % plan.block_k == 0
+    plain = triton_rows_linear.plan_rows(rows=1, outputs=1024, inputs=4096, sms=132)
+    assert (plain.block_n, plain.splits, plain.k_per_split) == (64, 16, 256)
     # 64 rows: tiles of 64 rows and 32 outputs, the same splits (the same sums, in the same order, for a row).
-    wide = triton_rows_linear.plan_rows(rows=64, outputs=1024, inputs=4096, sms=132)
+    wide = triton_rows_linear.plan_rows(rows=64, outputs=1024, inputs=4096, sms=132, norm=True)
     assert (wide.block_m, wide.block_n) == (64, 32) and (wide.splits, wide.k_per_split) == (16, 256)
 
 
-def test_the_fused_attention_partitions_hold_a_fixed_number_of_keys():
-    """Whatever the batch or the table's width, a row's keys are cut at the same places: a graph's wider table
-    only adds empty partitions."""
+@needs_triton
+def test_no_program_of_a_row_linear_reads_its_layer_norm_one_row_after_another():
+    """Review round 3, finding 1: with 16 splits, the one program that arrived last normalised every row of its
+    block, reading each row's 16 partial rows in turn: 277 loads at 16 rows, 1,093 at 64 (on an H200 about
+    100-160 us a launch, 4-6 ms of a wt103 step at batch 64). Now each tile's last split sums its own tile, four
+    partial tiles a read, and the rows are normalised four at a time from per-tile statistics: by the last tile
+    up to 16 rows, else by a launch of one program per four rows. A row gives the same bits whichever way
+    (products of small integers, exact in any order: alone, in 5, in 40, and in a padded bucket of 64)."""
+    done = run_interpreted("tests.model.loads_interpreted", "rows_linear", timeout=300, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    (in_kernel,) = result["tails"]["16"]
+    assert in_kernel["most"] <= 48, result
+    product, layer_norm = result["tails"]["64"]
+    assert product["most"] <= 24 and layer_norm["most"] <= 8 and layer_norm["programs"] == 16, result
+    assert result["same_bits"] == {"float32": True, "bfloat16": True}
+
+
+def test_the_fused_attention_partitions_hold_two_tiles_of_keys():
+    """Whatever the batch or the table's width, a row's keys are cut at the same places (a graph's wider table
+    only adds empty partitions), two tiles a partition: at batch 1 a program reads two tiles in turn, not four
+    (review round 3, finding 2: about 0.1 ms a wt103 step); one tile would add 6% to the bytes a step moves at 64
+    rows (the partitions' sums), for little more at batch 1 (docs/benchmarks.md, the estimate)."""
     for d_head in (8, 16, 64, 128):
         tile, warps = triton_attention.tile_and_warps(d_head)
-        assert triton_attention.PARTITION_KEYS % tile == 0 and warps in (1, 2)
+        plan = triton_attention.plan_partitions(d_head=d_head, table_width=40, block_size=16, n_pos=600)
+        assert plan.partition == 2 * plan.tile == 2 * tile and warps in (1, 2)
     eager = triton_attention.plan_partitions(d_head=64, table_width=101, block_size=16, n_pos=1601)
     graph = triton_attention.plan_partitions(d_head=64, table_width=120, block_size=16, n_pos=1601)
-    assert eager.partition == graph.partition == 64 and eager.partitions == graph.partitions == 26
-    short = triton_attention.plan_partitions(d_head=64, table_width=2, block_size=16, n_pos=20)
+    assert eager.partition == graph.partition == 32 and eager.partitions == graph.partitions == 51
+    short = triton_attention.plan_partitions(d_head=64, table_width=1, block_size=16, n_pos=1)
     assert short.partitions == 1 and not short.split
 
 
 @needs_triton
 def test_the_fused_kernels_do_not_specialise_on_what_changes_from_step_to_step():
+    """Nor on the batch; the row linears do specialise on the weight's shape (fixed per layer, compiled at
+    warm-up), which makes their loads 16-byte vectors (tests/model/test_triton_compiled.py)."""
     attention = {p.name for p in triton_attention.jit_kernel().params if p.do_not_specialize}
     assert {"B", "S", "NB", "P", "P_TAB", "partition", "num_parts"} <= attention
     linear = {p.name for p in triton_rows_linear.jit_kernel().params if p.do_not_specialize}
-    assert {"M", "k_per_split", "splits"} <= linear
+    assert "M" in linear and not {"N", "K", "k_per_split"} & linear
+    layer_norm = {p.name for p in triton_layer_norm.jit_kernel().params if p.do_not_specialize}
+    assert "M" in layer_norm
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

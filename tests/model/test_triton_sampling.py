@@ -4,10 +4,14 @@ kernel."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from txl import nucleus
 from txl.kernels import triton_common, triton_sampling
+
+from tests.helpers.interpreted import run_interpreted
 
 from .test_triton_fused import interpreted
 
@@ -29,6 +33,17 @@ def test_the_triton_sampler_keeps_what_a_full_sort_keeps_and_draws_the_torch_pat
     assert (
         0 <= result["edge_tokens"][1] < 4 and result["edge_logprobs"][1] is None
     )  # NaN: that row fails alone
+
+
+@needs_triton
+def test_top_ps_last_program_reads_the_chunks_figures_together():
+    """Review round 3, finding 2: the last program of each pass summed its row's chunk masses one chunk after
+    another (50 loads at 40 chunks; a wt103 row's 66, about 40-60 us a step on an H200); it reads them
+    CHUNK_BLOCK chunks at a time, as `draw` does: 11 loads, the same whatever the chunks up to 128."""
+    done = run_interpreted("tests.model.loads_interpreted", "nucleus", timeout=300, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(result["passes"]) == triton_sampling.PASSES
+    assert max(p["most"] for p in result["passes"]) <= 12, result
 
 
 def test_passes_leave_one_key_of_two_to_the_32():

@@ -20,7 +20,7 @@ from tests.helpers.server_process import ServerProcess, process_env
 FAULTS = """
 import os, threading
 import torch
-from txl_server.engine import runner
+from txl_server.engine import device_failure, runner
 
 MARKER = {marker!r}
 run = runner.ModelRunner.run
@@ -35,6 +35,8 @@ def faulty(self, *args, **kwargs):
 
 
 runner.ModelRunner.run = faulty
+probe = device_failure.device_works
+device_failure.device_works = lambda device: not os.path.exists(MARKER) and probe(device)  # it runs nothing more
 """
 
 

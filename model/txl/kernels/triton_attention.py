@@ -39,25 +39,36 @@ if triton is not None:
 
 # Numbers in a tile a warp holds: a program reads a tile of keys, of their positional keys and of values per
 # iteration, 16 keys at d_head 64 on one warp (its reductions stay within the warp, as in `triton_decode`), two
-# warps from d_head 128: 80 to 100 registers, no spills (tests/model/test_triton_compiled.py).
+# warps from d_head 128: 80 to 130 registers, no spills (tests/model/test_triton_compiled.py).
 TILE_ELEMENTS = 1024
 MIN_TILE = 16
-COMBINE_CHUNK = 16  # partitions the last program reads per iteration
+# The last program of a row combines its partitions: their maxima COMBINE_STATS at a time (a wt103 row's 51 in
+# one read), then their sums and weighted values COMBINE_CHUNK partitions at a time.
+COMBINE_STATS = 128
+COMBINE_CHUNK = 32
 
 
-# Keys a partition holds, whatever the batch or the table: a row's partitions, and so the order its sums are
-# taken in, depend on its own keys only, so that a row gives the same bits in a graph's padded buffers as in an
-# eager step, alone or in any batch. At batch 1 a wt103 row of 1,600 keys is 26 partitions a head (416 programs).
-PARTITION_KEYS = 64
+# Tiles of keys a partition holds, whatever the batch or the table: a row's partitions, and so the order its sums
+# are taken in, depend on its own keys only, so that a row gives the same bits in a graph's padded buffers as in an
+# eager step, alone or in any batch.
+PARTITION_TILES = 2
 
 
 def plan_partitions(*, d_head: int, table_width: int, block_size: int, n_pos: int) -> LaunchPlan:
-    """Partitions of PARTITION_KEYS keys, enough for the most keys a row can see (from host-known bounds: the
-    table's width and the distances the positional table covers, from the tile boundary at or before its first
-    key), so that a CUDA graph captures the grid."""
+    """Partitions of PARTITION_TILES tiles of keys (32 keys at wt103's d_head), enough for the most keys a row can
+    see (from host-known bounds: the table's width and the distances the positional table covers, from the tile
+    boundary at or before its first key), so that a CUDA graph captures the grid.
+
+    Why two tiles: a program reads its tiles one after another (a round trip to HBM each), which is what a batch
+    of one waits on, and its last program combines the partitions' sums, which the others wrote. Four tiles (26
+    partitions a wt103 row, before) made a batch of one wait on four trips in turn; one tile (101 partitions) makes
+    the sums 6% of the bytes a step moves at 64 rows and more waves of programs than the keys' bytes take, and its
+    last program reads twice as many sums. Two keep most of one tile's gain at batch 1 and about a third of its
+    cost at 64 rows (docs/benchmarks.md, the estimate; `python -m bench gpu` times 1, 2 and 4 tiles)."""
     tile, _ = tile_and_warps(d_head)
     span = min(table_width * block_size, n_pos + tile - 1)
-    return LaunchPlan(tile, PARTITION_KEYS, max(1, -(-span // PARTITION_KEYS)))
+    keys = PARTITION_TILES * tile
+    return LaunchPlan(tile, keys, max(1, -(-span // keys)))
 
 
 def tile_and_warps(d_head: int) -> tuple[int, int]:
@@ -106,6 +117,7 @@ def jit_kernel() -> Any:
         BLOCK_D: tl.constexpr,
         TILE: tl.constexpr,
         SPLIT: tl.constexpr,
+        STATS: tl.constexpr,
         CHUNK: tl.constexpr,
     ):
         row = tl.program_id(0)  # b * H + h
@@ -175,18 +187,21 @@ def jit_kernel() -> Any:
             tl.store(part_acc + at * D + dims, acc, mask=dim_ok)
             tl.debug_barrier()  # every thread's stores before the count
             if tl.atomic_add(sem + row, 1, sem="acq_rel") == num_parts - 1:  # the last partition to finish
-                parts = tl.arange(0, CHUNK)
                 from_row = row * num_parts
                 # Partition 0 holds the row's first key: the largest maximum is finite (no -inf - -inf below).
                 best = tl.full((), float("-inf"), tl.float32)
-                for c in range(0, num_parts, CHUNK):
-                    ok = c + parts < num_parts
+                for c in range(0, num_parts, STATS):
+                    at_c = c + tl.arange(0, STATS)
                     found = tl.load(
-                        part_max + from_row + c + parts, mask=ok, other=float("-inf"), cache_modifier=".cg"
+                        part_max + from_row + at_c,
+                        mask=at_c < num_parts,
+                        other=float("-inf"),
+                        cache_modifier=".cg",
                     )
                     best = tl.maximum(best, tl.max(found, axis=0))
                 total = tl.zeros((), tl.float32)
                 acc = tl.zeros((BLOCK_D,), tl.float32)
+                parts = tl.arange(0, CHUNK)
                 for c in range(0, num_parts, CHUNK):
                     ok = c + parts < num_parts
                     at_c = from_row + c + parts
@@ -283,6 +298,7 @@ def decode_attention(
             BLOCK_D=next_power_of_2(d_head),
             TILE=tile,
             SPLIT=plan.split,
+            STATS=COMBINE_STATS,
             CHUNK=COMBINE_CHUNK,
             num_warps=warps,
         )

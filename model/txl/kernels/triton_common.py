@@ -35,6 +35,10 @@ DEFAULT_SMS = 132
 # Semaphores per device: enough for the rows x heads of the largest batch an attention launch takes (1,024 rows
 # of 16 heads), and more than any other kernel's rows or row blocks.
 SEMAPHORES = 1 << 16
+# Whether a kernel's a * b + c become fused multiply-adds (one rounding): stated at every launch and ahead-of-time
+# compile rather than left to Triton's default, which Triton 3.10 turns off (TRITON_DEFAULT_FP_FUSION), and with it
+# the bits every kernel computes. On: what the kernels were checked with, and what CUDA compilers do by default.
+FP_FUSION = True
 
 
 def available(device: torch.device) -> bool:
@@ -80,14 +84,14 @@ def semaphores(device: torch.device, needed: int) -> Tensor:
 
 
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **constants: Any) -> None:
-    """`kernel[grid](*args, **constants)`. On the `meta` device (a step traced for its shapes and operations,
-    without data: how kernel launches are counted where no GPU is) the kernel's stand-in is one operation that
-    computes nothing, as torch's own operations have meta implementations."""
+    """`kernel[grid](*args, **constants)`, with FP_FUSION stated. On the `meta` device (a step traced for its
+    shapes and operations, without data: how kernel launches are counted where no GPU is) the kernel's stand-in is
+    one operation that computes nothing, as torch's own operations have meta implementations."""
     first = next(a for a in args if isinstance(a, Tensor))
     if first.is_meta:
         torch.empty((), device="meta").zero_()
         return
-    kernel[grid](*args, **constants)
+    kernel[grid](*args, **constants, enable_fp_fusion=FP_FUSION)
 
 
 def next_power_of_2(n: int) -> int:

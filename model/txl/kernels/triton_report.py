@@ -14,15 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from . import (
     triton_attention,
     triton_decode,
     triton_embedding,
+    triton_layer_norm,
     triton_rows_linear,
     triton_sampling,
     triton_softmax,
 )
-from .triton_common import next_power_of_2
+from .triton_common import FP_FUSION, next_power_of_2
 
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -33,7 +36,7 @@ class Variant:
 
     Kernels: "partitions" and "combine" (the layer-by-layer path's decoding attention, `triton_decode`);
     "attention" (the fused decoding attention), "rows_linear" (a decoding step's linear layers with their
-    LayerNorm), "embedding", "softmax_stats" and "softmax_write" (the adaptive softmax), "row_max",
+    LayerNorm), "layer_norm" (that LayerNorm's own launch, above a few rows), "embedding", "softmax_stats" and "softmax_write" (the adaptive softmax), "row_max",
     "nucleus_pass" and "draw" (sampling)."""
 
     kernel: str
@@ -43,7 +46,7 @@ class Variant:
     block_size: int = 16
     split: bool = True
     rows: int = 1  # rows_linear: rows a step has (which tile of rows it compiles)
-    norm: bool = True  # rows_linear: with its LayerNorm (and bias, and ReLU on its input)
+    linear: str = "ff_out"  # rows_linear: which of ROWS_LINEAR_CALLS
 
     def label(self) -> str:
         mode = "split" if self.split else "single pass"
@@ -54,9 +57,8 @@ class Variant:
         if self.kernel == "attention":
             return f"fused attention sm_{self.arch} {self.kv_dtype} d_head {self.d_head} ({mode})"
         if self.kernel == "rows_linear":
-            epilogue = "bias, ReLU in, LayerNorm" if self.norm else "plain"
-            return f"rows linear sm_{self.arch} {self.kv_dtype} {self.rows} rows ({epilogue})"
-        if self.kernel in ("embedding", "softmax_stats", "softmax_write"):
+            return f"rows linear sm_{self.arch} {self.kv_dtype} {self.rows} rows ({self.linear.replace('_', ' ')})"
+        if self.kernel in ("embedding", "softmax_stats", "softmax_write", "layer_norm"):
             return f"{self.kernel.replace('_', ' ')} sm_{self.arch} {self.kv_dtype}"
         return f"{self.kernel.replace('_', ' ')} sm_{self.arch}"
 
@@ -70,6 +72,8 @@ class Usage:
     shared: int  # bytes of shared memory per program
     barriers: int  # bar.sync instructions in the PTX
     warps: int
+    narrow_loads: int = 0  # loads from global memory of 2 bytes or less, one number a thread (PTX)
+    async_copies: int = 0  # asynchronous copies to shared memory (cp.async: a pipelined loop's loads)
 
     @property
     def spills(self) -> bool:
@@ -103,13 +107,15 @@ def standard_variants(archs: tuple[int, ...] = (80, 90)) -> list[Variant]:
             for d_head in (64, 128):
                 variants.append(Variant("partitions", arch, dtype, d_head))
                 variants.append(Variant("attention", arch, dtype, d_head))
-            for rows in (1, 32, 64):
+            for rows in (1, 16, 32, 64):
                 variants.append(Variant("rows_linear", arch, dtype, rows=rows))
+                variants.append(Variant("rows_linear", arch, dtype, rows=rows, linear="attention_out"))
+            variants.append(Variant("layer_norm", arch, dtype))
             variants.append(Variant("embedding", arch, dtype))
             variants.append(Variant("softmax_stats", arch, dtype))
         variants.append(Variant("partitions", arch, "bfloat16", 64, split=False))
         variants.append(Variant("attention", arch, "bfloat16", 64, split=False))
-        variants.append(Variant("rows_linear", arch, "bfloat16", norm=False))
+        variants.append(Variant("rows_linear", arch, "bfloat16", linear="plain"))
         variants.append(Variant("combine", arch, "float32", 64))
         variants.append(Variant("softmax_write", arch, "bfloat16"))
         variants.extend(Variant(kernel, arch) for kernel in ("row_max", "nucleus_pass", "draw"))
@@ -123,6 +129,7 @@ def compile_variant(variant: Variant) -> Usage:
         "combine": _combine,
         "attention": _attention,
         "rows_linear": _rows_linear,
+        "layer_norm": _layer_norm,
         "embedding": _embedding,
         "softmax_stats": _softmax_stats,
         "softmax_write": _softmax_write,
@@ -174,35 +181,66 @@ def _attention(variant: Variant) -> Usage:
         "BLOCK_D": next_power_of_2(variant.d_head),
         "TILE": tile,
         "SPLIT": variant.split,
+        "STATS": triton_attention.COMBINE_STATS,
         "CHUNK": triton_attention.COMBINE_CHUNK,
     }
     return compile_kernel(triton_attention.jit_kernel(), signature, constants, arch=variant.arch, warps=warps)
 
 
+# The row linears at wt103's shapes: (outputs, inputs, ReLU and bias on the input, bias, LayerNorm). The fused body
+# launches the first two (txl.paged.gpu_decode); the plain product is the tests' and the kernel's other variant.
+ROWS_LINEAR_CALLS = {
+    "ff_out": (1024, 4096, True, True, True),  # the feed-forward's output, its residual and LayerNorm
+    "attention_out": (1024, 1024, False, False, True),  # the attention's output projection, likewise
+    "plain": (4096, 1024, False, False, False),
+}
+
+
+def rows_linear_constants(variant: Variant) -> dict[str, Any]:
+    """The compile-time constants of `variant`: what `triton_rows_linear.rows_linear` launches for that call."""
+    outputs, inputs, relu_input, bias, norm = ROWS_LINEAR_CALLS[variant.linear]
+    plan = triton_rows_linear.plan_rows(rows=variant.rows, outputs=outputs, inputs=inputs, sms=132, norm=norm)
+    dtype = getattr(torch, variant.kv_dtype)
+    constants = triton_rows_linear.launch_constants(
+        plan, variant.rows, outputs, dtype, relu_input=relu_input, bias=bias, norm=norm
+    )
+    return constants | {"WIDEN": False}  # compiled for a GPU, never widened as under the interpreter
+
+
 def _rows_linear(variant: Variant) -> Usage:
     dtype = _DTYPES[variant.kv_dtype]
     names = ("x", "w", "in_bias", "bias", "residual", "norm_w", "norm_b", "out")
-    signature = {name: f"*{dtype}" for name in names} | {"partial": "*fp32", "sem": "*i32", "eps": "fp32"}
-    signature |= {n: "i32" for n in ("M", "N", "K", "k_per_split", "splits")}
-    plan = triton_rows_linear.plan_rows(rows=variant.rows, outputs=4096, inputs=1024, sms=132)
-    constants = {
-        "BLOCK_M": plan.block_m,
-        "BLOCK_N": plan.block_n,
-        "BLOCK_K": plan.block_k,
-        "BLOCK_ROW": 1024,  # wt103's d_model
-        "RELU_INPUT": variant.norm,
-        "HAS_BIAS": variant.norm,
-        "NORM": variant.norm,
-        "SPLIT": variant.norm,
-        "WIDEN": False,
-        "IEEE": variant.kv_dtype == "float32",
-    }
+    signature = {name: f"*{dtype}" for name in names} | {"partial": "*fp32", "stats": "*fp32", "sem": "*i32"}
+    signature |= {"eps": "fp32"} | {n: "i32" for n in ("M", "N", "K", "k_per_split", "splits")}
     return compile_kernel(
         triton_rows_linear.jit_kernel(),
+        signature,
+        rows_linear_constants(variant),
+        arch=variant.arch,
+        warps=triton_rows_linear.NUM_WARPS,
+        stages=triton_rows_linear.NUM_STAGES,
+        divisible=("N", "K", "k_per_split"),
+    )
+
+
+def _layer_norm(variant: Variant) -> Usage:
+    """The LayerNorm's own launch after wt103's feed-forward output (1,024 columns), above IN_KERNEL_ROWS."""
+    dtype = _DTYPES[variant.kv_dtype]
+    signature = {"kept": "*fp32", "stats": "*fp32"} | {n: f"*{dtype}" for n in ("norm_w", "norm_b", "out")}
+    signature |= {"M": "i32", "N": "i32", "tiles": "i32", "eps": "fp32"}
+    plan = triton_rows_linear.plan_rows(rows=64, outputs=1024, inputs=4096, sms=132, norm=True)
+    linear = triton_rows_linear.launch_constants(
+        plan, 64, 1024, getattr(torch, variant.kv_dtype), relu_input=True, bias=True, norm=True
+    )
+    constants = {name: linear[name] for name in ("BLOCK_N", "TILES", "GROUP", "CHUNK_N")}
+    return compile_kernel(
+        triton_layer_norm.jit_kernel(),
         signature,
         constants,
         arch=variant.arch,
         warps=triton_rows_linear.NUM_WARPS,
+        stages=triton_rows_linear.NUM_STAGES,
+        divisible=("N", "tiles"),
     )
 
 
@@ -287,23 +325,34 @@ def _draw(variant: Variant) -> Usage:
 
 
 def compile_kernel(
-    fn: Any, signature: dict[str, str], constants: dict[str, Any], *, arch: int, warps: int, stages: int = 3
+    fn: Any,
+    signature: dict[str, str],
+    constants: dict[str, Any],
+    *,
+    arch: int,
+    warps: int,
+    stages: int = 3,
+    divisible: tuple[str, ...] = (),
 ) -> Usage:
     """Compiles a jitted kernel `fn` for sm_`arch`: `signature` gives every runtime argument's Triton type
-    ("*bf16", "i32"), `constants` the compile-time ones."""
+    ("*bf16", "i32"), `constants` the compile-time ones; `divisible`, the integers a launch passes divisible by 16
+    (and does not mark `do_not_specialize`: Triton specialises on that, as on aligned pointers)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
     signature = signature | {name: "constexpr" for name in constants}
-    # Pointers 16-byte aligned, as torch allocates them (and as Triton specialises at launch).
-    pointers = [i for i, name in enumerate(fn.arg_names) if signature[name].startswith("*")]
-    attributes = {(i,): [["tt.divisibility", 16]] for i in pointers}
+    # Pointers 16-byte aligned, as torch allocates them, and integers divisible by 16 (as Triton specialises at
+    # launch).
+    aligned = [
+        i for i, name in enumerate(fn.arg_names) if signature[name].startswith("*") or name in divisible
+    ]
+    attributes = {(i,): [["tt.divisibility", 16]] for i in aligned}
     compiled = triton.compile(
         ASTSource(fn, signature, constants, attributes),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": warps, "num_stages": stages},
+        options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": FP_FUSION},
     )
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -333,6 +382,8 @@ def compile_kernel(
         shared=int(compiled.metadata.shared),
         barriers=ptx.count("bar.sync"),
         warps=warps,
+        narrow_loads=len(re.findall(r"ld\.global(?:\.[a-z]+)*\.(?:b16|b8|u8|s8|u16|s16)\b", ptx)),
+        async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
     )
 
 

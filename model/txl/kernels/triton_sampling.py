@@ -180,13 +180,17 @@ def jit_kernels() -> tuple[Any, Any, Any]:
         if tl.atomic_add(sem + row, 1, sem="acq_rel") == chunks - 1:
             mass = tl.zeros((J,), tl.float32)
             whole = tl.zeros((), tl.float32)
-            for each in range(0, chunks):
-                mass += tl.load(above + (row * chunks + each) * J + tl.arange(0, J), cache_modifier=".cg")
-            for c0 in range(0, chunks, CHUNK_BLOCK):
+            for c0 in range(0, chunks, CHUNK_BLOCK):  # CHUNK_BLOCK chunks' figures a read (a wt103 row: one)
                 c = c0 + tl.arange(0, CHUNK_BLOCK)
-                whole += tl.sum(
-                    tl.load(total + row * chunks + c, mask=c < chunks, other=0.0, cache_modifier=".cg")
-                )
+                ok = c < chunks
+                found = tl.load(
+                    above + (row * chunks + c[:, None]) * J + tl.arange(0, J)[None, :],
+                    mask=ok[:, None],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )  # [CHUNK_BLOCK, J]
+                mass += tl.sum(found, axis=0)
+                whole += tl.sum(tl.load(total + row * chunks + c, mask=ok, other=0.0, cache_modifier=".cg"))
             # As threshold_search: the mass above a pivot falls as the pivot rises; keep the part where it
             # crosses top_p of the whole.
             below = mass < tl.load(top_p + row) * whole  # [J]

@@ -95,10 +95,16 @@ def applies(layers: Sequence[nn.Module], step: GroupedStep, training: bool) -> b
 
 
 def forward(
-    layers: Sequence[nn.Module], step: GroupedStep, hidden: Tensor, tables: Sequence[Tensor]
+    layers: Sequence[nn.Module],
+    step: GroupedStep,
+    hidden: Tensor,
+    tables: Sequence[Tensor],
+    *,
+    out: Tensor | None = None,
 ) -> Tensor:
-    """hidden [N, D] (the embedded tokens, one per row, in the group's order) -> the last layer's output [N, D];
-    writes each layer's new keys and values to the step's slots."""
+    """hidden [N, D] (the embedded tokens, one per row, in the group's order) -> the last layer's output [N, D]
+    (written into `out` if given, by the last kernel: no copy after it); writes each layer's new keys and values
+    to the step's slots."""
     pool, group = step.pool, step.groups[0]
     x = hidden
     for i, module in enumerate(layers):
@@ -120,7 +126,13 @@ def forward(
         h = rows_linear(attended, layer.out, residual=x, norm=layer.norm1)  # [N, D]
         inner = torch.mm(h, layer.inner.t())  # [N, D_inner], its bias and ReLU applied as the next reads it
         x = rows_linear(
-            inner, layer.outer, layer.outer_bias, relu_input=layer.inner_bias, residual=h, norm=layer.norm2
+            inner,
+            layer.outer,
+            layer.outer_bias,
+            relu_input=layer.inner_bias,
+            residual=h,
+            norm=layer.norm2,
+            out=out if i == len(layers) - 1 else None,
         )
     return x
 

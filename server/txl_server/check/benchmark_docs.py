@@ -119,6 +119,7 @@ ORDER = [
     "tracing",
     "memory",
     "persistence",
+    "chained",
     "prefix",
     "memories",
     "responses",
@@ -129,6 +130,7 @@ ORDER = [
     "turns",
     "load",
     "gpu",
+    "gpu_estimate",
     "gpu_kernels",
 ]
 
@@ -151,5 +153,6 @@ def assemble(docs: Path) -> Path:
     for name in names:
         parts.append((sections / f"{name}.md").read_text(encoding="utf-8"))
     path = docs / "benchmarks.md"
+    docs.mkdir(parents=True, exist_ok=True)  # (a results folder where nothing was measured yet)
     path.write_text("\n".join(parts), encoding="utf-8")
     return path

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .device_failure import is_device_error
 from .rows import DecodeOut
-from .worker import is_device_error
 
 # In half precision, how much farther from float32 than the torch path a path may be (row by row): right paths
 # round about as often as each other, so their distances to float32 are of one size; a wrong one is off by whole

@@ -87,9 +87,11 @@ class SamplingInputs:
     def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
         self.rows, self.vocab = rows, vocab
         self.ints = StagedInputs(
-            {"greedy": (rows,), "top_k": (rows,), "seeds": (rows,), "counters": (rows,)}, torch.long, device
+            {"top_k": (rows,), "seeds": (rows,), "counters": (rows,)}, torch.long, device
         )
         self.floats = StagedInputs({"temperature": (rows,), "top_p": (rows,)}, torch.float32, device)
+        # Greedy as the flags the sampler reads (no comparison in the body), sent with the floats.
+        self.flags = StagedInputs({"greedy": (rows,)}, torch.bool, device)
         self.padding = RowValues.encode([PADDING], [0], vocab)
         # A batch decodes the same rows, with the same parameters, step after step: what is already in a buffer
         # is not written again. Per host buffer of the integers, the (parameters, seeds) it holds; the rows whose
@@ -106,22 +108,24 @@ class SamplingInputs:
         pad = self.padding
         ints = self.ints.host()
         if ints_stale:
-            ints["greedy"][n:], ints["top_k"][n:] = pad.greedy[0], pad.top_k[0]
+            ints["top_k"][n:] = pad.top_k[0]
             ints["seeds"][n:], ints["counters"][n:] = pad.seeds[0], 0
             if values is not None:
-                ints["greedy"][:n] = values.greedy
                 ints["top_k"][:n] = values.top_k
                 ints["seeds"][:n] = values.seeds
             self._ints_rows[self.ints.turn] = rows
         ints["counters"][:n] = counters
         self.ints.send()
         if floats_stale:
-            floats = self.floats.host()
+            floats, flags = self.floats.host(), self.flags.host()
             floats["temperature"][n:], floats["top_p"][n:] = pad.temperature[0], pad.top_p[0]
+            flags["greedy"][n:] = pad.greedy[0]
             if values is not None:
                 floats["temperature"][:n] = values.temperature
                 floats["top_p"][:n] = values.top_p
+                flags["greedy"][:n] = values.greedy
             self.floats.send()
+            self.flags.send()
             self._floats_rows = rows[0]
 
     def rows_params(self, max_top_k: int, any_top_p: bool) -> RowParams:
@@ -129,7 +133,7 @@ class SamplingInputs:
         ints, floats = self.ints.view, self.floats.view
         return RowParams(
             floats("temperature"),
-            ints("greedy") != 0,
+            self.flags.view("greedy"),
             ints("top_k"),
             floats("top_p"),
             ints("seeds"),
@@ -398,8 +402,7 @@ class DecodeGraphs:
         def body() -> None:
             log_probs = self.model.log_probs(hidden_in)  # [B, V]
             tokens, _ = sample_rows(log_probs, sampling.rows_params(max_top_k, any_top_p), readback)
-            hidden = self.model.transformer.forward_step(tokens, step, tables)  # [B, D]
-            hidden_out.copy_(hidden)
+            self.model.transformer.forward_step(tokens, step, tables, out=hidden_out)  # [B, D]
 
         replay: Callable[[], None] = body
         if self.capture:

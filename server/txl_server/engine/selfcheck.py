@@ -16,8 +16,8 @@ the worker starts (and so before `/ready` answers), on dummy rows of random toke
 
 What was chosen, and why, is a `ServingPath` (reported with the pool and the window grid by
 `engine.device_report`). A device error on the way (a CUDA error that
-poisons the context: the device then runs nothing more, `device_works`) sets the worker's `device_error`, so that
-`/ready` fails; an error the device runs on after only turns off the piece that raised it.
+poisons the context: the device then runs nothing more, `engine.device_failure`) sets the worker's `device_error`,
+so that `/ready` fails; an error the device runs on after only turns off the piece that raised it.
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ from txl.sampling import SamplingParams
 from txl.window import WindowRule
 
 from .comparison import Comparison, Float32Step, compare_paths, first_line
+from .device_failure import device_works, is_device_error
 from .graphs import DecodeGraphs, GraphKey
 from .rows import ChunkRow, DecodeOut, DecodeRow
 from .runner import ModelRunner
-from .worker import Worker, is_device_error
+from .worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +79,6 @@ def graphs_setting(cuda_graphs: bool | None, device: torch.device) -> tuple[bool
 
 class DeviceFailed(Exception):
     """A check raised an error of the device, after which the device runs nothing (a sticky CUDA error)."""
-
-
-def device_works(device: torch.device) -> bool:
-    """Whether the device still runs work: after a sticky error (an illegal address) every later call fails;
-    after another (an operation a capture does not allow) it runs on, and only the piece that raised is off."""
-    try:
-        probe = torch.ones(2, device=device).sum()
-        return float(probe) == 2.0  # the host read waits for the device
-    except Exception:
-        return False
 
 
 def _raise_if_device_failed(worker: Worker, device_error: bool, what: str | None) -> None:

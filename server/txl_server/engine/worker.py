@@ -26,6 +26,8 @@ from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 
 from ..errors import Overloaded, Unavailable
+from . import device_failure
+from .device_failure import is_device_error
 from .graphs import DecodeGraphs
 from .jobs import AdvanceJob, CallJob, DoneEvent, ErrorEvent, GenerateJob, Job, Outbox
 from .launched import Launched
@@ -125,8 +127,9 @@ class Worker:
         # Called (on this thread) with the blocks an iteration lacks when a pool that may not grow is full: the
         # session service then moves idle sessions off the device. Work that still cannot run is preempted.
         self.on_pool_pressure: Callable[[int], None] | None = None
-        # Set when a step fails with an error of the device itself (a CUDA error poisons the whole context):
-        # the server then reports not ready, so that an orchestrator restarts it.
+        # Set when a step fails with an error of the device after which it no longer works (a CUDA error that
+        # poisons the whole context: `device_failure`): the server then reports not ready, so that an
+        # orchestrator restarts it.
         self.device_error: str | None = None
         # When the worker last showed progress (time.monotonic()): an iteration ended, it went idle or woke, or
         # work came while it was idle. Work waiting long past it is a stuck worker (`stalled_for`).
@@ -319,7 +322,7 @@ class Worker:
         try:
             decoded, fed = self.runner.run(decode_rows, chunk_rows)
         except Exception as exc:
-            if is_device_error(exc) or len(decode_rows) + len(chunk_rows) == 1:
+            if self._device_failed(exc) or len(decode_rows) + len(chunk_rows) == 1:
                 self._failed_step(iteration.decode, [t for t, _ in iteration.chunks], exc)
             else:
                 log.warning(
@@ -349,15 +352,15 @@ class Worker:
     ) -> None:
         """After a step of several rows failed: each row runs alone, so that only the rows that fail alone fail
         (one failing row fails alone: a value one request sent must not fail the requests batched with it). A row
-        gives the same results alone as batched (txl: batched == alone), so the others go on exactly. A device
-        error ends them all: the device can no longer be trusted."""
+        gives the same results alone as batched (txl: batched == alone), so the others go on exactly. A failed
+        device ends them all: it can no longer be trusted."""
         outputs = self.outputs
         for i, (task, row) in enumerate(zip(decoding, decode_rows, strict=True)):
             try:
                 (out,), _ = self.runner.run([row], [])
             except Exception as exc:
                 self._failed_step([task], [], exc)
-                if is_device_error(exc):
+                if self.device_error is not None:
                     self._failed_step(decoding[i + 1 :], [t for t, _ in chunks], exc)
                     return
                 continue
@@ -367,7 +370,7 @@ class Worker:
                 _, (fed,) = self.runner.run([], [chunk])
             except Exception as exc:
                 self._failed_step([], [ingest], exc)
-                if is_device_error(exc):
+                if self.device_error is not None:
                     self._failed_step([], [t for t, _ in chunks[i + 1 :]], exc)
                     return
                 continue
@@ -375,15 +378,24 @@ class Worker:
 
     def _failed_step(self, decoding: list[DecodeTask], ingesting: list[IngestTask], exc: Exception) -> None:
         log.exception("a step failed")
-        if is_device_error(exc) and self.device_error is None:
-            self.device_error = first_line(exc)
-            log.error("the device failed (%s): reporting not ready", self.device_error)
+        self._device_failed(exc)
         scheduler = self.scheduler
         self.outputs.fail(
             [t for t in decoding if t in scheduler.decoding],
             [t for t in ingesting if t in scheduler.ingesting],
             exc,
         )
+
+    def _device_failed(self, exc: Exception) -> bool:
+        """Whether the device has failed, `exc` confirmed as its end by asking the device (`device_failure`):
+        a CUDA error the device runs on after fails the step's requests and nothing more."""
+        if self.device_error is None and is_device_error(exc):
+            if device_failure.device_failed(exc, self.pool.layout.device):
+                self.device_error = first_line(exc)
+                log.error("the device failed (%s): reporting not ready", self.device_error)
+            else:
+                log.warning("a CUDA error the device runs on after (%s): serving on", first_line(exc))
+        return self.device_error is not None
 
     # ------------------------------------------------------------------ overlapped decoding
 
@@ -405,7 +417,7 @@ class Worker:
             launched = self.runner.launch(rows)
         except Exception as exc:
             self._finish_pending()
-            if is_device_error(exc) or len(rows) == 1:
+            if self._device_failed(exc) or len(rows) == 1:
                 self._failed_step(tasks, [], exc)
             else:
                 log.warning(
@@ -443,11 +455,3 @@ class Worker:
 
 def first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def is_device_error(exc: BaseException) -> bool:
-    """An error of the accelerator itself (an illegal address, a launch failure, ECC), after which its context
-    cannot be trusted: not an error of the request."""
-    return isinstance(exc, torch.AcceleratorError) or (
-        isinstance(exc, RuntimeError) and str(exc).startswith(("CUDA error", "CUDA driver error"))
-    )

@@ -28,9 +28,10 @@ from ..engine.worker import Worker
 from ..errors import Gone, InvalidRequest
 from ..settings import Persistence as PersistenceMode
 from ..settings import Settings
+from .blocks.backend import Payload
 from .blocks.store import BlocksLost, BlockStore
 from .state_cache import Entry
-from .store.blocks import BlockIndex, legacy_state, restore, snapshot
+from .store.blocks import BlockIndex, StoredVersion, legacy_state, restore, snapshot
 from .store.plumbing import now
 from .store.sessions import SessionMeta, SessionStore
 from .store.versions import BlocksMissing, LoadedVersion, VersionSummary, VersionWrite
@@ -86,9 +87,14 @@ class Persistence:
     ) -> VersionWrite:
         """The state as a version to store, its new blocks (those the store does not hold yet; all with `full`)
         read off the loop and written to the block store: a version never names a block not yet written."""
-        stored = await asyncio.to_thread(snapshot, state, self.index, full=full)
+
+        def encode() -> tuple[StoredVersion, list[tuple[str, Payload]]]:  # one hand-off to a thread for both
+            stored = snapshot(state, self.index, full=full)
+            return stored, self.blocks.encoded(stored.new_blocks)
+
+        stored, encoded = await asyncio.to_thread(encode)
         written_at = now()
-        await self.blocks.write(stored.new_blocks)
+        await self.blocks.write_encoded(encoded)
         return VersionWrite(stored, summary, self.settings.keep_versions, written_at)
 
     async def write(

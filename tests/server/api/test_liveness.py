@@ -10,6 +10,7 @@ import time
 import httpx
 import torch
 from txl_server import healthcheck
+from txl_server.engine import device_failure
 
 from tests.helpers.live_server import serve
 
@@ -41,6 +42,7 @@ def test_a_poisoned_device_fails_liveness_and_the_probe(tiny_model_dir, redis_se
                 raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
             monkeypatch.setattr(live.app.state.runtime.worker.runner, "run", poisoned)
+            monkeypatch.setattr(device_failure, "device_works", lambda device: False)  # runs nothing more
             failed = client.post(
                 f"/v1/sessions/{session}/generate", json={"max_tokens": 3}, headers={"Connection": "close"}
             )

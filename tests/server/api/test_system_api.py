@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import openai
 import torch
+from txl_server.engine import device_failure
 
 from tests.helpers.live_server import client_fixture, live_server_fixture, serve
 
@@ -89,6 +90,7 @@ def test_ready_fails_after_a_device_error_that_poisons_the_context(tiny_model_di
                 raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
             monkeypatch.setattr(live.app.state.runtime.worker.runner, "run", broken)
+            monkeypatch.setattr(device_failure, "device_works", lambda device: False)  # runs nothing more
             # (uvicorn closes a connection whose request raised: the next requests take a new one)
             failed = client.post(
                 f"/v1/sessions/{session['id']}/generate",

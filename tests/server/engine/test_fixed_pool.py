@@ -9,6 +9,7 @@ import asyncio
 import pytest
 import torch
 from txl.sampling import SamplingParams
+from txl_server.engine import device_failure
 from txl_server.engine import scheduler as scheduler_module
 from txl_server.errors import Overloaded
 from txl_server.runtime import Runtime
@@ -69,6 +70,7 @@ async def test_a_device_error_makes_the_server_not_ready(runtime, monkeypatch):
         raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(runtime.worker.runner, "run", broken)
+    monkeypatch.setattr(device_failure, "device_works", lambda device: False)  # runs nothing more
     with pytest.raises(torch.AcceleratorError):
         await generate(runtime.service, meta.id, max_tokens=3)
     assert runtime.worker.device_error.startswith("CUDA error") and not await runtime.ready()

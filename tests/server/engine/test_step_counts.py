@@ -1,7 +1,7 @@
 """What a decoding iteration through the graphs asks of a GPU, counted on the CPU (tests/server/engine/dispatch_counts.py):
 nothing inside the captured body waits for the host, the iteration waits for the device once (reading its
 tokens back), what runs outside the graph does not grow with the rows, and a wt103 step through the fused body
-(txl.paged.gpu_decode) is a fifth of the kernels of the layer-by-layer path."""
+(txl.paged.gpu_decode) is a fifth of the launches of the layer-by-layer path."""
 
 from __future__ import annotations
 
@@ -39,18 +39,25 @@ def triton_on_meta(monkeypatch):
     monkeypatch.setattr(triton_common, "available", lambda device: True)
 
 
-@pytest.mark.parametrize("batch", [1, 5])
-def test_a_wt103_step_through_the_fused_body_launches_at_most_120_kernels_or_140_with_top_p(
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_a_wt103_step_through_the_fused_body_launches_at_most_120_times_or_160_at_64_rows(
     batch, triton_on_meta
 ):
-    """The wt103 shape in bfloat16 at mem_len 1,600: 106 kernels greedy, 107 with top-k, 114 with top-p, whatever
-    the batch (the layer-by-layer path: about 600, and 1,360 with top-p's torch search). None waits for the host."""
+    """The wt103 shape in bfloat16 at mem_len 1,600: 104 launches greedy, 105 with top-k, 112 with top-p, up to 16
+    rows; at 64 rows two more a layer (the row linears' LayerNorms take a launch of their own above 16 rows).
+    Launches, not CUDA kernels: a torch operation counts one, though cuBLAS may split a product into two kernels
+    and `torch.topk` takes several (`python -m bench gpu` counts the kernels with torch.profiler). The
+    layer-by-layer path: about 600, and 1,360 with top-p's torch search. None waits for the host. Before (review
+    round 3, finding 3): 106/107/114, with a comparison staging greedy (`ne`) and the output copied into the
+    graph's buffer (`copy_`)."""
     counts = {name: wt103_iteration(batch, params, "triton")["body"] for name, params in
               (("greedy", GREEDY), ("top-k", TOP_K), ("top-p", TOP_P))}  # fmt: skip
-    assert counts["greedy"]["launch"] <= 120 and counts["top-k"]["launch"] <= 140
-    assert counts["top-p"]["launch"] <= 140
     assert all(c["sync"] == 0 and c["h2d"] == 0 for c in counts.values())
-    assert {name: c["launch"] for name, c in counts.items()} == {"greedy": 106, "top-k": 107, "top-p": 114}
+    layer_norms = 2 * 18 if batch > 16 else 0
+    expected = {"greedy": 104, "top-k": 105, "top-p": 112}
+    assert {name: c["launch"] for name, c in counts.items()} == {
+        k: v + layer_norms for k, v in expected.items()
+    }
 
 
 def test_a_layer_of_the_fused_body_is_five_launches(triton_on_meta):

@@ -90,12 +90,12 @@ async def _run(
             try:
                 await anext(events)  # the turn holds its session
                 reply.queued = False
-                async for payload in response_events(reply, events):
-                    if payload["type"] == "response.created":
-                        continue  # announced when the job was made
-                    event = numbered.number(payload)
-                    response = reply.object().model_dump() if event["type"] in STATE_EVENTS else None
-                    await jobs.store.write(reply.id, response=response, events=[event])
+                async for group in response_events(reply, events):
+                    # response.created was announced when the job was made
+                    batch = [numbered.number(p) for p in group if p["type"] != "response.created"]
+                    state = any(event["type"] in STATE_EVENTS for event in batch)
+                    response = reply.object().model_dump() if state else None
+                    await jobs.store.write(reply.id, response=response, events=batch)
                     if jobs.asked_to_stop(reply.id) and reply.outcome is None:
                         raise asyncio.CancelledError  # however the task's own cancellation fared
 

@@ -264,33 +264,40 @@ class NumberedEvents:
         return "".join(written(p) for p in self.failure(status, error)) + sse.DONE
 
 
-async def response_events(reply: Reply, events: AsyncGenerator[Any, None]) -> AsyncGenerator[Payload, None]:
-    """OpenAI's event sequence: created, in_progress, the output item and its text part added, text deltas, then
-    each done, then completed (or incomplete, at max_output_tokens). The response is saved before its last
-    event, so that a client that read it can retrieve and continue it."""
+async def response_events(
+    reply: Reply, events: AsyncGenerator[Any, None]
+) -> AsyncGenerator[list[Payload], None]:
+    """OpenAI's event sequence, in the groups that are ready together (each group is one write to the client, or
+    to a background job's record): created, in_progress, the output item and its text part added; each text
+    delta; then each done, and completed (or incomplete, at max_output_tokens). The response is saved before its
+    last events, so that a client that read them can retrieve and continue it."""
     where = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
     try:
-        yield {"type": "response.created", "response": reply.object().model_dump()}
-        yield {"type": "response.in_progress", "response": reply.object().model_dump()}
-        yield {
-            "type": "response.output_item.added",
-            "output_index": 0,
-            "item": reply.message(added=True).model_dump(),
-        }
-        yield {"type": "response.content_part.added", **where, "part": OutputText(text="").model_dump()}
+        yield [
+            {"type": "response.created", "response": reply.object().model_dump()},
+            {"type": "response.in_progress", "response": reply.object().model_dump()},
+            {
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": reply.message(added=True).model_dump(),
+            },
+            {"type": "response.content_part.added", **where, "part": OutputText(text="").model_dump()},
+        ]
         async for item in events:
             delta, logprobs = reply.take(item)
             if delta or logprobs:
                 lp = [x.model_dump() for x in logprobs]
-                yield {"type": "response.output_text.delta", **where, "delta": delta, "logprobs": lp}
+                yield [{"type": "response.output_text.delta", **where, "delta": delta, "logprobs": lp}]
         await reply.save()
         lp = [x.model_dump() for x in reply.logprobs]
-        yield {"type": "response.output_text.done", **where, "text": reply.text, "logprobs": lp}
         part = OutputText(text=reply.text, logprobs=reply.logprobs).model_dump()
-        yield {"type": "response.content_part.done", **where, "part": part}
-        yield {"type": "response.output_item.done", "output_index": 0, "item": reply.message().model_dump()}
         final = "response.completed" if reply.status == "completed" else "response.incomplete"
-        yield {"type": final, "response": reply.object().model_dump()}
+        yield [
+            {"type": "response.output_text.done", **where, "text": reply.text, "logprobs": lp},
+            {"type": "response.content_part.done", **where, "part": part},
+            {"type": "response.output_item.done", "output_index": 0, "item": reply.message().model_dump()},
+            {"type": final, "response": reply.object().model_dump()},
+        ]
     finally:
         await events.aclose()
 
@@ -298,12 +305,16 @@ async def response_events(reply: Reply, events: AsyncGenerator[Any, None]) -> As
 async def stream_events(
     reply: Reply, events: AsyncGenerator[Any, None], numbered: NumberedEvents
 ) -> AsyncGenerator[str, None]:
-    """The event sequence written out and numbered, then `[DONE]`. An error after the stream began ends it with
-    `error` and `response.failed` (`NumberedEvents.ending`, sent by the EventStream)."""
-    payloads = response_events(reply, events)
+    """The event sequence written out and numbered, a group at a time, then `[DONE]` (with the last group). An
+    error after the stream began ends it with `error` and `response.failed` (`NumberedEvents.ending`, sent by the
+    EventStream)."""
+    groups = response_events(reply, events)
     try:
-        async for payload in payloads:
-            yield numbered.event(payload)
-        yield sse.DONE
+        async for group in groups:
+            text = "".join(numbered.event(payload) for payload in group)
+            yield text + sse.DONE if group[-1]["type"] in FINAL_EVENTS else text
     finally:
-        await payloads.aclose()
+        await groups.aclose()
+
+
+FINAL_EVENTS = ("response.completed", "response.incomplete")

@@ -11,8 +11,7 @@ import anyio
 from ...errors import InvalidRequest
 from ...metrics import Metrics
 from ...sessions.events import ProgressEvent
-from ...sessions.service import AppendOutcome, GenerateOutcome, SessionService
-from ...sessions.store.sessions import SessionMeta
+from ...sessions.service import AppendOutcome, GenerateOutcome, SessionMeta, SessionService
 from ...settings import Settings
 from ..shared import sse
 from ..shared.event_stream import EventStream

@@ -3,9 +3,16 @@ each behind the local tier (local_tier.py) or not. Keys are relative paths (`blo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+# An object's bytes: whole, or in parts written one after the other (a block's header, then a view of its data).
+Payload = bytes | Sequence[bytes | memoryview]
+
+
+def joined(payload: Payload) -> bytes:
+    return payload if isinstance(payload, bytes) else b"".join(payload)
 
 
 class StoreUnreachable(OSError):
@@ -22,8 +29,11 @@ class Listed:
 class Backend(Protocol):
     where: str  # what it is, for logs and errors ("the directory /data/blocks", "s3://bucket/prefix")
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: Payload) -> None:
         """Stores `data` at `key` whole: a reader sees the old object, the new one, or none, never a part."""
+
+    async def put_many(self, items: Sequence[tuple[str, Payload]]) -> None:
+        """Stores every (key, data) as `put` does; returns once all are stored."""
 
     async def put_new(self, key: str, data: bytes) -> bool:
         """Stores `data` at `key` unless an object is there already; whether it did."""

@@ -20,8 +20,13 @@ class DamagedBlock(ValueError):
     """A stored block whose bytes are not what was written (cut short or damaged)."""
 
 
-def encode(data: bytes) -> bytes:
-    return _HEADER.pack(MAGIC, zlib.crc32(data), len(data)) + data
+def header(data: bytes | memoryview) -> bytes:
+    """The header a block's data is stored behind (its checksum computed here: call it off the event loop)."""
+    return _HEADER.pack(MAGIC, zlib.crc32(data), memoryview(data).nbytes)
+
+
+def encode(data: bytes | memoryview) -> bytes:
+    return header(data) + bytes(data)
 
 
 def decode(raw: bytes) -> bytes:

@@ -18,6 +18,25 @@ class ForeignBlockStore(RuntimeError):
     """The block store holds nothing of the session store whose sessions keep their memories in a block store."""
 
 
+async def check(blocks: BlockStore, health: RedisHealth) -> None:
+    """`reconcile`'s refusal, reading only (before the model loads): raises ForeignBlockStore if Redis's sessions
+    keep their memories in a block store of which this one holds nothing."""
+    identity = await health.stored_identity()
+    if identity is None or not await health.uses_block_store():
+        return
+    blocks.bind(identity)
+    if await blocks.marker() is None:
+        raise _foreign(blocks, identity)
+
+
+def _foreign(blocks: BlockStore, identity: str) -> ForeignBlockStore:
+    return ForeignBlockStore(
+        f"the block store {blocks.where} holds nothing of this session store (id {identity}), whose sessions keep "
+        "their memories in a block store: give every replica sharing this Redis the same TXL_BLOCK_STORE (a "
+        "shared directory or an object store URL)"
+    )
+
+
 async def reconcile(blocks: BlockStore, health: RedisHealth) -> Marker:
     """Binds the block store to Redis's store id (after `health.start()`) and checks it belongs: raises
     ForeignBlockStore (one line) if it holds nothing of a session store whose sessions keep their memories in a
@@ -27,11 +46,7 @@ async def reconcile(blocks: BlockStore, health: RedisHealth) -> Marker:
     marker = await blocks.marker()
     if marker is None:
         if await health.uses_block_store():
-            raise ForeignBlockStore(
-                f"the block store {blocks.where} holds nothing of this session store (id {health.identity}), whose "
-                "sessions keep their memories in a block store: give every replica sharing this Redis the same "
-                "TXL_BLOCK_STORE (a shared directory or an object store URL)"
-            )
+            raise _foreign(blocks, health.identity)
         await blocks.write_marker(Marker(health.identity), new=True)  # another replica's first is as good
         marker = await blocks.marker() or Marker(health.identity)
     await health.note_block_store()

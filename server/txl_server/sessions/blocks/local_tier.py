@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from .backend import Backend, Listed
+from .backend import Backend, Listed, Payload, joined
 from .directory import DirectoryBackend
 
 
@@ -30,9 +30,14 @@ class LocalTier:
         self._held = 0
         self._scan_task: asyncio.Task[None] | None = None
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: Payload) -> None:
         await self.shared.put(key, data)
-        await self._keep(key, data)
+        await self._keep(key, joined(data))
+
+    async def put_many(self, items: Sequence[tuple[str, Payload]]) -> None:
+        await self.shared.put_many(items)
+        for key, data in items:
+            await self._keep(key, joined(data))
 
     async def put_new(self, key: str, data: bytes) -> bool:
         return await self.shared.put_new(key, data)

@@ -8,14 +8,15 @@ An object store writes an object whole or not at all, and a write returns once i
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
 from obstore.store import from_url
 
-from .backend import Listed, StoreUnreachable
+from .backend import Listed, Payload, StoreUnreachable, joined
 
 OBJECT_STORE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "file", "memory", "http", "https")
 
@@ -25,11 +26,15 @@ class ObjectBackend:
         self.store = from_url(url, **options)
         self.where = url
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: Payload) -> None:
         try:
-            await obstore.put_async(self.store, key, data)
+            await obstore.put_async(self.store, key, joined(data))
         except (BaseError, OSError) as exc:
             raise self._unreachable("write to", exc) from exc
+
+    async def put_many(self, items: Sequence[tuple[str, Payload]]) -> None:
+        """All at once: an object store's puts are network round trips, which overlap."""
+        await asyncio.gather(*(self.put(key, data) for key, data in items))
 
     async def put_new(self, key: str, data: bytes) -> bool:
         try:

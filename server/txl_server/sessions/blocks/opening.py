@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from ...settings import Settings
+from ...settings import Settings, block_store_location, user_data_dir
+from ..redis_server import EmbeddedRedis
 from .backend import Backend
 from .directory import DirectoryBackend
 from .local_tier import LocalTier
@@ -35,3 +37,13 @@ def open_block_store(settings: Settings, location: str, *, cache_dir: Path | Non
     if budget > 0 and directory is not None:
         backend = LocalTier(backend, Path(directory).expanduser(), budget=budget)
     return BlockStore(backend)
+
+
+def open_blocks(settings: Settings, embedded: EmbeddedRedis | None) -> BlockStore:
+    """The block store the settings name (with --ephemeral, in the private Redis's temporary directory)."""
+    location = block_store_location(settings)
+    if not location:
+        assert embedded is not None
+        location = str(embedded.data_dir / "blocks")
+    cache = user_data_dir() / "block-cache" / re.sub(r"[^A-Za-z0-9._-]", "_", settings.served_model_id)
+    return open_block_store(settings, location, cache_dir=cache)

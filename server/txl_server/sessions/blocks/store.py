@@ -24,8 +24,9 @@ from typing import Any
 
 from ...errors import Unavailable
 from ...telemetry.spans import traced
-from .backend import Backend, StoreUnreachable
-from .codec import DamagedBlock, decode, encode
+from ..store.blocks import Buffer
+from .backend import Backend, Payload, StoreUnreachable
+from .codec import DamagedBlock, decode, header
 from .local_tier import LocalTier
 
 log = logging.getLogger(__name__)
@@ -80,15 +81,23 @@ class BlockStore:
             raise Unavailable("the block store is not ready yet (the session store has not answered)")
         return f"{self.store_id}/{key}"
 
+    async def write(self, blocks: Mapping[str, Buffer]) -> None:
+        """Stores every block (id -> data); returns when all are written."""
+        if blocks:
+            await self.write_encoded(await asyncio.to_thread(self.encoded, blocks))
+
+    def encoded(self, blocks: Mapping[str, Buffer]) -> list[tuple[str, Payload]]:
+        """The blocks as the backend stores them: each its key, its header, and its data as it is (no copy).
+        Computes their checksums: call it off the event loop (with the snapshot that made them)."""
+        return [(self._key(block_key(i)), [header(d), d]) for i, d in blocks.items()]
+
     @traced("blocks.write")
-    async def write(self, blocks: Mapping[str, bytes]) -> None:
-        """Stores every block (id -> data), all at once; returns when all are written."""
-        if not blocks:
+    async def write_encoded(self, items: list[tuple[str, Payload]]) -> None:
+        """Stores what `encoded` made; returns when all of it is written."""
+        if not items:
             return
         try:
-            await asyncio.gather(
-                *(self.backend.put(self._key(block_key(i)), encode(d)) for i, d in blocks.items())
-            )
+            await self.backend.put_many(items)
         except StoreUnreachable as exc:
             raise self._unavailable(exc) from exc
 

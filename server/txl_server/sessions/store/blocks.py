@@ -9,8 +9,10 @@ started from a preloaded memory all list the same block ids, and a commit writes
 hold yet (usually the one its new positions start in and those after it).
 
 What the store holds is tracked per pool block (`BlockIndex`): a pool block, in one incarnation (between its
-allocation and its release), with one span of valid positions, is one stored block. A block's positions outside
-the span are written as zeros: a block carries nothing of another session, nor of a sibling fork's later text.
+allocation and its release), up to one end of its valid positions, is one stored block. Its positions past that
+end are written as zeros: a block carries nothing of another session, nor of a sibling fork's later text. Its
+positions before the window's start (the first block's, once the window slides) are the session's own past, from
+the same incarnation, and stay: so a window that slides by a token does not write its first block again.
 
 Format 4 keeps the bytes in the block store; format 3 (an older server's) kept them in Redis, and still loads.
 Older stores wrote position-keyed blocks per session (format 2) or one safetensors value (format 1); both still
@@ -38,8 +40,10 @@ FORMATS = (3, 4)  # 3: an older server's, the bytes in Redis
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# A stored block, as the index knows it: (pool, block id, incarnation, first valid position, end of the valid ones).
-BlockKey = tuple[int, int, int, int, int]
+# A stored block, as the index knows it: (pool, block id, incarnation, end of its valid positions).
+BlockKey = tuple[int, int, int, int]
+# A block's bytes, as the block store takes them: bytes, or a view of a snapshot's buffer (no copy).
+Buffer = bytes | memoryview
 
 
 @dataclass
@@ -49,7 +53,7 @@ class StoredVersion:
 
     header: dict[str, Any]
     hidden: bytes | None
-    new_blocks: dict[str, bytes]
+    new_blocks: dict[str, Buffer]
     # What the index learns once the store has them: each new block's key and id.
     learned: list[tuple[BlockKey, str]] = field(default_factory=list)
 
@@ -61,7 +65,9 @@ class StoredVersion:
     def nbytes(self) -> int:
         """Bytes this write sends: new blocks, the hidden state and the header."""
         return (
-            sum(len(b) for b in self.new_blocks.values()) + len(self.hidden or b"") + len(self.header_json())
+            sum(memoryview(b).nbytes for b in self.new_blocks.values())
+            + len(self.hidden or b"")
+            + len(self.header_json())
         )
 
     def header_json(self) -> str:
@@ -103,12 +109,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _spans(row: PagedRow, block_size: int) -> list[tuple[int, int]]:
-    """The valid positions [lo, hi) of each block of `row`'s table."""
+def _ends(row: PagedRow, block_size: int) -> list[int]:
+    """The end of the valid positions of each block of `row`'s table (all but the last's are full)."""
     n = row.ids.size
-    return [
-        (row.start if i == 0 else 0, row.end - i * block_size if i == n - 1 else block_size) for i in range(n)
-    ]
+    return [row.end - i * block_size if i == n - 1 else block_size for i in range(n)]
 
 
 def block_keys(state: ModelState) -> list[BlockKey]:
@@ -117,8 +121,8 @@ def block_keys(state: ModelState) -> list[BlockKey]:
     pool = state.memory.pool
     incarnations = pool.incarnations(row.ids) if row.ids.size else np.zeros(0, dtype=np.int64)
     return [
-        (id(pool), int(block), int(inc), lo, hi)
-        for block, inc, (lo, hi) in zip(row.ids, incarnations, _spans(row, pool.block_size), strict=True)
+        (id(pool), int(block), int(inc), end)
+        for block, inc, end in zip(row.ids, incarnations, _ends(row, pool.block_size), strict=True)
     ]
 
 
@@ -144,18 +148,25 @@ def snapshot(state: ModelState, index: BlockIndex, *, full: bool = False) -> Sto
             wanted.append(i)
             learned.append((key, known))
         ids.append(known)
-    new_blocks: dict[str, bytes] = {}
+    new_blocks: dict[str, Buffer] = {}
     if wanted:
         device_ids = torch.from_numpy(row.ids[wanted]).to(pool.keys.device)
-        # [L, H, n, bs, Dh] twice -> [n, L, 2, H, bs, Dh]: one block's bytes contiguous
-        data = torch.stack([pool.keys[:, :, device_ids], pool.values[:, :, device_ids]], dim=2)
-        data = data.permute(3, 0, 2, 1, 4, 5).contiguous().cpu()
+        n_layer, n_head, _, block_size, d_head = pool.keys.shape
+        # [n, L, 2, H, bs, Dh]: one block's bytes contiguous, gathered in one copy per tensor
+        data = torch.empty(
+            (len(wanted), n_layer, 2, n_head, block_size, d_head),
+            dtype=pool.keys.dtype,
+            device=pool.keys.device,
+        )
+        for k, tensor in enumerate((pool.keys, pool.values)):
+            # [L, H, n, bs, Dh] -> [n, L, H, bs, Dh]
+            data[:, :, k].copy_(tensor.index_select(2, device_ids).permute(2, 0, 1, 3, 4))
+        data = data.cpu()
         for j, i in enumerate(wanted):
-            _, _, _, lo, hi = keys[i]
-            block = data[j]
-            block[..., :lo, :] = 0
-            block[..., hi:, :] = 0
-            new_blocks[ids[i]] = block.view(torch.uint8).numpy().tobytes()
+            end = keys[i][3]
+            data[j, ..., end:, :] = 0
+            # [L, 2, H, bs, Dh] as bytes: a view of the snapshot's buffer, which it keeps alive
+            new_blocks[ids[i]] = data[j].view(torch.uint8).reshape(-1).numpy().data
     layout = memory.layout
     header = {
         "format": FORMAT,

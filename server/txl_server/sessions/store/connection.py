@@ -16,10 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from pydantic import SecretStr
 from redis import asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+
+from ...settings import Settings
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SENTINEL_PORT = 26379
@@ -101,4 +104,18 @@ def connect(
         password=password,
         db=parsed.db,
         ssl=parsed.tls,
+    )
+
+
+def connect_redis(settings: Settings, url: str) -> aioredis.Redis:
+    """The client for the Redis at `url`, with the settings' timeout and passwords."""
+
+    def secret(value: SecretStr | None) -> str | None:
+        return value.get_secret_value() if value is not None else None
+
+    return connect(
+        url,
+        timeout=settings.redis_timeout_seconds,
+        password=secret(settings.redis_password),
+        sentinel_password=secret(settings.redis_sentinel_password),
     )

@@ -178,6 +178,11 @@ class RedisHealth(RedisStore):
         await self.call(lambda: self.redis.hset(key, items=fields), writes=True)
         self.identity = identity
 
+    async def stored_identity(self) -> str | None:
+        """The store's id as Redis holds it (None: none yet), read only."""
+        raw = await self.call(lambda: self.redis.hget(self.keys.store, "id"))
+        return text(raw) if raw is not None else None
+
     async def uses_block_store(self) -> bool:
         """Whether the sessions in this Redis keep their memories in a block store (`note_block_store`)."""
         return bool(await self.call(lambda: self.redis.hexists(self.keys.store, "blocks")))
