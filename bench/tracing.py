@@ -28,7 +28,7 @@ from txl_server.check.benchmark_docs import Section
 from .common import ROOT, export_revision
 from .http import Server
 
-BEFORE = "f854d39"  # main before tracing was merged (issue 48)
+BEFORE = "09e84fe"  # main before tracing was merged (issue 48)
 PHASES = 3  # the servers started anew, in another order
 HTTP_REQUESTS = 1800  # per server, over the phases
 STEPS = 120
