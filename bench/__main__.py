@@ -29,6 +29,7 @@ SUITES = {
     "handoff": "bench.handoff",
     "memories": "bench.memories",
     "http": "bench.http",
+    "tracing": "bench.tracing",
     "responses": "bench.responses",
     "memory": "bench.memory",
     "quality": "bench.quality",

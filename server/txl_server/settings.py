@@ -11,6 +11,7 @@ import re
 import string
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -168,6 +169,12 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None  # one "sha256:<hex>" (or plain key) per line
     log_prompts: bool = False
     log_level: str = "info"
+    # "text" for a terminal; "json" for a log collector: one object per line (time, level, message, request id,
+    # trace and span ids, session, tenant), uvicorn's access lines too (docs/deploy.md, "Logs").
+    log_format: Literal["text", "json"] = "text"
+    # Traces (sent when OTEL_EXPORTER_OTLP_ENDPOINT is set) carry no prompt or generated text unless this is on:
+    # then a step's span holds what it read and wrote (gen_ai.input.messages, gen_ai.output.messages).
+    trace_text: bool = False
 
     @field_validator("block_size")
     @classmethod

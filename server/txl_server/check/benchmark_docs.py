@@ -116,6 +116,7 @@ ORDER = [
     "engine",
     "batching",
     "http",
+    "tracing",
     "memory",
     "persistence",
     "chained",

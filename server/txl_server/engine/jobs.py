@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from txl.sampling import SamplingParams
 
+from ..telemetry.spans import job_spans
+from .job_timing import JobTiming
 from .rows import TopLogprobs
 from .state import ModelState
 
@@ -137,6 +139,7 @@ class Job:
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = False
+        self.timing = JobTiming()  # for the request's trace
         self.stop_reason: Exception | None = None  # why it was cancelled, if not for its client leaving
 
     def cancel(self, reason: Exception | None = None) -> None:
@@ -248,6 +251,7 @@ async def run_job(worker: Submitter, job: Job) -> AsyncGenerator[Any, None]:
     finally:
         if not finished:
             job.cancel()
+        job_spans(job, finished=finished)
 
 
 async def job_result(worker: Submitter, job: Job, on_event: Callable[[Event], None] | None = None) -> Any:

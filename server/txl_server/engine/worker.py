@@ -261,6 +261,7 @@ class Worker:
     # ------------------------------------------------------------------ admission
 
     def _admit(self, job: Job) -> None:
+        job.timing.admit()
         if isinstance(job, CallJob):
             self._call(job)
             return

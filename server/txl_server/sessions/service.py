@@ -32,6 +32,7 @@ from ..errors import Conflict, InvalidRequest
 from ..limits import check_max_tokens
 from ..memory_budgets import MemoryBudgets
 from ..settings import Settings
+from ..telemetry.spans import step_text
 from .admission import Admission
 from .blocks.store import BlockStore
 from .history import SessionHistory
@@ -403,6 +404,7 @@ class SessionService:
                 receipt=of_outcome(receipt, lambda new: AppendOutcome(new, len(tokens), logprob)),
             )
         self.observer.on_tokens("ingested", len(tokens))
+        step_text(text)
         return AppendOutcome(committed, len(tokens), result.logprob)
 
     async def generate(
@@ -475,6 +477,7 @@ class SessionService:
             )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
+        step_text(text, result.text)
         yield GenerateOutcome(committed, result)
 
     # ------------------------------------------------------------------ this process's states

@@ -16,6 +16,7 @@ from ...sessions.events import TokenEvent
 from ...sessions.responses import ResponseTurns, Turn, TurnStarted
 from ...sessions.store.responses import ResponseRecord
 from ...settings import Settings
+from ...telemetry.spans import turn_started
 from ..shared.chat_template import ChatTemplate
 from ..shared.event_stream import EventStream
 from ..shared.limits import check_metadata, check_stop, check_text, check_unicode, max_tokens_of
@@ -100,6 +101,7 @@ async def create_response(
             await events.aclose()
             raise
         assert isinstance(started, TurnStarted)
+        turn_started(started.response_id, body.conversation_id or started.session_id)
         reply = Reply(
             body, turn, started, messages, model_id, turns, tenant, conversation=body.conversation_id
         )

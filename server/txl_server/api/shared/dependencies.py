@@ -11,6 +11,7 @@ from ...metrics import Metrics
 from ...sessions.service import SessionService
 from ...sessions.stateless import StatelessService
 from ...settings import Settings
+from ...telemetry.context import bind_tenant
 
 
 def get_service(request: Request) -> SessionService:
@@ -51,6 +52,7 @@ API_KEY = HTTPBearer(
 
 def get_tenant(request: Request, _: Annotated[object, Depends(API_KEY)] = None) -> str:
     tenant: str = request.app.state.api_keys.tenant(request.headers.get("authorization"))
+    bind_tenant(tenant)  # the request's log lines and span name it
     return tenant
 
 
