@@ -123,7 +123,7 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
     import uvicorn
 
     from .api.app import create_app
-    from .serving import TxlServer
+    from .serving import TxlServer, head_deadline
 
     config = uvicorn.Config(
         create_app(settings, loaded=loaded),
@@ -133,6 +133,7 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
         # The app drains itself first (TXL_SHUTDOWN_GRACE_SECONDS); what uvicorn still waits for after that is
         # a response being written.
         timeout_graceful_shutdown=5,
+        http=head_deadline(settings.header_timeout_seconds),
     )
     server = TxlServer(
         config, ready_message=ready_message(settings.host, settings.port), exit_process=exit_now

@@ -24,8 +24,10 @@ from txl.kernels import linear
 from txl.kernels.allocator import keep_freed_memory
 from txl.tokenizers import Tokenizer, load_tokenizer
 
+from .admission.targets import latency_targets
 from .engine.device_report import DeviceReport, describe
 from .engine.selfcheck import ServingPath, graphs_setting, prepare
+from .engine.step_times import measure_steps
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
 from .memory_budgets import MemoryBudgets, describe_budgets, memory_budgets
@@ -159,6 +161,20 @@ def prepare_worker(settings: Settings, worker: Worker) -> ServingPath:
     )
 
 
+def pace_worker(settings: Settings, worker: Worker) -> None:
+    """Admission and pacing to the latency targets: those set, or measured for the device now (before the
+    worker starts)."""
+    measured = measure_steps(worker)
+    targets = latency_targets(
+        ttft=settings.ttft_target_seconds,
+        tbt=settings.tbt_target_seconds,
+        one_row_step=measured.one_row,
+        one_segment=measured.segment,
+    )
+    worker.pace(targets, measured)
+    log.info("latency targets: %s", targets.describe())
+
+
 class Runtime:
     def __init__(
         self,
@@ -196,6 +212,7 @@ class Runtime:
         log.info("session memory budgets: %s", describe_budgets(budgets))
         self.worker = make_worker(settings, loaded, self.worker_observer, budgets)
         self.serving = await asyncio.to_thread(prepare_worker, settings, self.worker)
+        await asyncio.to_thread(pace_worker, settings, self.worker)
         self.worker.start()
         url = settings.redis_url
         if url is None:

@@ -124,6 +124,23 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(256, ge=1)  # beyond it: 429 overloaded
     max_queued_jobs: int = Field(512, ge=1)
 
+    # ---- admission and fair share (docs/server.md, "Overload")
+    # Requests are admitted when their first token can come within this many seconds, else refused at once (429,
+    # Retry-After from the queue's drain). None: measured for the device at start-up (at least 1 s).
+    ttft_target_seconds: float | None = Field(None, gt=0, le=600)
+    # The decoding batch grows only while the gap between a stream's tokens stays within this. None: measured
+    # for the device at start-up (at least 50 ms).
+    tbt_target_seconds: float | None = Field(None, gt=0, le=60)
+    # Requests of one API key in flight at once (its ceiling); None: no ceiling of its own, but the last eighth
+    # of TXL_MAX_CONCURRENT_REQUESTS is kept for keys below their fair share (with API keys configured).
+    max_concurrent_requests_per_tenant: int | None = Field(None, ge=1)
+    # A connection's request head (line and headers) must arrive within this many seconds of the connection (or
+    # of its previous answer): idle and slow-header connections are closed.
+    header_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    # A request's body must arrive whole within this many seconds of its head: a body sent too slowly, or
+    # that never ends, is answered 408 and its connection closed. It takes no concurrency slot meanwhile.
+    body_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+
     # ---- OpenAI compatibility
     # /v1/chat/completions: "transcript" ("{Role}: {content}\n" per message), or a per-message format with the
     # fields {role} (as sent), {Role} (capitalised) and {content}; "\n" and "\t" may be written escaped.

@@ -25,6 +25,7 @@ from txl import TransfoXLLMHeadModel
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
+from ..admission.classes import RequestClass
 from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateJob, GenerateResult, ProgressEvent, TokenEvent
 from ..engine.state import ModelState
 from ..engine.worker import Worker
@@ -183,21 +184,29 @@ class SessionService:
         metadata: dict[str, Any] | None = None,
         progress: Progress | None = None,
         memory: str | None = None,
+        klass: RequestClass | None = None,
     ) -> SessionMeta:
         """A new session that read `text`; `progress(tokens_done, tokens_total)` is called as the text is fed
         (first with 0, once the session is admitted). With `memory`, the preloaded memory's document first (its
-        state shared: the cost does not depend on the document's length)."""
+        state shared: the cost does not depend on the document's length). `klass`: the request's class, by which
+        the worker admits and schedules its work (admission.classes; here and in every step below)."""
         if memory is not None:
-            return await self._create_from(owner, memory, text, mem_len, ttl_seconds, metadata, progress)
+            return await self._create_from(
+                owner, memory, text, mem_len, ttl_seconds, metadata, progress, klass
+            )
         meta, _ = await self._create_reading(
-            owner, text, self.tokenizer.encode(text), mem_len, ttl_seconds, metadata, progress
+            owner, text, self.tokenizer.encode(text), mem_len, ttl_seconds, metadata, progress, klass=klass
         )
         return meta
 
-    async def create_reading(self, owner: str, text: str, tokens: list[int]) -> tuple[SessionMeta, int]:
+    async def create_reading(
+        self, owner: str, text: str, tokens: list[int], klass: RequestClass | None = None
+    ) -> tuple[SessionMeta, int]:
         """A new private session (`_register`) that read `text` (already encoded as `tokens`), for a step that
         follows at once, and how many of its tokens came from the prefix cache."""
-        return await self._create_reading(owner, text, tokens, None, None, None, None, private=True)
+        return await self._create_reading(
+            owner, text, tokens, None, None, None, None, private=True, klass=klass
+        )
 
     async def _create_reading(
         self,
@@ -210,6 +219,7 @@ class SessionService:
         progress: Progress | None,
         *,
         private: bool = False,
+        klass: RequestClass | None = None,
     ) -> tuple[SessionMeta, int]:
         mem_len = self.default_mem_len if mem_len is None else mem_len
         if not 0 <= mem_len <= self.max_mem_len:
@@ -218,7 +228,7 @@ class SessionService:
         await self.admission.session(owner, mem_len)
         if progress is not None:
             progress(0, len(tokens))
-        read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress)
+        read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, klass=klass)
         meta = await self._register(
             owner,
             read.state,
@@ -242,6 +252,7 @@ class SessionService:
         ttl_seconds: int | None,
         metadata: dict[str, Any] | None,
         progress: Progress | None,
+        klass: RequestClass | None,
     ) -> SessionMeta:
         """A new session holding the memory's state (its blocks shared), then `text`: it continues exactly like
         a session that read the memory's document and then `text` (`progress` as `text` is fed)."""
@@ -254,7 +265,7 @@ class SessionService:
             await self.admission.session(owner, memory.mem_len)
             tokens = self.tokenizer.encode(text)
             if tokens:
-                job = AdvanceJob(state, tokens, report_progress=progress is not None)
+                job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=klass)
                 result = await self.steps.run(job, progress=progress)
                 assert isinstance(result, AdvanceResult)
                 state = result.state
@@ -359,13 +370,19 @@ class SessionService:
     # ------------------------------------------------------------------ steps
 
     async def append(
-        self, owner: str, session_id: str, text: str, *, progress: Progress | None = None
+        self,
+        owner: str,
+        session_id: str,
+        text: str,
+        *,
+        progress: Progress | None = None,
+        klass: RequestClass | None = None,
     ) -> AppendOutcome:
         """Feeds `text`; `progress(tokens_done, tokens_total)` is called as it is fed (first with 0, once the step
         holds the session)."""
         tokens = self.tokenizer.encode(text)
         async with self.steps.hold(owner, session_id) as (meta, state, lease):
-            job = AdvanceJob(state, tokens, report_progress=progress is not None)
+            job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=klass)
             result = await self.steps.run(job, lease, progress=progress)
             assert isinstance(result, AdvanceResult)
             committed = await self.steps.commit(
@@ -387,6 +404,7 @@ class SessionService:
         top_logprobs: int = 0,
         report_progress: bool = False,
         expected_version: int | None = None,
+        klass: RequestClass | None = None,
     ) -> AsyncGenerator[TokenEvent | ProgressEvent | GenerateOutcome, None]:
         """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
         then the GenerateOutcome (after the commit). With `report_progress`, a text longer than one segment
@@ -412,7 +430,7 @@ class SessionService:
             if report_progress and len(prompt) > self.segment_len:
                 # Fed as a job of its own, which the worker reports segment by segment; decoding then starts
                 # from the state the generation's own prompt ingestion would have reached.
-                fed = AdvanceJob(state, prompt, report_progress=True)
+                fed = AdvanceJob(state, prompt, report_progress=True, klass=klass)
                 async with contextlib.aclosing(self.steps.events(fed, lease)) as events:
                     async for event in events:
                         if isinstance(event, ProgressEvent):
@@ -420,7 +438,7 @@ class SessionService:
                         elif isinstance(event, AdvanceResult):
                             start, to_feed = event.state, []
             job = GenerateJob(
-                start, to_feed, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs
+                start, to_feed, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs, klass=klass
             )
             result: GenerateResult | None = None
             async with contextlib.aclosing(self.steps.events(job, lease)) as events:

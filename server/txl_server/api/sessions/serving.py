@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 
+from ...admission.classes import request_class
 from ...errors import InvalidRequest
 from ...metrics import Metrics
 from ...sessions.events import ProgressEvent
@@ -56,6 +57,7 @@ async def create(
             metadata=wanted.metadata,
             progress=progress,
             memory=wanted.memory,
+            klass=request_class(tenant, wanted.service_tier),
         )
         return SessionObject.model_validate(meta).model_dump()
 
@@ -126,13 +128,15 @@ async def append(
     body: AppendRequest,
 ) -> Any:
     check_text(settings, body.text, "text")
+    klass = request_class(tenant, body.service_tier)
 
     async def step(progress: Progress | None) -> dict[str, Any]:
-        outcome = await service.append(tenant, session_id, body.text, progress=progress)
+        outcome = await service.append(tenant, session_id, body.text, progress=progress, klass=klass)
         return AppendResponse(
             session=SessionObject.model_validate(outcome.session),
             tokens=outcome.tokens,
             logprob=outcome.logprob,
+            service_tier=klass.tier.value,
         ).model_dump()
 
     return await long_work(step, stream=body.stream, idempotent=idempotent)
@@ -156,6 +160,7 @@ async def generate(
     stops = check_stop(settings, body.stop)
     if (stored := await idempotent.replay()) is not None:
         return EventStream(_replay(stored)) if body.stream else _without_tokens(stored)
+    klass = request_class(tenant, body.service_tier)
     source = service.generate(
         tenant,
         session_id,
@@ -164,12 +169,13 @@ async def generate(
         sampling=body.sampling(),
         stop=stops,
         report_progress=body.stream,
+        klass=klass,
     )
     try:
         # Errors before the first event (404, 409, 410, ...) are plain HTTP errors, not a 200 stream.
         first = await anext(source)
         if body.stream:
-            return EventStream(_stream(first, source, idempotent, timing))
+            return EventStream(_stream(first, source, idempotent, timing, klass.tier.value))
         tokens: list[dict[str, Any]] = []
         item: Any = first
         while not isinstance(item, GenerateOutcome):
@@ -179,7 +185,7 @@ async def generate(
     except BaseException:
         await idempotent.failed()
         raise
-    response = _response(item)
+    response = _response(item, klass.tier.value)
     await idempotent.succeeded({**response, "tokens": tokens})
     return response
 
@@ -188,13 +194,14 @@ def _token(event: Any) -> dict[str, Any]:
     return {"id": event.id, "text": event.text, "logprob": event.logprob}
 
 
-def _response(outcome: GenerateOutcome) -> dict[str, Any]:
+def _response(outcome: GenerateOutcome, service_tier: str) -> dict[str, Any]:
     result = outcome.result
     return GenerateResponse(
         text=result.text,
         finish_reason=result.finish_reason,
         session=SessionObject.model_validate(outcome.session),
         usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens),
+        service_tier=service_tier,
     ).model_dump()
 
 
@@ -203,7 +210,7 @@ def _without_tokens(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _stream(
-    first: Any, source: AsyncIterator[Any], call: IdempotentCall, timing: TokenTiming
+    first: Any, source: AsyncIterator[Any], call: IdempotentCall, timing: TokenTiming, service_tier: str
 ) -> AsyncIterator[str]:
     tokens: list[dict[str, Any]] = []
     finished = False
@@ -217,13 +224,16 @@ async def _stream(
                 item = await anext(source)
                 continue
             if isinstance(item, GenerateOutcome):
-                response = _response(item)
+                response = _response(item, service_tier)
                 finished = True
                 await call.succeeded({**response, "tokens": tokens})
                 yield sse.event(
                     {
                         "type": "done",
-                        **{k: response[k] for k in ("finish_reason", "text", "session", "usage")},
+                        **{
+                            k: response[k]
+                            for k in ("finish_reason", "text", "session", "usage", "service_tier")
+                        },
                     }
                 )
                 yield sse.DONE
