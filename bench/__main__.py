@@ -34,6 +34,7 @@ SUITES = {
     "host": "bench.host",
     "prefix": "bench.prefix",
     "turns": "bench.turns",
+    "load": "bench.load",
     "gpu": "bench.gpu",
     "gpu_kernels": "bench.gpu_kernels",
 }

@@ -107,7 +107,8 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     serve_document(app, settings)
     _install_error_handlers(app)
     # Innermost first; metrics see every response, including the limits' 413 and 429.
-    app.add_middleware(RequestSlots, slots=request_slots(settings), keys=app.state.api_keys, metrics=metrics)
+    app.state.slots = request_slots(settings)  # the API's concurrency slots, per tenant
+    app.add_middleware(RequestSlots, slots=app.state.slots, keys=app.state.api_keys, metrics=metrics)
     app.add_middleware(UnexpectedErrors)
     app.add_middleware(BodyReader, timeout=settings.body_timeout_seconds)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
