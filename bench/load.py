@@ -84,7 +84,7 @@ class Server:
 
 
 def _closed(port: int, clients: int, seconds: float, seed: int, **kwargs: object) -> Tally:
-    tally = Tally(seconds=seconds)
+    tally = Tally()
 
     async def run() -> None:
         deadline = time.monotonic() + seconds
@@ -93,13 +93,17 @@ def _closed(port: int, clients: int, seconds: float, seed: int, **kwargs: object
             *(closed_loop(port, tally, deadline, rng, key="key-a", **kwargs) for rng in rngs)
         )
 
+    started = time.monotonic()
     asyncio.run(run())
+    tally.seconds = time.monotonic() - started  # the window, and the requests still open at its end
     return tally
 
 
 def _open(port: int, rate: float, seconds: float, seed: int) -> Tally:
-    tally = Tally(seconds=seconds)
-    asyncio.run(open_loop(port, tally, rate, seconds, random.Random(seed)))
+    tally = Tally()
+    started = time.monotonic()
+    asyncio.run(open_loop(port, tally, rate, seconds, random.Random(seed), key="key-a"))
+    tally.seconds = time.monotonic() - started
     return tally
 
 
@@ -148,7 +152,9 @@ def _row(label: str, tally: Tally) -> list[object]:
         round(tally.ttft(50), 3),
         round(tally.ttft(90), 3),
         round(tally.ttft(99), 3),
+        round(tally.tbt(90) * 1000, 1),
         len(tally.refused),
+        f"{tally.refused_in_time:.0%}" if tally.refused else "–",
         round(tally.slowest_refusal, 3),
         tally.without_retry_after,
         f"{tally.next_try_served:.0%}" if tally.retried else "–",
@@ -163,7 +169,9 @@ HEADER = [
     "TTFT p50 s",
     "TTFT p90 s",
     "TTFT p99 s",
+    "TBT p90 ms",
     "refused",
+    "refusals within 0.25 s",
     "slowest refusal s",
     "refusals without Retry-After",
     "served on the next try",
@@ -205,13 +213,13 @@ def _tables(section: Section, results: dict[str, dict], capacity: float) -> None
     rows = [_row(f"{name}, {n} clients", r["closed"][n]) for n in CLIENTS for name, r in results.items()]
     section.table("Closed loop: clients that retry after their Retry-After", HEADER, rows)
     rows = [
-        [f"{name}, {x}x ({x * capacity:.2f} req/s)", *_row("", r["open"][x])[1:7], r["open"][x].errors]
+        [f"{name}, {x}x ({x * capacity:.2f} req/s)", *_row("", r["open"][x])[1:8], r["open"][x].errors]
         for x in LOADS
         for name, r in results.items()
     ]
     section.table(
         f"Open loop: offered load against capacity ({capacity:.2f} good requests/s, the best closed loop now)",
-        ["server, offered", *HEADER[1:7], "5xx or broken"],
+        ["server, offered", *HEADER[1:8], "5xx or broken"],
         rows,
     )
     rows = []

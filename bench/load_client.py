@@ -34,6 +34,7 @@ class Seen:
     )  # arrival of each token's chunk, from the request's start
     retry_after: float | None = None  # seconds, on a 429
     done: bool = False  # a 200 stream that ended with [DONE]
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def good(self) -> bool:
@@ -123,6 +124,11 @@ class Tally:
     def ttft(self, q: float) -> float:
         return percentile([s.stamps[0] for s in self.served if s.stamps], q)
 
+    def tbt(self, q: float) -> float:
+        """Percentile of the served requests' mean time between tokens."""
+        means = [(s.stamps[-1] - s.stamps[0]) / (len(s.stamps) - 1) for s in self.served if len(s.stamps) > 1]
+        return percentile(means, q)
+
     @property
     def errors(self) -> int:
         """5xx answers, and streams that broke (a 200 that did not end with [DONE])."""
@@ -131,6 +137,12 @@ class Tally:
     @property
     def slowest_refusal(self) -> float:
         return max((s.seconds for s in self.refused), default=0.0)
+
+    @property
+    def refused_in_time(self) -> float:
+        """The share of refusals that came within 0.25 s."""
+        refused = self.refused
+        return sum(s.seconds <= 0.25 for s in refused) / len(refused) if refused else float("nan")
 
     @property
     def without_retry_after(self) -> int:
@@ -163,17 +175,20 @@ async def closed_loop(
             tally.add(Seen(599, 0.0))
             await asyncio.sleep(0.1)
             continue
-        if time.monotonic() >= deadline:
-            break  # a request that ended past the window is not the window's
-        tally.add(seen)
+        tally.add(seen)  # one that ends past the window too: what it saw is the window's (its wait included)
         if waited:
             tally.retried.append(seen.status == 200)
         waited = seen.status == 429
         if waited:
-            await asyncio.sleep(seen.retry_after if seen.retry_after is not None else 1.0)
+            wait = seen.retry_after if seen.retry_after is not None else 1.0
+            if time.monotonic() + wait >= deadline:
+                break  # its next try would come after the window
+            await asyncio.sleep(wait)
 
 
-async def open_loop(port: int, tally: Tally, rate: float, seconds: float, rng: random.Random) -> None:
+async def open_loop(
+    port: int, tally: Tally, rate: float, seconds: float, rng: random.Random, *, key: str | None = None
+) -> None:
     """Requests arriving at `rate` per second (Poisson) for `seconds`; a refused one is not sent again."""
     tasks = []
     deadline = time.monotonic() + seconds
@@ -181,7 +196,7 @@ async def open_loop(port: int, tally: Tally, rate: float, seconds: float, rng: r
     async def one() -> None:
         body = {"prompt": prompt(rng), "max_tokens": 64, "stream": True, "temperature": 1.0}
         try:
-            tally.add(await complete(port, body))
+            tally.add(await complete(port, body, key=key))
         except (OSError, TimeoutError):
             tally.add(Seen(599, 0.0))
 

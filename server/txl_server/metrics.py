@@ -106,6 +106,11 @@ class Metrics(WorkerObserver, SessionObserver):
         self.row_cap = Gauge(
             "txl_batch_row_cap", "Decoding rows the batch may hold now (paced to the tbt target)", registry=r
         )
+        self.estimate_factor = Gauge(
+            "txl_admission_estimate_factor",
+            "First tokens' time as they came over admission's estimate, lately (it scales the estimate)",
+            registry=r,
+        )
         self.prefix_lookups = Counter(
             "txl_prefix_cache_lookups",
             "Prompts read through the prefix cache, by outcome",
@@ -168,10 +173,11 @@ class Metrics(WorkerObserver, SessionObserver):
     def on_queue_time(self, klass: str, seconds: float) -> None:
         self.queue_seconds.labels(klass).observe(seconds)
 
-    def on_pacing(self, targets: LatencyTargets, row_cap: int) -> None:
+    def on_pacing(self, targets: LatencyTargets, row_cap: int, factor: float) -> None:
         self.targets.labels("ttft").set(targets.ttft)
         self.targets.labels("tbt").set(targets.tbt)
         self.row_cap.set(row_cap)
+        self.estimate_factor.set(factor)
 
     # ---- SessionObserver
     def on_tier_move(self, source: str, target: str) -> None:

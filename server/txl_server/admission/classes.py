@@ -13,7 +13,8 @@ served as interactive work and never refused for its latency.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
 
@@ -61,6 +62,11 @@ class RequestClass:
     decode_rows: int = 0
     decode_tokens: int = 0
     admitted: bool = False
+    # For the estimate's own check (policy.AdmissionPolicy.learn): when the request began (time.monotonic()), when
+    # admission expected its first token, and when it came.
+    created_at: float = field(default_factory=time.monotonic)
+    expected_at: float | None = None
+    first_token_at: float | None = None
 
     @property
     def lane(self) -> Lane:

@@ -5,8 +5,9 @@ and may hold, and the measured step times. Nothing here runs the model: the work
 A first token comes once two things happened, at the same time:
 
 - **its prompt is fed**: the prompt tokens ahead of it are those of lanes served before its own, those of its own
-  tenant's higher rank, and, of work that shares the prompt budget with it (the same rank of its tenant, round
-  robin; other tenants of its lane, by fair share), as much as its own prompt; all at the measured seconds per
+  tenant's higher rank, those of tenants of its lane served less than its own (their virtual token counters are
+  smaller: they go first), and, of work that shares the prompt budget with it (the same rank of its tenant,
+  round robin; tenants of its lane served as much), as much as its own prompt; all at the measured seconds per
   prompt token beside the batch (`Backlog.token_seconds`);
 - **it has a row in the batch**: at once if its tenant's fair share of the lane's rows (`fair_share`) is not
   used up by work ahead of it (it then takes the row of a lower lane or of a tenant over its share); else once
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from .classes import Lane
 from .fair_share import even, max_min_shares
@@ -48,6 +49,9 @@ class Backlog:
     token_seconds: float  # seconds per prompt token fed beside the decoding rows
     lag: float = 0.0  # seconds the event loop takes to deliver what a step produced
     interval: float = 0.1  # seconds between two jobs ending, lately: how fast the queue drains
+    counters: Mapping[str, float] = field(
+        default_factory=dict
+    )  # tenants' virtual token counters (fair_share)
 
 
 @dataclass(frozen=True)
@@ -67,23 +71,30 @@ def first_token(backlog: Backlog, new: Work, *, weight: Callable[[str], float] =
     """The wait of `new` (its `feed`: the input tokens fed before its first token; `rows`, `decode`: what it then
     decodes) behind `backlog`."""
     own = new.feed * backlog.token_seconds
-    prefill = (_prompt_tokens_ahead(backlog.work, new) + new.feed) * backlog.token_seconds
+    prefill = (_prompt_tokens_ahead(backlog, new) + new.feed) * backlog.token_seconds
     row = _row_wait(backlog, new, weight) if new.rows else 0.0
     step = backlog.step if new.rows else 0.0
     return Wait(max(prefill, row) + step + backlog.lag, own + step)
 
 
-def _prompt_tokens_ahead(work: tuple[Work, ...], new: Work) -> int:
+def _prompt_tokens_ahead(backlog: Backlog, new: Work) -> int:
+    counters = backlog.counters
+    waiting = [counters.get(w.tenant, 0.0) for w in backlog.work if w.feed and w.lane == new.lane]
+    # A tenant with no work waiting starts at the smallest counter of those waiting (fair_share.join).
+    mine = max(counters.get(new.tenant, 0.0), min(waiting, default=0.0))
     ahead = 0
     sharing: dict[str, int] = defaultdict(int)  # per tenant: prompt tokens that share the budget with `new`'s
-    for w in work:
+    for w in backlog.work:
         if not w.feed or w.lane > new.lane:
             continue
         if w.lane < new.lane or (w.tenant == new.tenant and w.rank < new.rank):
             ahead += w.feed
-        elif w.tenant == new.tenant and w.rank > new.rank:
-            continue
-        else:
+        elif w.tenant == new.tenant:
+            if w.rank == new.rank:
+                sharing[w.tenant] += w.feed
+        elif counters.get(w.tenant, 0.0) < mine:
+            ahead += w.feed
+        elif counters.get(w.tenant, 0.0) == mine:
             sharing[w.tenant] += w.feed
     return ahead + sum(min(tokens, new.feed) for tokens in sharing.values())
 

@@ -2,8 +2,11 @@
 how many prompt tokens ride beside them, and how much time flex and batch prompts may take from running streams.
 
 - **Rows** (`rows_cap`): the batch grows while one more row keeps an iteration (with the event loop's delivery
-  lag) within 1 - PREFILL_SHARE of the target, and shrinks when it no longer does; a margin either way
-  (hysteresis), so that the cap does not move at every step and push a row out and back in. Rows past the cap wait
+  lag) within 1 - PREFILL_SHARE of the target, and within KNEE_STEPS steps of one row: past that knee (a CPU's,
+  where each row costs a good part of the step's fixed cost) a row adds less to the tokens per second than it
+  adds to every stream's wait, and a longer queue is better served by shorter steps. It shrinks when
+  it no longer fits; a margin either way (hysteresis), so that the cap does not move at every step and push a
+  row out and back in. Rows past the cap wait
   for a place (running rows are never starved: a row in the batch keeps its place until it ends, unless fair
   share or a higher lane claims it, and then it is the first to come back).
 - **Prompt tokens** (`chunk_tokens`): what the target leaves beside the decoding rows, at least `min_chunk`, so
@@ -22,6 +25,9 @@ from typing import Protocol
 from .targets import LatencyTargets
 
 PREFILL_SHARE = 0.25  # of the TBT target, kept for prompt segments beside a full batch
+# A decoding iteration grows to at most this many one-row steps (a GPU's never gets there): on the 2-core CPU
+# this was measured on (docs/benchmarks/load.md), 8-12 rows of the bundled model, where its goodput peaked.
+KNEE_STEPS = 6.0
 GROW_MARGIN = 0.9  # a row is added when the iteration stays under this share of what the target allows
 SHRINK_MARGIN = 1.1  # and taken away when it passes this share of it
 
@@ -46,7 +52,8 @@ class Pacing:
         self._debt = 0.0  # seconds background prompts took that streams have not had back yet
 
     def _row_budget(self) -> float:
-        return (1 - PREFILL_SHARE) * self.targets.tbt - self.lag
+        knee = KNEE_STEPS * self.timing.iteration(1, 0)
+        return min((1 - PREFILL_SHARE) * self.targets.tbt - self.lag, knee)
 
     def rows_cap(self, limit: int) -> int:
         """The most decoding rows an iteration may hold now (at least one; at most `limit`)."""

@@ -12,6 +12,8 @@ refused for latency: it waits for what interactive work leaves, bounded by the w
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +25,18 @@ from .retry import RetryQueue
 from .targets import LatencyTargets
 
 QUEUE_FLOOR = 0.25  # of the TTFT target: what a request may always wait for others, however long it is itself
+# A request is admitted when its estimate is within this share of the target: the estimate errs either way, and
+# one admitted at the very edge would miss the target about as often as it kept it.
+ADMIT_SHARE = 0.8
+# The estimate checks itself: each admitted request's first token, as it came, against its estimate (from the
+# request's start); the running mean of their ratio scales later estimates. Only waits long enough to matter
+# teach it (an idle server's few milliseconds are noise), the ratio is bounded, and what it learned fades back to
+# 1 over FACTOR_MEMORY_SECONDS without news (a factor learned in a burst must not keep the door shut once the
+# burst is gone: only admitted requests could teach it otherwise).
+LEARN_FROM_SECONDS = 0.05
+FACTOR_SMOOTHING = 0.1
+FACTOR_BOUNDS = (0.5, 4.0)
+FACTOR_MEMORY_SECONDS = 10.0
 
 # Refusal reasons (the error's `code`; docs/api.md lists them).
 FIRST_TOKEN_TARGET = "first_token_target"  # noqa: S105 - a reason, not a secret
@@ -51,17 +65,42 @@ class AdmissionPolicy:
     ) -> None:
         self.targets = targets
         self.weight = weight
-        self._retry = {lane: RetryQueue(clock) for lane in Lane}
+        self.clock = clock
+        self._factor = 1.0  # what first tokens took, over what the estimate said (a running mean)
+        self._learned_at = clock()
+        self._retry: dict[Lane, RetryQueue[Work]] = {lane: RetryQueue(clock) for lane in Lane}
+
+    @property
+    def factor(self) -> float:
+        """What the estimate is scaled by now: the learned ratio, fading back to 1 without news."""
+        fade = math.exp(-(self.clock() - self._learned_at) / FACTOR_MEMORY_SECONDS)
+        return 1.0 + (self._factor - 1.0) * fade
+
+    def learn(self, expected: float, actual: float) -> None:
+        """An admitted request's first token came after `actual` seconds, where the estimate said `expected`:
+        what the model of the worker leaves out (the event loop's own queue, the machine's other work) is
+        counted in from now on."""
+        if expected < LEARN_FROM_SECONDS:
+            return
+        low, high = FACTOR_BOUNDS
+        ratio = min(high, max(low, actual / expected))
+        self._factor = self.factor + FACTOR_SMOOTHING * (ratio - self.factor)
+        self._learned_at = self.clock()
 
     def decide(self, backlog: Backlog, new: Work) -> Admit | Refuse:
         if new.lane is Lane.BATCH:
             return Admit()
-        wait = first_token(backlog, new, weight=self.weight)
         target = self.targets.ttft
-        allowed = max(target - wait.alone, QUEUE_FLOOR * target)
+        promised = self._retry[new.lane]
+        ahead = promised.arrived(within=target)  # clients told to come back before it: their room is kept
+        if ahead:
+            backlog = dataclasses.replace(backlog, work=backlog.work + tuple(ahead))
+        estimated = first_token(backlog, new, weight=self.weight)
+        wait = Wait(estimated.first_token * max(1.0, self.factor), estimated.alone)
+        allowed = max(ADMIT_SHARE * target - wait.alone, QUEUE_FLOOR * target)
         if wait.queued <= allowed:
-            return Admit(wait)
-        retry_after = self._retry[new.lane].after(wait.queued - allowed, backlog.interval)
+            return Admit(estimated)
+        retry_after = promised.after(wait.queued - allowed, backlog.interval, new)
         if new.lane is Lane.FLEX:
             message = "flex capacity is taken by other work now"
             reason = FLEX_CAPACITY

@@ -53,8 +53,8 @@ class TenantSlots:
         self.held: dict[str, int] = defaultdict(int)
         self.total = 0
         self.mean_hold = FIRST_HOLD_SECONDS
-        self._retry = RetryQueue(clock)
-        self._tenant_retry: dict[str, RetryQueue] = {}
+        self._retry: RetryQueue[None] = RetryQueue(clock)
+        self._tenant_retry: dict[str, RetryQueue[None]] = {}
 
     def take(self, tenant: str) -> SlotRefused | None:
         """Takes a slot for `tenant`; or why not, and when to retry."""
@@ -98,5 +98,5 @@ class TenantSlots:
         queue = (
             self._retry if tenant is None else self._tenant_retry.setdefault(tenant, RetryQueue(self.clock))
         )
-        retry_after = queue.after(interval, interval)
+        retry_after = queue.after(interval, interval, None)
         return SlotRefused(reason, retry_after, f"{why}; retry after {retry_after:.2f} s")

@@ -11,11 +11,12 @@ their depth and each job's time in them, by class.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from ..admission.classes import CLASSES, DEFAULT, Lane
+from ..admission.classes import CLASSES, DEFAULT, Lane, RequestClass
 from ..admission.estimate import Backlog, Work
 from ..admission.pacing import Pacing
 from ..admission.policy import AdmissionPolicy, Refuse
@@ -26,8 +27,9 @@ from .scheduler import Iteration, Scheduler
 from .step_times import Measured, StepTimes
 from .tasks import DecodeTask, IngestTask
 
-INTERVAL_SMOOTHING = 0.1  # each ending's weight in the mean interval between two jobs ending
-FIRST_INTERVAL_SECONDS = 0.1
+DRAIN_WINDOW_SECONDS = 5.0  # the queue's drain rate is measured over about this long
+FIRST_INTERVAL_SECONDS = 0.1  # between two requests ending, before any did
+MAX_INTERVAL_SECONDS = 5.0
 # Refusal reasons of the worker itself (the error's `code`; docs/api.md lists them).
 QUEUE_FULL = "queue_full"  # it holds TXL_MAX_QUEUED_JOBS jobs
 DEVICE_MEMORY_FULL = "device_memory_full"  # the device's memory pool is full
@@ -45,8 +47,9 @@ class GateObserver:
     def on_queue_time(self, klass: str, seconds: float) -> None:
         """A job of class `klass` was first served after waiting `seconds`."""
 
-    def on_pacing(self, targets: LatencyTargets, row_cap: int) -> None:
-        """The targets the worker is paced to, and the rows its batch may hold now."""
+    def on_pacing(self, targets: LatencyTargets, row_cap: int, factor: float) -> None:
+        """The targets the worker is paced to, the rows its batch may hold now, and how far off (a factor) the
+        estimate of first tokens was lately."""
 
 
 class Gate:
@@ -66,8 +69,9 @@ class Gate:
         self.pacing = pacing
         self.outbox = outbox
         self.observer = observer or GateObserver()
-        self.interval = FIRST_INTERVAL_SECONDS  # seconds between two jobs ending, lately
-        self._ended_at = time.monotonic()
+        self.interval = FIRST_INTERVAL_SECONDS  # seconds between two requests ending, lately
+        self._ended = 0.0  # requests that ended, decayed over DRAIN_WINDOW_SECONDS
+        self._busy = 0.0  # seconds the worker was busy, decayed alike
 
     @classmethod
     def paced(
@@ -84,8 +88,10 @@ class Gate:
         step_times = StepTimes(measured)
         scheduler.pacing = pacing = Pacing(targets, step_times, min_chunk=max(8, scheduler.segment_len // 8))
         policy = AdmissionPolicy(targets, weight=weight)
-        observer.on_pacing(targets, scheduler.cap)
-        return cls(scheduler, policy, step_times, pacing, outbox, observer)
+        observer.on_pacing(targets, scheduler.cap, policy.factor)
+        gate = cls(scheduler, policy, step_times, pacing, outbox, observer)
+        outbox.on_first_token = gate.first_token
+        return gate
 
     # ------------------------------------------------------------------ event loop side
 
@@ -99,7 +105,15 @@ class Gate:
             self.observer.on_admission(klass.name, decision.reason)
             raise Overloaded(decision.message, retry_after=decision.retry_after, code=decision.reason)
         klass.admitted = True
+        if decision.wait is not None:
+            klass.expected_at = time.monotonic() + decision.wait.first_token
         self.observer.on_admission(klass.name, None)
+
+    def first_token(self, klass: RequestClass) -> None:
+        """An admitted request's first token was delivered (`Outbox`): the estimate learns how far off it was."""
+        if klass.expected_at is not None and klass.first_token_at is not None:
+            expected = klass.expected_at - klass.created_at
+            self.policy.learn(expected, klass.first_token_at - klass.created_at)
 
     def backlog(self, queued: Sequence[Job]) -> Backlog:
         s = self.scheduler
@@ -107,13 +121,25 @@ class Gate:
         work = [_decoding(t, t in in_batch) for t in list(s.decoding)]
         work += [_ingesting(t) for t in list(s.ingesting)]
         work += [_queued(j) for j in queued if isinstance(j, AdvanceJob | GenerateJob)]
-        timing, rows = self.step_times, len(in_batch)
+        # The prompts ahead are fed beside the rows the batch will hold by then: those decoding now, and those
+        # of the work ahead as its prompts end (a burst's later prompts are fed beside its earlier ones' rows).
+        coming = sum(w.rows for w in work if not w.running)
+        timing, rows = self.step_times, min(s.cap, len(in_batch) + coming)
         chunk = self.pacing.chunk_tokens(rows, max(1, s.max_batch_tokens - rows))
         token_seconds = timing.per_token() + timing.iteration(rows, 0) / max(1, chunk)
         feeding = any(w.feed for w in work)
         at_cap = self.pacing.chunk_tokens(s.cap, max(1, s.max_batch_tokens - s.cap)) if feeding else 0
         step = timing.iteration(s.cap, at_cap)
-        return Backlog(tuple(work), s.cap, step, token_seconds, lag=self.outbox.lag, interval=self.interval)
+        counters = {w.tenant: s.counters.of(w.tenant) for w in work}
+        return Backlog(
+            tuple(work),
+            s.cap,
+            step,
+            token_seconds,
+            lag=self.outbox.lag,
+            interval=self.interval,
+            counters=counters,
+        )
 
     def demand(self, job: AdvanceJob | GenerateJob) -> Work:
         """What the new job's request waits for: its prompt and a row, or (if it only feeds) its first segment."""
@@ -129,16 +155,18 @@ class Gate:
         self.step_times.observe(len(iteration.decode), iteration.tokens - len(iteration.decode), seconds)
         self.scheduler.ran(seconds)
         self.pacing.lag = self.outbox.lag
-        self.observer.on_pacing(self.targets, self.scheduler.cap)
+        self.observer.on_pacing(self.targets, self.scheduler.cap, self.policy.factor)
 
-    def ended(self, jobs: int) -> None:
-        """`jobs` jobs ended in the last iteration: the mean interval between two endings follows."""
-        if jobs <= 0:
-            return
-        now = time.monotonic()
-        gap = (now - self._ended_at) / jobs
-        self._ended_at = now
-        self.interval += INTERVAL_SMOOTHING * (gap - self.interval)
+    def ended(self, jobs: int, rows: int, seconds: float) -> None:
+        """An iteration of `seconds` in which `jobs` jobs ended, `rows` of them decoding rows. The queue's drain
+        rate is what ended over the time the worker was busy, both decaying over DRAIN_WINDOW_SECONDS; what a
+        request waits for is a row where rows decode (a request that decodes makes two jobs: its prompt's and
+        its row's), else a job."""
+        keep = math.exp(-seconds / DRAIN_WINDOW_SECONDS)
+        self._ended = self._ended * keep + (rows if self.scheduler.decoding or rows else jobs)
+        self._busy = self._busy * keep + seconds
+        if self._ended > 0:
+            self.interval = min(MAX_INTERVAL_SECONDS, self._busy / self._ended)
 
     def served(self, iteration: Iteration[DecodeTask, IngestTask], inbox: Sequence[Job]) -> None:
         """After an iteration is picked: the time in queue of the jobs it serves first, and the queues' depth."""

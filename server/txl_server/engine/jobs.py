@@ -102,6 +102,8 @@ class Outbox:
         # Seconds from a flush to its delivery on the event loop (a running mean): how far behind the loop is
         # with writing what the steps produce, which the batch's pacing counts in the time between tokens.
         self.lag = 0.0
+        # Called on the event loop with the class of a request whose first token it delivers (admission's check).
+        self.on_first_token: Callable[[RequestClass], None] | None = None
 
     @classmethod
     def current(cls) -> Outbox | None:
@@ -134,8 +136,14 @@ class Outbox:
                 loop.call_soon_threadsafe(self._deliver, events, flushed)
 
     def _deliver(self, events: list[tuple[Job, Event]], flushed: float) -> None:
-        self.lag += self.LAG_SMOOTHING * (time.monotonic() - flushed - self.lag)
+        now = time.monotonic()
+        self.lag += self.LAG_SMOOTHING * (now - flushed - self.lag)
         for job, event in events:
+            klass = job.klass
+            if klass is not None and klass.first_token_at is None and isinstance(event, TokenEvent):
+                klass.first_token_at = now
+                if self.on_first_token is not None:
+                    self.on_first_token(klass)
             job._events.put_nowait(event)
 
 

@@ -166,6 +166,7 @@ class Scheduler(Generic[D, I]):
         self.ingesting: deque[I] = deque()
         self.in_batch: set[D] = set()  # the rows with a place in the batch (they keep it until they end)
         self.cap = max_batch_size  # the rows the batch may hold, as last paced
+        self.rows_ended = 0  # decoding rows that left the queue (ended, failed or cancelled) so far
         self._background_tokens = 0  # flex and batch prompt tokens in the last iteration picked
         self._streams = False  # whether interactive rows decoded in it
         self._starved_since: float | None = None
@@ -191,6 +192,7 @@ class Scheduler(Generic[D, I]):
     def remove_decoding(self, task: D) -> None:
         self.decoding.remove(task)
         self.in_batch.discard(task)
+        self.rows_ended += 1
 
     def _join(self, tenant: str) -> None:
         """A tenant with no work here until now starts from the smallest counter of those waiting (VTC)."""
@@ -205,7 +207,9 @@ class Scheduler(Generic[D, I]):
         cancelled += [t for t in self.decoding if t.cancelled]
         if cancelled:
             self.ingesting = deque(t for t in self.ingesting if not t.cancelled)
+            self.rows_ended += len(self.decoding)
             self.decoding = [t for t in self.decoding if not t.cancelled]
+            self.rows_ended -= len(self.decoding)
             self.in_batch = {t for t in self.in_batch if not t.cancelled}
         return cancelled
 

@@ -1,15 +1,17 @@
 """How long an iteration takes on this device, as a function of what it holds: decoding rows and prompt tokens.
 
-`StepTimes` is a line, seconds = a + b * rows + c * tokens, fitted by exponentially weighted least squares to the
-iterations the worker runs (their wall time, Python and contention included: what a client's stream sees), over a
-prior of iterations measured at start-up (`measure_steps`), which keeps the fit defined when every recent
-iteration had the same shape and fades as the served ones accumulate. The admission estimate and the batch's
-pacing read it (`admission.pacing.Timing`).
+`StepTimes` is a line, seconds = scale * (a + b * rows + c * tokens). Its shape (a, b, c) is fitted at start-up
+to a few iterations of known rows and tokens, measured alone (`measure_steps`), where each part is well
+determined; its `scale` follows the iterations the worker runs (their wall time, Python and the machine's other
+work included: what a client's stream sees), as a running mean of each one's time over the shape's. One scale
+for the whole line, because what slows a server down (a busy machine, the event loop's share of the GIL) slows
+every part of its steps alike; and because served iterations rarely vary their rows enough to fit a slope of
+their own (a slope fitted to iterations of four rows would say anything about forty). The admission estimate and
+the batch's pacing read it (`admission.pacing.Timing`).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,9 +24,9 @@ from .rows import ChunkRow, DecodeRow
 from .runner import ModelRunner
 from .state import ModelState
 
-SMOOTHING = 0.02  # each served iteration's weight: the fit follows the last ~50 iterations
-PRIOR_WEIGHT = 0.5  # each start-up measurement's weight, which never fades (a floor under the fit)
-MIN_SECONDS = 1e-5  # no part of an iteration is free
+SMOOTHING = 0.05  # each served iteration's weight in the scale: it follows the last ~20 iterations
+SCALE_BOUNDS = (0.2, 50.0)  # what one iteration may say of the device: a GC pause is not a new machine
+MIN_SECONDS = 1e-6  # no part of an iteration is free
 
 
 @dataclass(frozen=True)
@@ -35,56 +37,50 @@ class Measured:
     one_row: float  # seconds of a decoding step of one row
     segment: float  # seconds of feeding one prompt segment alone
 
+    def line(self) -> tuple[float, float, float]:
+        """(a, b, c): the least-squares line through the points, each part at least MIN_SECONDS."""
+        xx = [[0.0] * 3 for _ in range(3)]
+        xy = [0.0] * 3
+        for rows, tokens, seconds in self.points:
+            x = (1.0, float(rows), float(tokens))
+            for i in range(3):
+                xy[i] += x[i] * seconds
+                for j in range(3):
+                    xx[i][j] += x[i] * x[j]
+        solved = _solve(xx, xy)
+        if solved is None:  # too few shapes measured: one row's step split evenly, a segment's per token
+            segment_tokens = max(1, max(t for _, t, _ in self.points))
+            solved = (self.one_row / 2, self.one_row / 2, self.segment / segment_tokens)
+        a, b, c = solved
+        return max(a, MIN_SECONDS), max(b, MIN_SECONDS), max(c, MIN_SECONDS)
+
 
 class StepTimes:
     def __init__(self, measured: Measured) -> None:
         self.measured = measured
-        # Weighted sums of x x^T and x y over x = (1, rows, tokens), y = seconds: served iterations (decaying)...
-        self._xx = [[0.0] * 3 for _ in range(3)]
-        self._xy = [0.0] * 3
-        # ... and the start-up prior (constant).
-        self._prior_xx = [[0.0] * 3 for _ in range(3)]
-        self._prior_xy = [0.0] * 3
-        for rows, tokens, seconds in measured.points:
-            _add(self._prior_xx, self._prior_xy, (1.0, rows, tokens), seconds, PRIOR_WEIGHT)
-        self._fit: tuple[float, float, float] | None = None
+        self.shape = measured.line()
+        self.scale = 1.0
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
         """An iteration that decoded `rows` rows and fed `tokens` prompt tokens took `seconds`."""
-        keep = 1.0 - SMOOTHING
-        for i in range(3):
-            self._xy[i] *= keep
-            for j in range(3):
-                self._xx[i][j] *= keep
-        _add(self._xx, self._xy, (1.0, rows, tokens), seconds, 1.0)
-        self._fit = None
+        low, high = SCALE_BOUNDS
+        ratio = min(high, max(low, seconds / self._shaped(rows, tokens)))
+        self.scale += SMOOTHING * (ratio - self.scale)
 
-    def coefficients(self) -> tuple[float, float, float]:
-        """(a, b, c): seconds per iteration, per decoding row, per prompt token."""
-        if self._fit is None:
-            xx = [[self._xx[i][j] + self._prior_xx[i][j] for j in range(3)] for i in range(3)]
-            xy = [self._xy[i] + self._prior_xy[i] for i in range(3)]
-            a, b, c = _solve(xx, xy) or self._prior_line()
-            self._fit = (max(a, MIN_SECONDS), max(b, MIN_SECONDS), max(c, MIN_SECONDS))
-        return self._fit
-
-    def _prior_line(self) -> tuple[float, float, float]:
-        one, segment = self.measured.one_row, self.measured.segment
-        return one / 2, one / 2, segment / max(1, max(t for _, t, _ in self.measured.points))
-
-    def iteration(self, rows: int, tokens: int) -> float:
-        a, b, c = self.coefficients()
+    def _shaped(self, rows: int, tokens: int) -> float:
+        a, b, c = self.shape
         return a + b * rows + c * tokens
 
+    def coefficients(self) -> tuple[float, float, float]:
+        """(a, b, c): seconds per iteration, per decoding row, per prompt token, now."""
+        a, b, c = self.shape
+        return a * self.scale, b * self.scale, c * self.scale
+
+    def iteration(self, rows: int, tokens: int) -> float:
+        return self.scale * self._shaped(rows, tokens)
+
     def per_token(self) -> float:
-        return self.coefficients()[2]
-
-
-def _add(xx: list[list[float]], xy: list[float], x: tuple[float, float, float], y: float, w: float) -> None:
-    for i in range(3):
-        xy[i] += w * x[i] * y
-        for j in range(3):
-            xx[i][j] += w * x[i] * x[j]
+        return self.scale * self.shape[2]
 
 
 def _solve(m: list[list[float]], v: list[float]) -> tuple[float, float, float] | None:
@@ -113,10 +109,11 @@ class Measurable(Protocol):
     def empty_state(self, mem_len: int) -> ModelState: ...
 
 
-def measure_steps(worker: Measurable, *, rows: int = 8, repeat: int = 3) -> Measured:
+def measure_steps(worker: Measurable, *, rows: int = 16, repeat: int = 5) -> Measured:
     """Times a few iterations on the worker's runner before it starts (one row, `rows` rows, one prompt segment,
-    and both at once), on memories of two segments in the worker's pool. The medians are the prior of
-    `StepTimes`, and the targets' defaults (`admission.targets`)."""
+    and both at once), on memories of two segments in the worker's pool: the shape of `StepTimes`, and the
+    targets' defaults (`admission.targets`). The fastest of `repeat` runs of each: what the device does when the
+    machine lets it (a busy machine's noise would give the line any slope; the scale follows the rest)."""
     model, segment = worker.model, worker.segment_len
     rows = max(1, min(rows, worker.max_batch_size))
     vocab = model.config.vocab_size
@@ -135,7 +132,7 @@ def measure_steps(worker: Measurable, *, rows: int = 8, repeat: int = 3) -> Meas
                 started = time.perf_counter()
                 worker.runner.run(decoding, chunks)
                 times.append(time.perf_counter() - started)
-            return statistics.median(times)
+            return min(times)
 
         one = timed(decode[:1], [])
         many = timed(decode, [])

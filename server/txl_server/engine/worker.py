@@ -255,7 +255,7 @@ class Worker:
             self._admit(job)
         with self._cv:
             self._admitting = []
-        before = self.active_jobs + len(new)
+        before, rows_before = self.active_jobs + len(new), self.scheduler.rows_ended
         for task in self.scheduler.drop_cancelled():
             self.observer.on_cancel()
             self.outputs.cancelled(task)
@@ -276,7 +276,8 @@ class Worker:
         self.progress_at = time.monotonic()
         self.observer.on_queue(len(self._inbox), self.active_jobs)
         if self.gate is not None:
-            self.gate.ended(before - self.active_jobs)
+            ended = before - self.active_jobs
+            self.gate.ended(ended, self.scheduler.rows_ended - rows_before, time.perf_counter() - started)
 
     def _schedule(self) -> Iteration[DecodeTask, IngestTask]:
         """The scheduler's iteration. What it leaves out for lack of blocks asks idle sessions to leave the

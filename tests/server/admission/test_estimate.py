@@ -74,3 +74,19 @@ def test_a_job_that_only_feeds_waits_for_no_row_and_the_event_loops_lag_counts()
     rows = [decoding(100) for _ in range(4)]
     wait = first_token(backlog(*rows, cap=4, lag=0.05), new(64, decode=0))
     assert wait.first_token == pytest.approx(64 * TOKEN + 0.05) and wait.alone == pytest.approx(64 * TOKEN)
+
+
+def test_prompts_of_a_tenant_served_more_are_behind_and_of_one_served_less_ahead():
+    crowd = [feeding(500, tenant="crowd"), feeding(300, tenant="light")]
+    counters = {"crowd": 9000.0, "light": 100.0, "new": 0.0}
+    backlog = Backlog(tuple(crowd), 4, STEP, TOKEN, counters=counters)
+    # "new" joins at the smallest counter of those waiting (light's): light's prompt shares the budget with it,
+    # the crowd's (served far more) waits behind both.
+    wait = first_token(backlog, new(100, tenant="new"))
+    assert wait.first_token == pytest.approx((100 + 100) * TOKEN + STEP)
+    served_less = Backlog(
+        tuple(crowd), 4, STEP, TOKEN, counters={"crowd": 9000.0, "light": 100.0, "new": 500.0}
+    )
+    assert first_token(served_less, new(100, tenant="new")).first_token == pytest.approx(
+        (100 + 300) * TOKEN + STEP
+    )

@@ -368,16 +368,29 @@ def test_the_job_preempted_is_of_the_lowest_lane_then_the_youngest():
 
 def test_the_batch_grows_only_while_the_gap_between_tokens_stays_within_its_target():
     s = make(max_batch_size=64, max_batch_tokens=256)
-    # 2 ms + 1 ms a row: within 75% of a 20 ms target, at most 13 rows (with the margin that stops a cap from
-    # moving at every step: up to 90% of it to grow).
-    paced(s, tbt=0.020, line=Line(0.002, 0.001, 0.0001))
-    tasks = [Decode() for _ in range(30)]
+    # A GPU's step: 10 ms + 0.1 ms a row. Within 75% of a 20 ms target (with the margin that stops a cap from
+    # moving at every step: up to 90% of it to grow), at most 35 rows.
+    paced(s, tbt=0.020, line=Line(0.010, 0.0001, 0.0001))
+    tasks = [Decode() for _ in range(64)]
     for task in tasks:
         s.add_decoding(task)
     rows = ran(s, tasks)
-    assert len(rows) == s.cap == 11
-    s.pacing.lag = 0.005  # the event loop falls behind: fewer rows
-    assert len(ran(s, tasks)) < 11
+    assert len(rows) == s.cap == 35
+    # The event loop falls behind by 5 ms: 10 ms are left, and the batch shrinks to where the step stays within
+    # 110% of them (the margin again).
+    s.pacing.lag = 0.005
+    assert len(ran(s, tasks)) == 10
+
+
+def test_on_a_cpu_the_batch_stops_at_the_knee_of_its_step_time():
+    s = make(max_batch_size=64, max_batch_tokens=256)
+    # A CPU's step: 2 ms + 1 ms a row. A 50 ms target would allow 35 rows, each stream then waiting 37 ms a
+    # token for little more throughput: the batch stops at six one-row steps (18 ms, 90% of it to grow).
+    paced(s, tbt=0.050, line=Line(0.002, 0.001, 0.0001))
+    tasks = [Decode() for _ in range(30)]
+    for task in tasks:
+        s.add_decoding(task)
+    assert len(ran(s, tasks)) == s.cap == 14
 
 
 def test_prompt_tokens_fill_what_the_target_leaves_beside_the_rows_and_at_least_the_minimum():

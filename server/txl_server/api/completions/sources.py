@@ -52,7 +52,7 @@ class Sources:
         )
 
 
-def completion_sources(
+async def completion_sources(
     tenant: Tenant,
     settings: AppSettings,
     service: Service,
