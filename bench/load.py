@@ -261,5 +261,6 @@ def _tables(section: Section, results: dict[str, dict], capacity: float) -> None
         "TTFT percentiles are of the requests served; 1 s and 50 ms are the goodput yardstick. "
         "`served on the next try`: of the clients refused, how many were served when they came back "
         "after their Retry-After. The machine is shared: absolute times are of that moment, before and now ran "
-        "one after the other."
+        "one after the other. AIPerf's and GuideLLM's figures of the server before admission control, and how "
+        "they were run offline: [load-tools.md](load-tools.md)."
     )

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,7 +39,7 @@ from .sessions.redis_server import EmbeddedRedis
 from .sessions.service import SessionService
 from .sessions.stateless import StatelessService
 from .sessions.store.stores import Stores
-from .settings import Persistence, Settings
+from .settings import Persistence, Settings, parse_weights
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,14 @@ def make_worker(
         max_mem_len=settings.mem_lens(model.config.mem_len)[1],
         observer=observer,
         overlap=settings.overlap is not False,  # with graphs (the worker ignores it without)
+        weight=tenant_weight(settings),
     )
+
+
+def tenant_weight(settings: Settings) -> Callable[[str], float]:
+    """Each tenant's weight in fair share (TXL_TENANT_WEIGHTS; 1 for the others)."""
+    weights = parse_weights(settings.tenant_weights or "")
+    return lambda tenant: weights.get(tenant, 1.0)
 
 
 def prepare_worker(settings: Settings, worker: Worker) -> ServingPath:

@@ -127,6 +127,7 @@ ORDER = [
     "host",
     "turns",
     "load",
+    "load-tools",
     "gpu",
     "gpu_kernels",
 ]
