@@ -86,14 +86,17 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 # user (deploy/docker-entrypoint.sh).
 RUN --mount=type=bind,from=build,source=/src/deploy/docker-entrypoint.sh,target=/mnt/docker-entrypoint.sh \
     useradd --create-home --uid 10001 --user-group txl \
-    && mkdir -p /models /data/redis \
+    && mkdir -p /models /data/redis /data/blocks \
     && chown -R 10001:10001 /data \
     && install -m 0755 /mnt/docker-entrypoint.sh /usr/local/bin/txl-entrypoint
 # Flags in CMD win over these; they are here so that `docker run IMAGE --model ...` (a new CMD) still listens
-# on all interfaces. The embedded Redis (used when TXL_REDIS_URL is unset) keeps its append-only file in /data.
+# on all interfaces. The embedded Redis (used when TXL_REDIS_URL is unset) keeps its append-only file in /data, and
+# sessions' memories go to the block store in /data/blocks (a volume shared by the replicas, or an object store
+# URL in TXL_BLOCK_STORE).
 ENV TXL_HOST=0.0.0.0 \
     TXL_PORT=8000 \
-    TXL_REDIS_DATA_DIR=/data/redis
+    TXL_REDIS_DATA_DIR=/data/redis \
+    TXL_BLOCK_STORE=/data/blocks
 WORKDIR /home/txl
 EXPOSE 8000
 # The probe reads the server's --host and --port from its command line (and TXL_HOST, TXL_PORT): `docker run

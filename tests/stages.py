@@ -44,6 +44,11 @@ SECOND_STAGE: dict[str, str] = {
     "tests/server/engine/test_batching.py::test_no_block_leaks_after_a_thousand_sessions_come_and_go": (
         "a thousand sessions"
     ),
+    # The block sweeper as it runs, on its own clock (15 s sweeps, 40 s grace); tests/server/sessions/
+    # test_block_sweeper.py checks the same rules at once, with aged files.
+    "tests/server/sessions/test_sessions_at_rest.py::test_a_deleted_sessions_blocks_leave_the_store_within_a_minute": (
+        "waits up to a minute for the sweeper"
+    ),
     # Server processes restarted many times; the first stage restarts the default mode (persistence always).
     "tests/server/sessions/test_restart.py::test_every_listed_session_steps_after_a_graceful_restart_and_a_kill[evict]": (
         "three server starts, persistence evict"

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
 
 def _serve(settings: Any, sockets: list[Any]) -> int:
     from .device_check import DeviceUnavailable, check_device
-    from .runtime import UnsupportedDtype, check_dtype, load_model
+    from .runtime import EvictingRedis, UnsupportedDtype, check_dtype, check_redis, load_model
     from .serving import warn_if_open
 
     try:  # before loading: a GPU that is not there is named as such, not as a model that cannot load
@@ -111,6 +111,11 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
         check_dtype(settings)
     except UnsupportedDtype as exc:
         print(f"cannot serve --dtype {settings.dtype}: {exc}", file=sys.stderr)
+        return 2
+    try:  # before loading: a Redis that would delete sessions is the settings' fault too
+        check_redis(settings)
+    except EvictingRedis as exc:
+        print(f"cannot keep sessions in this Redis: {exc}", file=sys.stderr)
         return 2
     # After the checks that stop start-up in one line, before the minutes of loading.
     warn_if_open(sockets, has_api_keys=settings.has_api_keys)

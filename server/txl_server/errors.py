@@ -91,10 +91,25 @@ class Overloaded(ServiceError):
 
 
 class Unavailable(ServiceError):
-    """A dependency (Redis) is unreachable; nothing was changed."""
+    """A dependency (Redis, the block store) cannot serve the request now; the message says why, and whether
+    anything was changed (by default nothing was). Retry-After says when a retry may succeed."""
 
     status = 503
     type = "unavailable"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, retry_after: float = 1.0
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.retry_after = retry_after
+
+
+class OutcomeUnknown(Unavailable):
+    """A change was sent to the session store, which did not answer: it may or may not have been applied. The
+    message says how to find out; a retry with the same Idempotency-Key gets the change's result either way."""
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after: float = 2.0) -> None:
+        super().__init__(message, param=param, code="outcome_unknown", retry_after=retry_after)
 
 
 class RowFailed(ServiceError):

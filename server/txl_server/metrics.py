@@ -120,6 +120,27 @@ class Metrics(WorkerObserver, SessionObserver):
         self.prefix_tokens = Counter(
             "txl_prefix_cache_tokens", "Prompt positions read, by where from", ["source"], registry=r
         )  # cache|computed
+        # ---- the session store (sessions/settling.py, sessions/acked.py, sessions/store/redis_health.py)
+        self.store_data_loss = Counter(
+            "txl_store_data_loss",
+            "The session store (Redis) was found to have lost data: a session's latest steps, a whole session, "
+            "or the store (empty, older, replaced)",
+            ["kind"],
+            registry=r,
+        )
+        self.store_outcome_unknown = Counter(
+            "txl_store_outcome_unknown",
+            "Changes sent to Redis that got no answer, then settled (applied, not applied, or still unknown)",
+            registry=r,
+        )
+        self.lease_lost = Counter(
+            "txl_lease_lost", "Steps ended because their session's lease could not be kept", registry=r
+        )
+        self.unreplicated_commits = Counter(
+            "txl_store_commits_unreplicated",
+            "Commits answered before the replicas they waited for had them (Redis WAIT timed out)",
+            registry=r,
+        )
         # ---- for endpoint pickers (module docstring). Each job the worker runs is one request.
         self.requests_waiting = Gauge(
             "txl_num_requests_waiting",
@@ -197,6 +218,18 @@ class Metrics(WorkerObserver, SessionObserver):
         self.prefix_lookups.labels("hit" if cached else "miss").inc()
         self.prefix_tokens.labels("cache").inc(cached)
         self.prefix_tokens.labels("computed").inc(total - cached)
+
+    def on_store_loss(self, kind: str) -> None:
+        self.store_data_loss.labels(kind).inc()
+
+    def on_outcome_unknown(self) -> None:
+        self.store_outcome_unknown.inc()
+
+    def on_lease_lost(self) -> None:
+        self.lease_lost.inc()
+
+    def on_unreplicated_commit(self) -> None:
+        self.unreplicated_commits.inc()
 
 
 _USAGE = "txl_kv_cache_usage_perc"

@@ -13,33 +13,42 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
+from pydantic import SecretStr
 from redis import asyncio as aioredis
 from txl import BlockPool, TransfoXLLMHeadModel, load_pretrained
 from txl.kernels import linear
 from txl.kernels.allocator import keep_freed_memory
 from txl.tokenizers import Tokenizer, load_tokenizer
 
-from .admission.targets import latency_targets
 from .engine.device_report import DeviceReport, describe
 from .engine.selfcheck import ServingPath, graphs_setting, prepare
-from .engine.step_times import measure_steps
+from .engine.step_times import pace_worker
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
 from .memory_budgets import MemoryBudgets, describe_budgets, memory_budgets
+from .sessions.blocks.identity import reconcile as reconcile_block_store
+from .sessions.blocks.migration import migrate as migrate_legacy_blocks
+from .sessions.blocks.opening import open_block_store
+from .sessions.blocks.store import BlockStore, Marker
+from .sessions.blocks.sweeper import BlockSweeper
 from .sessions.observer import SessionObserver
 from .sessions.placement import Released
 from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Recovery, Replica
 from .sessions.redis_server import EmbeddedRedis
 from .sessions.service import SessionService
 from .sessions.stateless import StatelessService
+from .sessions.store.connection import connect
+from .sessions.store.plumbing import now
+from .sessions.store.redis_health import EvictingRedis, RedisHealth, eviction_refusal
 from .sessions.store.stores import Stores
-from .settings import Persistence, Settings, parse_weights
+from .settings import Persistence, Settings, block_store_location, user_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -148,14 +157,8 @@ def make_worker(
         max_mem_len=settings.mem_lens(model.config.mem_len)[1],
         observer=observer,
         overlap=settings.overlap is not False,  # with graphs (the worker ignores it without)
-        weight=tenant_weight(settings),
+        weight=settings.tenant_weight,
     )
-
-
-def tenant_weight(settings: Settings) -> Callable[[str], float]:
-    """Each tenant's weight in fair share (TXL_TENANT_WEIGHTS; 1 for the others)."""
-    weights = parse_weights(settings.tenant_weights or "")
-    return lambda tenant: weights.get(tenant, 1.0)
 
 
 def prepare_worker(settings: Settings, worker: Worker) -> ServingPath:
@@ -167,20 +170,6 @@ def prepare_worker(settings: Settings, worker: Worker) -> ServingPath:
         triton=settings.triton_kernels,
         graphs_reason=graphs_setting(settings.cuda_graphs, worker.model.device)[1],
     )
-
-
-def pace_worker(settings: Settings, worker: Worker) -> None:
-    """Admission and pacing to the latency targets: those set, or measured for the device now (before the
-    worker starts)."""
-    measured = measure_steps(worker)
-    targets = latency_targets(
-        ttft=settings.ttft_target_seconds,
-        tbt=settings.tbt_target_seconds,
-        one_row_step=measured.one_row,
-        one_segment=measured.segment,
-    )
-    worker.pace(targets, measured)
-    log.info("latency targets: %s", targets.describe())
 
 
 class Runtime:
@@ -198,6 +187,7 @@ class Runtime:
         self.session_observer = session_observer
         self.embedded_redis: EmbeddedRedis | None = None
         self.redis: aioredis.Redis | None = None
+        self.health: RedisHealth | None = None
         self.worker: Worker | None = None
         self.service: SessionService | None = None
         self.stateless: StatelessService | None = None
@@ -205,6 +195,10 @@ class Runtime:
         self.budgets: MemoryBudgets | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._migration: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self.blocks: BlockStore | None = None
         self.replica = Replica.new(settings.port)
         self.stopping = False  # shutting down: not ready for new traffic
         self.model_id = ""
@@ -220,7 +214,7 @@ class Runtime:
         log.info("session memory budgets: %s", describe_budgets(budgets))
         self.worker = make_worker(settings, loaded, self.worker_observer, budgets)
         self.serving = await asyncio.to_thread(prepare_worker, settings, self.worker)
-        await asyncio.to_thread(pace_worker, settings, self.worker)
+        await asyncio.to_thread(pace_worker, self.worker, settings)
         self.worker.start()
         url = settings.redis_url
         if url is None:
@@ -229,13 +223,23 @@ class Runtime:
             redis.launch()  # from the loop's thread, which lives as long as the server (see launch)
             url = await asyncio.to_thread(redis.wait_ready)
             log.info("started a private Redis at %s (data in %s)", url, redis.data_dir)
-        self.redis = aioredis.from_url(
-            url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10
+        self.redis = connect_redis(settings, url)
+        self.blocks = blocks = open_blocks(settings, self.embedded_redis)
+        stores = Stores.connect(
+            self.redis,
+            prefix=settings.redis_prefix,
+            replica=self.replica.id,
+            allow_eviction=settings.redis_allow_eviction,
         )
-        stores = Stores.connect(self.redis, prefix=settings.redis_prefix, replica=self.replica.id)
+        self.health = stores.health
+        stores.sessions.wait_timeout_ms = settings.redis_wait_timeout_ms
+        stores.health.on_loss = self._on_store_loss
+        if self.session_observer is not None:
+            stores.sessions.on_unreplicated = self.session_observer.on_unreplicated_commit
         exclusive = self.embedded_redis is not None  # a private Redis has no other replica
         log.info("%s", self.where_sessions_are())
         try:
+            await self._check_store(stores)
             await self._reconcile(stores, exclusive)
             pending = False
         except Unavailable as exc:  # the server still starts (and says it is not ready until Redis answers)
@@ -248,6 +252,7 @@ class Runtime:
             tokenizer=tokenizer,
             worker=self.worker,
             stores=stores,
+            blocks=blocks,
             budgets=budgets,
             model_id=self.model_id,
             observer=self.session_observer,
@@ -263,6 +268,16 @@ class Runtime:
             observer=self.session_observer,
         )
         self._reaper = asyncio.create_task(self._reap_forever())
+        sweeper = BlockSweeper(blocks, stores.sessions, hold_seconds=settings.block_store_hold_seconds)
+        self._sweeper = asyncio.create_task(sweeper.run_forever())
+        self._migration = asyncio.create_task(self._migrate(stores, blocks))
+
+    async def _migrate(self, stores: Stores, blocks: BlockStore) -> None:
+        """Moves the blocks an older server kept in Redis into the block store, once (blocks/migration.py)."""
+        try:
+            await migrate_legacy_blocks(stores.sessions, blocks)
+        except Exception as exc:  # Redis or the block store away: sessions still move as they are used
+            log.warning("could not move the blocks an older server kept in Redis: %s", exc)
 
     async def _reap_forever(self) -> None:
         assert self.service is not None
@@ -286,17 +301,46 @@ class Runtime:
                 found.leases_broken,
             )
 
+    async def _check_store(self, stores: Stores) -> None:
+        """Redis checked as a database (store/redis_health.py): refuses an evicting one (EvictingRedis), and a
+        block store that is not Redis's (ForeignBlockStore); then how many replicas a commit waits for."""
+        info = await stores.health.start()
+        assert self.blocks is not None
+        await reconcile_block_store(self.blocks, stores.health)
+        stores.sessions.wait_replicas = self._replicas_to_wait(info.connected_replicas)
+
+    def _on_store_loss(self, kind: str) -> None:
+        """Redis was found to have lost data: counted, and the block store keeps every block a while (a Redis
+        restored from a backup finds its sessions' blocks: blocks/sweeper.py)."""
+        if self.session_observer is not None:
+            self.session_observer.on_store_loss(kind)
+        blocks, health = self.blocks, self.health
+        if blocks is not None and health is not None and health.identity is not None:
+            marker = Marker(health.identity, loss_at=now())
+            task = asyncio.get_running_loop().create_task(blocks.write_marker(marker))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    def _replicas_to_wait(self, connected: int) -> int:
+        wanted = self.settings.redis_wait_replicas
+        return min(1, connected) if wanted is None else wanted
+
     async def _beat_forever(self, stores: Stores, exclusive: bool, reconcile_pending: bool) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             try:
                 if reconcile_pending:
+                    await self._check_store(stores)
                     await self._reconcile(stores, exclusive)
                     reconcile_pending = False
                 else:
                     await stores.heartbeats.beat(
                         self.replica.name, self.replica.incarnation, HEARTBEAT_TTL_SECONDS
                     )
+                    state = await stores.health.check()
+                    if state.info is not None:
+                        replicas = self._replicas_to_wait(state.info.connected_replicas)
+                        stores.sessions.wait_replicas = replicas
             except Exception as exc:  # Redis away: beat again next round
                 log.debug("heartbeat skipped: %s", exc)
 
@@ -317,7 +361,7 @@ class Runtime:
         self.stopping = True
         if deadline is None:
             deadline = time.monotonic() + self.settings.shutdown_grace_seconds
-        for task in (self._reaper, self._heartbeat):
+        for task in (self._reaper, self._heartbeat, self._sweeper, self._migration, *self._background):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -356,11 +400,26 @@ class Runtime:
         )
 
     async def ready(self) -> bool:
-        """Not stopping, alive (`liveness`), Redis answers (a CUDA error that poisoned the context is not
-        recovered from: failing readiness takes the server out of service, failing liveness restarts it)."""
-        if self.stopping or self.liveness() is not None:
-            return False
-        return self.service is not None and await self.service.store.ping()
+        """Whether the server should get traffic (`not_ready` says why not)."""
+        return await self.not_ready() is None
+
+    async def not_ready(self) -> str | None:
+        """Why the server should get no traffic now, or None: stopping, not alive (`liveness`: a CUDA error that
+        poisoned the context is not recovered from: failing readiness takes the server out of service, failing
+        liveness restarts it), starting, Redis unreachable, or Redis unfit to keep sessions (evicting, out of
+        memory, a read-only replica: store/redis_health.py)."""
+        if self.stopping:
+            return "the server is shutting down"
+        alive = self.liveness()
+        if alive is not None:
+            return f"{alive}; restart the server"
+        if self.service is None or self.health is None:
+            return "the server is starting"
+        try:
+            state = await self.health.check()
+        except Unavailable as exc:
+            return exc.message
+        return "; ".join(state.problems) or None
 
     def liveness(self) -> str | None:
         """Why the process must be restarted, or None while it is alive (`/health`): the device failed (a
@@ -417,6 +476,53 @@ class Runtime:
         if self.embedded_redis.ephemeral:
             return "stopped; the throw-away sessions were deleted with their temporary directory"
         return f"stopped; sessions are kept in {self.embedded_redis.data_dir} for the next start{what}"
+
+
+def open_blocks(settings: Settings, embedded: EmbeddedRedis | None) -> BlockStore:
+    """The block store the settings name (with --ephemeral, in the private Redis's temporary directory)."""
+    location = block_store_location(settings)
+    if not location:
+        assert embedded is not None
+        location = str(embedded.data_dir / "blocks")
+    cache = user_data_dir() / "block-cache" / re.sub(r"[^A-Za-z0-9._-]", "_", settings.served_model_id)
+    return open_block_store(settings, location, cache_dir=cache)
+
+
+def check_redis(settings: Settings) -> None:
+    """Before the model loads: raises EvictingRedis if the configured Redis evicts keys (and the settings do not
+    accept it), so that start-up stops in one line. A Redis that does not answer yet is checked once it does."""
+
+    async def check() -> None:
+        assert settings.redis_url is not None
+        redis = connect_redis(settings, settings.redis_url)
+        try:
+            health = RedisHealth(
+                redis, prefix=settings.redis_prefix, allow_eviction=settings.redis_allow_eviction
+            )
+            info = await health.info()
+            if info.evicting and not settings.redis_allow_eviction:
+                raise EvictingRedis(eviction_refusal(info.maxmemory_policy))
+        except Unavailable:
+            pass
+        finally:
+            await redis.aclose()
+
+    if settings.redis_url is not None:
+        asyncio.run(check())
+
+
+def connect_redis(settings: Settings, url: str) -> aioredis.Redis:
+    """The client for the Redis at `url`, with the settings' timeout and passwords."""
+
+    def secret(value: SecretStr | None) -> str | None:
+        return value.get_secret_value() if value is not None else None
+
+    return connect(
+        url,
+        timeout=settings.redis_timeout_seconds,
+        password=secret(settings.redis_password),
+        sentinel_password=secret(settings.redis_sentinel_password),
+    )
 
 
 def redacted(url: str) -> str:

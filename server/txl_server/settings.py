@@ -6,6 +6,7 @@ command line.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import string
@@ -80,12 +81,45 @@ class Settings(BaseSettings):
     keep_versions: int = Field(32, ge=0, le=1024)
 
     # ---- redis
-    redis_url: str | None = None  # None: start a private redis-server for this process
+    # None: start a private redis-server for this process. redis://host:port/db, or for a Redis that fails over,
+    # redis+sentinel://host:port[,host:port...]/master-name (sessions/store/connection.py).
+    redis_url: str | None = None
+    redis_password: SecretStr | None = None  # the Redis password (kept out of the URL, which is logged)
+    redis_sentinel_password: SecretStr | None = None  # the Sentinels' password, if they have one
+    # Every Redis call is answered within this long or fails (a change that got no answer is settled, never
+    # reported as "nothing was changed": sessions/settling.py).
+    redis_timeout_seconds: float = Field(5.0, gt=0, le=60)
+    # A Redis whose maxmemory-policy evicts keys deletes live sessions silently: the server refuses to start on
+    # one unless this accepts it.
+    redis_allow_eviction: bool = False
+    # A commit waits for this many replicas to acknowledge it (Redis WAIT) before it is answered; None: one when
+    # the master has replicas, else none. redis_wait_timeout_ms bounds the wait (the commit is answered either
+    # way: it is applied on the master; one not yet replicated is counted in txl_store_commits_unreplicated).
+    redis_wait_replicas: int | None = Field(None, ge=0, le=16)
+    redis_wait_timeout_ms: int = Field(1000, ge=1, le=60000)
     # The private Redis's directory (its append-only file). None: the user's data directory (see
     # `private_redis_dir`), so that sessions outlive the process like a database's rows.
     redis_data_dir: Path | None = None
     ephemeral: bool = False  # the private Redis in a temporary directory, deleted at shutdown
     redis_prefix: str = "txl:"
+
+    # ---- the block store: where the memories of sessions at rest are (sessions/blocks/)
+    # A directory (a local disk, or a filesystem every replica mounts: NFS, EFS, Filestore, CephFS) or an object
+    # store URL (s3://bucket/prefix, gs://..., az://...; credentials from the standard environment variables).
+    # None: `blocks` in the private Redis's directory, else blocks/<model> in the user's data directory. Replicas
+    # sharing a Redis must share it.
+    block_store: str | None = None
+    # Sync each block file and its directory before a commit (a directory store): a power loss then loses nothing
+    # acknowledged; without it a crash of the server loses nothing, one of the machine its last seconds.
+    block_store_fsync: bool = False
+    # A replica's local tier in front of a shared store (an object store by default): recently used blocks on
+    # local disk, least recently used out past block_cache_bytes (None: 4 GiB for an object store, none for a
+    # directory; 0: no local tier).
+    block_cache_dir: Path | None = None
+    block_cache_bytes: int | None = Field(None, ge=0)
+    # After the session store (Redis) was found to have lost data, the block store keeps every block for this
+    # long (a Redis restored from a backup finds its sessions' blocks), then collects what no version names.
+    block_store_hold_seconds: float = Field(24 * 3600.0, ge=0)
 
     # ---- sessions
     default_ttl_seconds: int = Field(3600, ge=1)
@@ -176,6 +210,14 @@ class Settings(BaseSettings):
             parse_weights(value)
         return value
 
+    def tenant_weight(self, tenant: str) -> float:
+        """`tenant`'s weight in fair share (TXL_TENANT_WEIGHTS; 1 for the others)."""
+        return self._weights.get(tenant, 1.0)
+
+    @functools.cached_property
+    def _weights(self) -> dict[str, float]:
+        return parse_weights(self.tenant_weights or "")
+
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:
@@ -243,6 +285,19 @@ class Settings(BaseSettings):
         if self.redis_data_dir is not None:
             return self.redis_data_dir
         return user_data_dir() / "redis" / re.sub(r"[^A-Za-z0-9._-]", "_", self.served_model_id)
+
+
+def block_store_location(settings: Settings) -> str:
+    """Where the block store is: TXL_BLOCK_STORE, else `blocks` beside the private Redis's data (a temporary
+    directory with --ephemeral), else blocks/<model> in the user's data directory."""
+    if settings.block_store:
+        return settings.block_store
+    if settings.redis_url is None:
+        redis_dir = settings.private_redis_dir()
+        if redis_dir is not None:
+            return str(redis_dir / "blocks")
+        return ""  # ephemeral: the private Redis's temporary directory (runtime.py)
+    return str(user_data_dir() / "blocks" / re.sub(r"[^A-Za-z0-9._-]", "_", settings.served_model_id))
 
 
 def user_data_dir() -> Path:

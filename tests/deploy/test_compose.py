@@ -144,6 +144,7 @@ def test_redis_keeps_an_append_only_file_on_a_named_volume():
     redis = doc["services"]["redis"]
     command = redis["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
     volume, _, target = redis["volumes"][0].partition(":")
     assert target == "/data" and volume in doc["volumes"]
 

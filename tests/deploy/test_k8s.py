@@ -218,16 +218,26 @@ def test_config_holds_real_settings_and_points_at_the_redis_service():
     assert config["TXL_PERSISTENCE"] == "always"  # any replica may serve any session
     envfrom = server_container()["envFrom"]
     assert {"configMapRef": {"name": "txl-config"}} in envfrom
-    host, port = re.match(r"redis://([^:/]+):(\d+)/\d+$", config["TXL_REDIS_URL"]).groups()
-    service = find("Service", host)
-    assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+    hosts, master = re.match(r"redis\+sentinel://([^/]+)/(\w+)$", config["TXL_REDIS_URL"]).groups()
+    sentinels = find("StatefulSet", "txl-sentinel")
+    service = sentinels["spec"]["serviceName"]
+    expected = [
+        f"{sentinels['metadata']['name']}-{i}.{service}:26379" for i in range(sentinels["spec"]["replicas"])
+    ]
+    assert hosts.split(",") == expected
+    assert 26379 in [p["port"] for p in find("Service", service)["spec"]["ports"]]
+    scripts = find("ConfigMap", "txl-redis-scripts")["data"]
+    assert f"sentinel monitor {master} " in scripts["sentinel.sh"]
 
 
-def test_redis_statefulset_keeps_an_append_only_file_on_a_volume_claim():
+def test_three_redis_with_three_sentinels_keep_append_only_files_and_never_evict():
     redis = find("StatefulSet", "txl-redis")
+    assert redis["spec"]["replicas"] == 3 and find("StatefulSet", "txl-sentinel")["spec"]["replicas"] == 3
     (container,) = redis["spec"]["template"]["spec"]["containers"]
-    args = container["args"]
-    assert args[args.index("--appendonly") + 1] == "yes"
+    script = find("ConfigMap", "txl-redis-scripts")["data"]["redis.sh"]
+    assert container["command"] == ["sh", "/scripts/redis.sh"]
+    for setting in ("--appendonly yes", "--appendfsync everysec", "--maxmemory-policy noeviction"):
+        assert setting in script, setting
     claims = {c["metadata"]["name"] for c in redis["spec"]["volumeClaimTemplates"]}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts.get("data") == "/data" and "data" in claims

@@ -222,6 +222,19 @@ def render(data: dict[str, Any]) -> str:
             f"{fmt(m['tier_moves'])}; none dropped. All {m['continued_exactly']} sessions matched a server "
             "without pressure token for token (log-probabilities of every append included).",
         ]
+    if store := s.get("store_faults"):
+        out += [
+            "",
+            "**The session store's faults** (`tests/reliability/test_store_*.py`, `test_sentinel_failover.py`: real",
+            "redis-server processes; each row reproduces with `bash scripts/test.sh tests/reliability/FILE -k NAME`):",
+            "",
+            "| fault | what clients see | what is lost | test |",
+            "| --- | --- | --- | --- |",
+        ]
+        out += [
+            f"| {row['fault']} | {row['clients']} | {row['lost']} | `{row['test']}` |"
+            for _, row in sorted(store.items())
+        ]
     out += ["", "## Bad input", ""]
     if f := s.get("schemathesis"):
         failures = f["failures"]

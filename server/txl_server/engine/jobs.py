@@ -158,9 +158,13 @@ class Job:
         self.cancelled = False
         self.submitted_at = time.monotonic()  # set again when it is handed to the worker
         self.served_at: float | None = None  # when an iteration first served it (its time in queue ends)
+        self.stop_reason: Exception | None = None  # why it was cancelled, if not for its client leaving
 
-    def cancel(self) -> None:
-        """Leave the worker at its next iteration; nothing the job computed is kept."""
+    def cancel(self, reason: Exception | None = None) -> None:
+        """Leave the worker at its next iteration; nothing the job computed is kept. The job ends with `reason`
+        as its error (default: its client went away)."""
+        if not self.cancelled:
+            self.stop_reason = reason
         self.cancelled = True
 
     def emit(self, event: Event) -> None:

@@ -146,7 +146,7 @@ class Outputs:
 
     def cancelled(self, task: DecodeTask | IngestTask) -> None:
         """A job the scheduler dropped for its cancellation."""
-        task.job.emit(ErrorEvent(CancelledByClient()))
+        task.job.emit(ErrorEvent(task.job.stop_reason or CancelledByClient()))
 
 
 def boundaries(task: IngestTask, logprobs: list[float]) -> list[Boundary]:

@@ -12,6 +12,7 @@ the batch's pacing read it (`admission.pacing.Timing`).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,9 +21,13 @@ import torch
 from txl import TransfoXLLMHeadModel
 from txl.sampling import SamplingParams
 
+from ..admission.targets import LatencyTargets, latency_targets
+from ..settings import Settings
 from .rows import ChunkRow, DecodeRow
 from .runner import ModelRunner
 from .state import ModelState
+
+log = logging.getLogger(__name__)
 
 SMOOTHING = 0.05  # each served iteration's weight in the scale: it follows the last ~20 iterations
 SCALE_BOUNDS = (0.2, 50.0)  # what one iteration may say of the device: a GC pause is not a new machine
@@ -107,6 +112,22 @@ class Measurable(Protocol):
     max_batch_size: int
 
     def empty_state(self, mem_len: int) -> ModelState: ...
+
+    def pace(self, targets: LatencyTargets, measured: Measured) -> None: ...
+
+
+def pace_worker(worker: Measurable, settings: Settings) -> None:
+    """Admission and pacing to the latency targets: those set, or measured for the device now (before the
+    worker starts)."""
+    measured = measure_steps(worker)
+    targets = latency_targets(
+        ttft=settings.ttft_target_seconds,
+        tbt=settings.tbt_target_seconds,
+        one_row_step=measured.one_row,
+        one_segment=measured.segment,
+    )
+    worker.pace(targets, measured)
+    log.info("latency targets: %s", targets.describe())
 
 
 def measure_steps(worker: Measurable, *, rows: int = 16, repeat: int = 5) -> Measured:

@@ -18,7 +18,7 @@ from ..errors import NotFound
 from .persistence import Persistence
 from .placement import Placement
 from .recovery import Recovery
-from .step import Steps
+from .step import ReceiptOf, Steps
 from .store.sessions import SessionMeta, SessionStore
 from .store.versions import BlocksMissing, VersionSummary
 
@@ -84,10 +84,19 @@ class SessionHistory:
             code="version_not_found",
         )
 
-    async def rewind(self, owner: str, session_id: str, version: int) -> SessionMeta:
-        """The session continues from version `version`'s memory, as a new version (kind "rewind")."""
+    async def rewind(
+        self, owner: str, session_id: str, version: int, *, receipt: ReceiptOf | None = None
+    ) -> SessionMeta:
+        """The session continues from version `version`'s memory, as a new version (kind "rewind"); `receipt`:
+        the Idempotency-Key's record of it, written with the commit."""
         async with self.steps.hold(owner, session_id) as (meta, _, lease):
             state, summary = await self.state_at(meta, version)
             return await self.steps.commit(
-                meta, state, summary.tokens, lease=lease, kind="rewind", text=summary.text_tail
+                meta,
+                state,
+                summary.tokens,
+                lease=lease,
+                kind="rewind",
+                text=summary.text_tail,
+                receipt=receipt,
             )

@@ -1,11 +1,13 @@
-"""Persistence: a session's state to Redis and back, and to a snapshot and back.
+"""Persistence: a session's state to the stores and back, and to a snapshot and back.
 
-What Redis holds of a state is a stored version: its blocks, each written once and listed by every version that
-reads it (store/blocks.py). The server knows which pool blocks Redis holds (`BlockIndex`), so a write sends only
-the blocks Redis lacks; if some of those expired meanwhile, the write is refused whole and sent again with every
-block. When a version is written depends on the persistence mode (TXL_PERSISTENCE): `always` with every commit
-(store/sessions.py), `evict` when the session leaves this process (placement.py), `none` never. A restored state
-is written into the device's pool on the worker's thread, which owns it.
+What the stores hold of a state is a stored version: its blocks' bytes in the block store (sessions/blocks/),
+each written once and listed by every version that reads it, and in Redis the version's header and each block's
+references (store/blocks.py). The server knows which pool blocks the store holds (`BlockIndex`), so a write sends
+only the blocks it lacks, in parallel and off the event loop, before Redis hears of the version; if some of those
+expired meanwhile, Redis refuses the version whole and it is sent again with every block. When a version is
+written depends on the persistence mode (TXL_PERSISTENCE): `always` with every commit (store/sessions.py),
+`evict` when the session leaves this process (placement.py), `none` never. A restored state is written into the
+device's pool on the worker's thread, which owns it.
 
 A snapshot is one safetensors blob holding a session's memory with its metadata in the header: sessions move
 between deployments as snapshots (export, then import as a new session).
@@ -26,8 +28,10 @@ from ..engine.worker import Worker
 from ..errors import Gone, InvalidRequest
 from ..settings import Persistence as PersistenceMode
 from ..settings import Settings
+from .blocks.store import BlocksLost, BlockStore
 from .state_cache import Entry
 from .store.blocks import BlockIndex, legacy_state, restore, snapshot
+from .store.plumbing import now
 from .store.sessions import SessionMeta, SessionStore
 from .store.versions import BlocksMissing, LoadedVersion, VersionSummary, VersionWrite
 
@@ -51,6 +55,7 @@ class Persistence:
         model: TransfoXLLMHeadModel,
         worker: Worker,
         store: SessionStore,
+        blocks: BlockStore,
         max_mem_len: int,
         vocab_size: int,
     ) -> None:
@@ -58,9 +63,10 @@ class Persistence:
         self.model = model
         self.worker = worker
         self.store = store
+        self.blocks = blocks
         # What a snapshot must fit to be imported.
         self.max_mem_len, self.vocab_size = max_mem_len, vocab_size
-        # Which pool blocks Redis already holds: a write sends only the others (store/blocks.py).
+        # Which pool blocks the block store already holds: a write sends only the others (store/blocks.py).
         self.index = BlockIndex()
 
     @property
@@ -78,16 +84,18 @@ class Persistence:
     async def version_write(
         self, state: ModelState, summary: VersionSummary, *, full: bool = False
     ) -> VersionWrite:
-        """The state as a version to store: the blocks Redis does not hold yet (all with `full`), read off the
-        loop."""
+        """The state as a version to store, its new blocks (those the store does not hold yet; all with `full`)
+        read off the loop and written to the block store: a version never names a block not yet written."""
         stored = await asyncio.to_thread(snapshot, state, self.index, full=full)
-        return VersionWrite(stored, summary, self.settings.keep_versions)
+        written_at = now()
+        await self.blocks.write(stored.new_blocks)
+        return VersionWrite(stored, summary, self.settings.keep_versions, written_at)
 
     async def write(
         self, call: Callable[[VersionWrite], Awaitable[T]], write: VersionWrite, state: ModelState
     ) -> T:
-        """Runs a store write; if Redis lacks blocks the index thought it held (they expired), writes every block
-        again. The index then learns the blocks written."""
+        """Runs a store write; if Redis lacks blocks the index thought the store held (they expired), or took too
+        long to hear of the new ones, writes every block again. The index then learns the blocks written."""
         try:
             result = await call(write)
         except BlocksMissing as exc:
@@ -133,19 +141,43 @@ class Persistence:
             ) from exc
 
     async def restore(self, stored: LoadedVersion) -> ModelState:
-        """A version read back from Redis, in the device's pool (written on the worker thread)."""
+        """A stored version read back (its blocks from the block store, or Redis for an older server's), in the
+        device's pool (written on the worker thread). Gone (code `store_blocks_missing`) if the block store lacks
+        some of its blocks or holds them damaged."""
         if stored.legacy is not None:
             return await self._load(stored.legacy)
         assert stored.header is not None
         header, hidden = stored.header, stored.hidden
-        layout, pool, grid, index = self.model.memory_layout(), self.worker.pool, self.worker.grid, self.index
+        layout, pool, grid = self.model.memory_layout(), self.worker.pool, self.worker.grid
         if stored.legacy_blocks:
             blocks = stored.legacy_blocks
             return await self.worker.call(
                 lambda: legacy_state(header, hidden, blocks, layout, pool, grid=grid)
             )
-        data = stored.blocks
+        data = await self._block_bytes(header, stored.blocks)
+        # An older server's blocks (their bytes in Redis) are not learned: the next commit writes them to the block
+        # store, and Redis's copy goes with the versions that list it.
+        index = self.index if all(not b for b in stored.blocks) else BlockIndex()
         return await self.worker.call(lambda: restore(header, hidden, data, layout, pool, index, grid=grid))
+
+    async def _block_bytes(self, header: dict[str, Any], in_redis: list[bytes]) -> list[bytes]:
+        """Every block's bytes, in table order: those Redis does not hold read from the block store."""
+        ids = list(header.get("blocks", []))
+        wanted = [i for i, data in enumerate(in_redis) if not data]
+        try:
+            fetched = await self.blocks.read([ids[i] for i in wanted])
+        except BlocksLost as exc:
+            raise Gone(
+                f"this session's stored memory is incomplete: {len(exc.missing)} of its blocks are missing from "
+                f"the block store and {len(exc.damaged)} damaged there (deleted by hand, or a write cut short); "
+                "it cannot be continued",
+                param="session_id",
+                code="store_blocks_missing",
+            ) from exc
+        data = list(in_redis)
+        for i, block in zip(wanted, fetched, strict=True):
+            data[i] = block
+        return data
 
     async def _load(self, data: bytes) -> ModelState:
         """A snapshot's state, in the device's pool (written on the worker thread)."""

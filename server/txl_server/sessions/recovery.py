@@ -16,6 +16,7 @@ This is checked at start-up for every session (`reconcile`), when an owner lists
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import socket
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..errors import Gone, NotFound, Unavailable
+from .acked import AckedVersions
+from .observer import SessionObserver
 from .store.sessions import SessionMeta
 from .store.stores import Stores
 
@@ -40,6 +43,10 @@ class Lost(StrEnum):
     RESTARTED = "restarted"  # persistence none: its server shut down
     UNSAVED = "unsaved"  # its server shut down gracefully but ran out of grace period before saving it
     CRASHED = "crashed"  # the process holding it stopped without saving it (killed, crashed)
+    # The session store lost what it held (acked.py): Redis came back holding an older version than was
+    # acknowledged, or without the session at all. The values are the 410s' codes.
+    STEPS_LOST = "store_lost_steps"
+    SESSION_LOST = "store_lost_session"
 
 
 _MESSAGES = {
@@ -53,6 +60,12 @@ _MESSAGES = {
     Lost.CRASHED: "this session's memory was lost: the server process that held it stopped without saving it "
     "(killed or crashed; persistence 'evict' writes memory to Redis only on eviction or a graceful shutdown, "
     "'always' at every step); create a new session",
+    Lost.STEPS_LOST: "the session store (Redis) lost this session's latest steps: it came back holding an older "
+    "version than the server acknowledged (restarted from an older snapshot, or failed over to a replica that "
+    "had not caught up). The session is not continued from there, which would give its lost version numbers to "
+    "other text; create a new session (its earlier text is in its versions list)",
+    Lost.SESSION_LOST: "the session store (Redis) lost this session: it came back without it (restarted empty, "
+    "or evicted it under memory pressure); create a new session",
 }
 
 
@@ -62,7 +75,8 @@ def gone_error(reason: str) -> Gone:
         lost = Lost(reason)
     except ValueError:  # a reason from a newer server
         lost = Lost.CRASHED
-    return Gone(_MESSAGES[lost], param="session_id")
+    code = lost.value if lost in (Lost.STEPS_LOST, Lost.SESSION_LOST) else None
+    return Gone(_MESSAGES[lost], param="session_id", code=code)
 
 
 def held_elsewhere() -> Unavailable:
@@ -100,27 +114,76 @@ class Recovery:
     """What this replica (`me`) knows of the sessions in Redis: which it can continue. `exclusive`: no other
     replica uses this Redis."""
 
-    def __init__(self, stores: Stores, *, me: Replica, exclusive: bool) -> None:
+    def __init__(
+        self,
+        stores: Stores,
+        *,
+        me: Replica,
+        exclusive: bool,
+        acked: AckedVersions | None = None,
+        observer: SessionObserver | None = None,
+    ) -> None:
         self.store = stores.sessions
         self.heartbeats = stores.heartbeats
         self.leases = stores.leases
         self.me = me
         self.exclusive = exclusive
+        self.acked = acked if acked is not None else AckedVersions()
+        self.observer = observer or SessionObserver()
 
     async def owned(self, owner: str, session_id: str) -> SessionMeta:
-        """The owner's session (a gone one too); NotFound for any other, whether it exists or not."""
+        """The owner's session (a gone one too); NotFound for any other, whether it exists or not (410 for one
+        this process acknowledged that Redis lost)."""
         meta = await self.store.get(session_id)
         if meta is None or not secrets.compare_digest(meta.owner, owner):
-            raise NotFound(f"no session {session_id!r}", param="session_id")
+            raise await self.not_found(owner, session_id)
         return meta
 
     async def get(self, owner: str, session_id: str) -> SessionMeta:
         """The owner's session, if it can be continued; 410 if its memory is lost."""
         meta = await self.owned(owner, session_id)
+        if meta.tier != "gone":
+            await self.check_acked(meta)
         if meta.tier == "gone" or not await self.settle([meta]):
             gone = await self.store.get(session_id)
             raise gone_error(gone.gone if gone is not None else Lost.CRASHED)
         return meta
+
+    async def not_found(self, owner: str, session_id: str) -> NotFound | Gone:
+        """The error for a session Redis does not hold for `owner`: 404, unless this process acknowledged it and
+        it cannot have expired or been deleted since (Redis lost it: 410, and marked so for every replica)."""
+        known = self.acked.lost(session_id)
+        if known is None or not secrets.compare_digest(known.owner, owner):
+            return NotFound(f"no session {session_id!r}", param="session_id")
+        if await self.store.was_deleted(session_id):
+            self.acked.forget(session_id)
+            return NotFound(f"no session {session_id!r}", param="session_id")
+        self._report_loss(known, None)
+        await self.store.mark_lost(known, Lost.SESSION_LOST)
+        return gone_error(Lost.SESSION_LOST)
+
+    async def check_acked(self, meta: SessionMeta) -> None:
+        """Raises 410 (`store_lost_steps`) if Redis holds `meta`'s session at an older version than this process
+        acknowledged, marking it gone for every replica: its lost version numbers are never given again."""
+        known = self.acked.behind(meta)
+        if known is None:
+            return
+        self._report_loss(known, meta.version)
+        await self.store.mark_gone(meta, Lost.STEPS_LOST)
+        raise gone_error(Lost.STEPS_LOST)
+
+    def _report_loss(self, known: SessionMeta, held: int | None) -> None:
+        what = "without it" if held is None else f"holding version {held}"
+        log.error(
+            "the session store (Redis) lost acknowledged steps: session %s… was acknowledged at version %d but "
+            "Redis came back %s (restarted from an older snapshot or empty, lost the end of its append-only file, "
+            "evicted it, or failed over to a replica that had not caught up); it now answers 410",
+            known.id[:8],
+            known.version,
+            what,
+        )
+        self.observer.on_store_loss("session" if held is None else "steps")
+        self.acked.forget(known.id)
 
     async def list_continuable(self, owner: str) -> list[SessionMeta]:
         """The owner's sessions that can be continued: never one whose memory is lost."""
@@ -131,7 +194,15 @@ class Recovery:
 
         Continuable: Redis holds its memory at its version, or its holder is alive (this process: it committed the
         session, and may be placing it in its cache right now)."""
-        candidates = [meta for meta in metas if meta.tier != "gone"]
+        candidates = []
+        for meta in metas:
+            if meta.tier == "gone":
+                continue
+            if self.acked.behind(meta) is not None:
+                with contextlib.suppress(Gone):
+                    await self.check_acked(meta)
+                continue
+            candidates.append(meta)
         stored = await self.store.newest_stored([meta.id for meta in candidates])
         unstored = [meta for meta in candidates if stored.get(meta.id) != meta.version]
         others = [meta.holder for meta in unstored if meta.holder and meta.holder != self.me.id]

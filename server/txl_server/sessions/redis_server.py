@@ -162,6 +162,7 @@ class EmbeddedRedis:
             "--bind", "127.0.0.1",
             "--dir", str(self.data_dir),
             "--appendonly", "yes" if self.appendonly else "no",
+            "--maxmemory-policy", "noeviction",  # never delete a session on its own (store/redis_health.py)
             "--save", "",
             "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),

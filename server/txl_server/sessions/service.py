@@ -34,6 +34,7 @@ from ..limits import check_max_tokens
 from ..memory_budgets import MemoryBudgets
 from ..settings import Settings
 from .admission import Admission
+from .blocks.store import BlockStore
 from .history import SessionHistory
 from .memories import MemoryService
 from .observer import SessionObserver
@@ -42,7 +43,8 @@ from .placement import Placement, Released
 from .prefix_cache import PrefixCache, PromptReader, start_token
 from .recovery import Recovery, Replica
 from .state_cache import StateCache
-from .step import Progress, Steps, to_the_end
+from .step import OutcomeReceipt, Progress, ReceiptOf, Steps, of_outcome
+from .store.idempotency import Receipt
 from .store.plumbing import now
 from .store.sessions import SessionMeta
 from .store.stores import Stores
@@ -81,6 +83,7 @@ class SessionService:
         tokenizer: Tokenizer,
         worker: Worker,
         stores: Stores,
+        blocks: BlockStore,
         budgets: MemoryBudgets,
         model_id: str,
         observer: SessionObserver | None = None,
@@ -101,7 +104,7 @@ class SessionService:
         # Who this process is to other replicas (the holder of the sessions it commits), and whether it is the
         # only one using its Redis (a private Redis): see recovery.py.
         self.replica = replica or Replica.new(settings.port)
-        self.recovery = Recovery(stores, me=self.replica, exclusive=exclusive)
+        self.recovery = Recovery(stores, me=self.replica, exclusive=exclusive, observer=self.observer)
 
         self.cache = StateCache(device_budget=budgets.device, host_budget=budgets.host)
         self.prefix_cache = PrefixCache(budget_bytes=budgets.prefix_cache, grid=worker.grid, salt=model_id)
@@ -114,6 +117,7 @@ class SessionService:
             model=model,
             worker=worker,
             store=self.store,
+            blocks=blocks,
             max_mem_len=self.max_mem_len,
             vocab_size=tokenizer.vocab_size,
         )
@@ -134,6 +138,7 @@ class SessionService:
             leases=stores.leases,
             placement=self.placement,
             persistence=self.persistence,
+            recovery=self.recovery,
             observer=self.observer,
             holder=self.replica.id,
         )
@@ -184,18 +189,21 @@ class SessionService:
         metadata: dict[str, Any] | None = None,
         progress: Progress | None = None,
         memory: str | None = None,
+        receipt: ReceiptOf | None = None,
         klass: RequestClass | None = None,
     ) -> SessionMeta:
         """A new session that read `text`; `progress(tokens_done, tokens_total)` is called as the text is fed
         (first with 0, once the session is admitted). With `memory`, the preloaded memory's document first (its
-        state shared: the cost does not depend on the document's length). `klass`: the request's class, by which
-        the worker admits and schedules its work (admission.classes; here and in every step below)."""
+        state shared: the cost does not depend on the document's length). `receipt`: the Idempotency-Key's
+        record of the new session, written with it. `klass`: the request's class, by which the worker admits and
+        schedules its work (admission.classes; here and in every step below)."""
         if memory is not None:
             return await self._create_from(
-                owner, memory, text, mem_len, ttl_seconds, metadata, progress, klass
+                owner, memory, text, mem_len, ttl_seconds, metadata, progress, receipt, klass
             )
+        tokens = self.tokenizer.encode(text)
         meta, _ = await self._create_reading(
-            owner, text, self.tokenizer.encode(text), mem_len, ttl_seconds, metadata, progress, klass=klass
+            owner, text, tokens, mem_len, ttl_seconds, metadata, progress, receipt, klass=klass
         )
         return meta
 
@@ -205,7 +213,7 @@ class SessionService:
         """A new private session (`_register`) that read `text` (already encoded as `tokens`), for a step that
         follows at once, and how many of its tokens came from the prefix cache."""
         return await self._create_reading(
-            owner, text, tokens, None, None, None, None, private=True, klass=klass
+            owner, text, tokens, None, None, None, None, None, private=True, klass=klass
         )
 
     async def _create_reading(
@@ -217,6 +225,7 @@ class SessionService:
         ttl_seconds: int | None,
         metadata: dict[str, Any] | None,
         progress: Progress | None,
+        receipt: ReceiptOf | None,
         *,
         private: bool = False,
         klass: RequestClass | None = None,
@@ -238,6 +247,7 @@ class SessionService:
             kind="create",
             text=text,
             private=private,
+            receipt=receipt,
         )
         self.observer.on_tokens("ingested", len(tokens) + 1)
         self.observer.on_prefix_cache(read.cached, len(tokens) + 1)
@@ -252,6 +262,7 @@ class SessionService:
         ttl_seconds: int | None,
         metadata: dict[str, Any] | None,
         progress: Progress | None,
+        receipt: ReceiptOf | None,
         klass: RequestClass | None,
     ) -> SessionMeta:
         """A new session holding the memory's state (its blocks shared), then `text`: it continues exactly like
@@ -270,7 +281,14 @@ class SessionService:
                 assert isinstance(result, AdvanceResult)
                 state = result.state
             meta = await self._register(
-                owner, state, memory.tokens + len(tokens), ttl, dict(metadata or {}), kind="create", text=text
+                owner,
+                state,
+                memory.tokens + len(tokens),
+                ttl,
+                dict(metadata or {}),
+                kind="create",
+                text=text,
+                receipt=receipt,
             )
         self.observer.on_tokens("ingested", len(tokens))
         return meta
@@ -286,6 +304,7 @@ class SessionService:
         kind: str,
         text: str | None = None,
         private: bool = False,
+        receipt: ReceiptOf | None = None,
     ) -> SessionMeta:
         """A new session at version 1 holding `state`: metadata (and its stored version) to Redis, state to the
         device. A `private` one (made for a turn that will commit its next version before anyone learns its id)
@@ -307,26 +326,21 @@ class SessionService:
             metadata=metadata,
         )
         summary = VersionSummary.of(1, tokens, stamp, kind, text)
-        persistence = self.persistence
-        stored = persistence.always and not private
-        write = await persistence.version_write(state, summary) if stored else None
-
-        async def register() -> None:
-            if write is None:
-                await self.store.create(meta)
-            else:
-                await persistence.write(lambda w: self.store.create(meta, w), write, state)
-            await self.placement.place(meta, state, summary=summary)
-            if persistence.always and not stored:
-                self.cache.pin(meta.id)  # nowhere else yet: it must not leave the device (its step unpins it)
-
-        await to_the_end(register())
+        always = self.persistence.always
+        await self.steps.create(
+            meta,
+            state,
+            summary=summary,
+            stored=always and not private,
+            # nowhere else yet: it must not leave the device (its step unpins it)
+            pin=always and private,
+            receipt=receipt,
+        )
         return meta
 
-    async def delete(self, owner: str, session_id: str) -> None:
+    async def delete(self, owner: str, session_id: str, *, receipt: Receipt | None = None) -> None:
         meta = await self.recovery.owned(owner, session_id)  # a gone session too: its owner may tidy up
-        async with self.steps.exclusive(owner, session_id):
-            await self.store.delete(meta)
+        await self.steps.delete(meta, receipt=receipt)
         self.placement.forget(session_id)
 
     async def fork(
@@ -336,6 +350,7 @@ class SessionService:
         *,
         metadata: dict[str, Any] | None = None,
         version: int | None = None,
+        receipt: ReceiptOf | None = None,
     ) -> SessionMeta:
         """A new session with the same memory as the session's newest version, or as `version` (its blocks
         shared: a fork costs a table, not a copy)."""
@@ -347,7 +362,9 @@ class SessionService:
             state, summary = await self.history.state_at(meta, version)
             tokens = summary.tokens
         child_metadata = dict(meta.metadata if metadata is None else metadata)
-        return await self._register(owner, state, tokens, meta.ttl_seconds, child_metadata, kind="fork")
+        return await self._register(
+            owner, state, tokens, meta.ttl_seconds, child_metadata, kind="fork", receipt=receipt
+        )
 
     # ------------------------------------------------------------------ moving sessions between deployments
 
@@ -357,14 +374,14 @@ class SessionService:
         return await self.persistence.export(meta, await self.placement.fetch(meta))
 
     async def import_snapshot(
-        self, owner: str, data: bytes, *, ttl_seconds: int | None = None
+        self, owner: str, data: bytes, *, ttl_seconds: int | None = None, receipt: ReceiptOf | None = None
     ) -> SessionMeta:
         """A new session (new id, this owner) holding an exported session's memory."""
         imported = await self.persistence.imported(data)
         await self.admission.session(owner, imported.state.mem_len)
         ttl = self.admission.ttl(ttl_seconds)
         return await self._register(
-            owner, imported.state, imported.tokens, ttl, imported.metadata, kind="import"
+            owner, imported.state, imported.tokens, ttl, imported.metadata, kind="import", receipt=receipt
         )
 
     # ------------------------------------------------------------------ steps
@@ -376,17 +393,25 @@ class SessionService:
         text: str,
         *,
         progress: Progress | None = None,
+        receipt: OutcomeReceipt[AppendOutcome] | None = None,
         klass: RequestClass | None = None,
     ) -> AppendOutcome:
         """Feeds `text`; `progress(tokens_done, tokens_total)` is called as it is fed (first with 0, once the step
-        holds the session)."""
+        holds the session). `receipt`: the Idempotency-Key's record of the outcome, written with the commit."""
         tokens = self.tokenizer.encode(text)
         async with self.steps.hold(owner, session_id) as (meta, state, lease):
             job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=klass)
             result = await self.steps.run(job, lease, progress=progress)
             assert isinstance(result, AdvanceResult)
+            logprob = result.logprob
             committed = await self.steps.commit(
-                meta, result.state, meta.tokens + len(tokens), lease=lease, kind="append", text=text
+                meta,
+                result.state,
+                meta.tokens + len(tokens),
+                lease=lease,
+                kind="append",
+                text=text,
+                receipt=of_outcome(receipt, lambda new: AppendOutcome(new, len(tokens), logprob)),
             )
         self.observer.on_tokens("ingested", len(tokens))
         return AppendOutcome(committed, len(tokens), result.logprob)
@@ -404,6 +429,7 @@ class SessionService:
         top_logprobs: int = 0,
         report_progress: bool = False,
         expected_version: int | None = None,
+        receipt: OutcomeReceipt[GenerateOutcome] | None = None,
         klass: RequestClass | None = None,
     ) -> AsyncGenerator[TokenEvent | ProgressEvent | GenerateOutcome, None]:
         """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
@@ -414,6 +440,7 @@ class SessionService:
         `prompt_tokens`, when the caller has already encoded `text` (or was given token ids), are used as they
         are: a request's text is encoded once. With `expected_version`, the step runs only if the session is at
         that version when its lease is taken (else Conflict, code `version_moved`, before any event).
+        `receipt`: the Idempotency-Key's record of the outcome, written with the commit.
         """
         check_max_tokens(self.settings, max_tokens)
         prompt = self.tokenizer.encode(text) if prompt_tokens is None else list(prompt_tokens)
@@ -448,6 +475,7 @@ class SessionService:
                     elif isinstance(event, GenerateResult):
                         result = dataclasses.replace(event, prompt_tokens=len(prompt))
             assert result is not None
+            finished = result
             committed = await self.steps.commit(
                 meta,
                 result.state,
@@ -455,6 +483,7 @@ class SessionService:
                 lease=lease,
                 kind="generate",
                 text=text + result.text,
+                receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
             )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)

@@ -21,21 +21,55 @@ from typing import Any, TypeVar
 from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateResult, Job, ProgressEvent, job_result, run_job
 from ..engine.state import ModelState
 from ..engine.worker import Worker
-from ..errors import Conflict, NotFound
+from ..errors import Conflict, InvalidRequest, NotFound, OutcomeUnknown, Unavailable
 from ..settings import Settings
 from .observer import SessionObserver
 from .persistence import Persistence
 from .placement import Placement
-from .recovery import Lost, gone_error
+from .recovery import Lost, Recovery, gone_error
 from .request_queue import RequestQueues
+from .settling import settled
 from .state_cache import DEVICE
-from .store.leases import Lease, LeaseStore
+from .store.idempotency import Receipt
+from .store.lease import Lease, new_token
+from .store.leases import LeaseStore
 from .store.plumbing import now
-from .store.sessions import SessionGone, SessionMeta, SessionStore
-from .store.versions import VersionSummary
+from .store.sessions import Fenced, SessionGone, SessionMeta, SessionStore
+from .store.versions import VersionSummary, VersionWrite
 
 T = TypeVar("T")
 Progress = Callable[[int, int], None]  # (tokens_done, tokens_total)
+# The Idempotency-Key's record of the version a step commits (None: the request has no key).
+ReceiptOf = Callable[[SessionMeta], Receipt | None]
+Outcome = TypeVar("Outcome")
+# The record of a step's outcome (what its answer is made of).
+OutcomeReceipt = Callable[[Outcome], Receipt | None]
+
+
+def of_outcome(
+    receipt: OutcomeReceipt[Outcome] | None, outcome: Callable[[SessionMeta], Outcome]
+) -> ReceiptOf | None:
+    """`receipt` of the outcome a committed version makes (None without one)."""
+    if receipt is None:
+        return None
+    return lambda committed: receipt(outcome(committed))
+
+
+# Settling a lost reply waits this long past the lease's TTL (Redis's and this process's clocks tick alike).
+SETTLE_MARGIN_SECONDS = 1.0
+
+
+def lease_lost() -> Conflict:
+    return Conflict(
+        "this step lost the session's lease (it could not renew it within TXL_LEASE_TTL_SECONDS, and another "
+        "writer may have taken it): nothing was committed; retry",
+        param="session_id",
+        code="lease_lost",
+    )
+
+
+def session_limit(limit: int) -> InvalidRequest:
+    return InvalidRequest(f"session limit reached ({limit}); delete some first", code="session_limit")
 
 
 async def to_the_end(step: Coroutine[Any, Any, T]) -> T:
@@ -64,6 +98,7 @@ class Steps:
         leases: LeaseStore,
         placement: Placement,
         persistence: Persistence,
+        recovery: Recovery,
         observer: SessionObserver,
         holder: str,
     ) -> None:
@@ -73,6 +108,7 @@ class Steps:
         self.leases = leases
         self.placement = placement
         self.persistence = persistence
+        self.recovery = recovery
         self.observer = observer
         self.holder = holder  # this replica's id: the holder of every version it commits
         self.queues = RequestQueues()
@@ -90,6 +126,8 @@ class Steps:
             except Conflict:
                 self.observer.on_conflict()
                 raise
+            except NotFound:
+                raise await self.recovery.not_found(owner, session_id) from None
             state = await self.placement.fetch(meta)
             cache = self.placement.cache
             cache.pin(session_id)
@@ -126,10 +164,11 @@ class Steps:
         lease: Lease,
         kind: str,
         text: str | None = None,
+        receipt: ReceiptOf | None = None,
     ) -> SessionMeta:
         """Commits `state` as the version after `meta`'s, holding `tokens` tokens of text (`kind` and `text`: what
-        the step was and what it added, for the versions list). With persistence `always`, only the blocks Redis
-        does not hold yet are written."""
+        the step was and what it added, for the versions list), with the Idempotency-Key's record `receipt`
+        makes of the version. With persistence `always`, only the blocks Redis does not hold yet are written."""
         new = dataclasses.replace(
             meta,
             tokens=tokens,
@@ -142,34 +181,121 @@ class Steps:
         summary = VersionSummary.of(new.version, new.tokens, new.last_used, kind, text)
         persistence = self.persistence
         version = await persistence.version_write(state, summary) if persistence.always else None
+        record = receipt(new) if receipt is not None else None
+
+        async def write(stored: VersionWrite | None) -> bool:
+            # In "evict" mode an older stored version may sit in Redis: drop it with the commit, it is stale.
+            return await self.store.commit(
+                new,
+                expected_version=meta.version,
+                lease=lease,
+                write=stored,
+                drop_stored=stored is None,
+                receipt=record,
+            )
 
         async def commit() -> None:
+            sent = time.monotonic()
             try:
-                await write()
+                committed = await (
+                    write(None) if version is None else persistence.write(write, version, state)
+                )
             except SessionGone:  # declared lost meanwhile (its holder looked dead): gone for every replica
                 fresh = await self.store.get(meta.id)
                 raise gone_error(fresh.gone if fresh is not None else Lost.CRASHED) from None
-            await self.placement.place(new, state, summary=summary)
-
-        async def write() -> None:
-            expected, token = meta.version, lease.token
-            if version is None:
-                # In "evict" mode an older stored version may sit in Redis: drop it with the commit, it is stale.
-                committed = await self.store.commit(
-                    new, expected_version=expected, drop_stored=True, lease_token=token
-                )
-            else:
-                committed = await persistence.write(
-                    lambda w: self.store.commit(new, expected_version=expected, write=w, lease_token=token),
-                    version,
-                    state,
-                )
+            except Fenced:
+                raise lease_lost() from None
+            except OutcomeUnknown:
+                await self._settled(meta.id, "commit", lease, sent, meta.version)
+                committed = True
             if not committed:
                 raise NotFound(f"no session {meta.id!r}", param="session_id")
             lease.released = True  # handed back by the commit
+            await self.placement.place(new, state, summary=summary)
+            self.recovery.acked.note(new)
 
         await to_the_end(commit())
         return new
+
+    async def create(
+        self,
+        meta: SessionMeta,
+        state: ModelState,
+        *,
+        summary: VersionSummary,
+        stored: bool,
+        pin: bool = False,
+        receipt: ReceiptOf | None = None,
+    ) -> None:
+        """Registers the new session `meta` (version 1) holding `state`: its id reserved under its owner's
+        session limit, its metadata (and, if `stored`, its stored version) written to Redis with the
+        Idempotency-Key's record `receipt` makes of it, then its state placed on the device (`pin`: and kept
+        there until a step unpins it)."""
+        write = await self.persistence.version_write(state, summary) if stored else None
+        record = receipt(meta) if receipt is not None else None
+        lease = Lease(meta.id, new_token(self.holder), self.settings.lease_ttl_seconds)
+
+        async def create() -> None:
+            await self._reserve(meta, lease)
+            sent = time.monotonic()
+            try:
+                if write is None:
+                    await self.store.create(meta, lease=lease, receipt=record)
+                else:
+                    await self.persistence.write(
+                        lambda w: self.store.create(meta, w, lease=lease, receipt=record), write, state
+                    )
+            except Fenced:
+                raise lease_lost() from None
+            except OutcomeUnknown:
+                await self._settled(meta.id, "commit", lease, sent, 0)
+            await self.placement.place(meta, state, summary=summary)
+            if pin:
+                self.placement.cache.pin(meta.id)
+            self.recovery.acked.note(meta)
+
+        await to_the_end(create())
+
+    async def _reserve(self, meta: SessionMeta, lease: Lease) -> None:
+        """Reserves the new session's id under its owner's session limit (and takes its lease)."""
+        limit = self.settings.max_sessions_per_tenant
+        if await self.store.reserve(meta.owner, meta.id, limit=limit, lease=lease):
+            return
+        await self.store.list(meta.owner)  # prunes the index of expired sessions
+        if not await self.store.reserve(meta.owner, meta.id, limit=limit, lease=lease):
+            raise session_limit(limit)
+
+    async def delete(self, meta: SessionMeta, *, receipt: Receipt | None = None) -> None:
+        """Deletes the session under its lease (nobody steps it meanwhile), writing `receipt` with it."""
+        async with self.exclusive(meta.owner, meta.id) as lease:
+
+            async def delete() -> None:
+                sent = time.monotonic()
+                try:
+                    await self.store.delete(meta, lease=lease, receipt=receipt)
+                except Fenced:
+                    raise lease_lost() from None
+                except OutcomeUnknown:
+                    await self._settled(meta.id, "delete", lease, sent, meta.version)
+                lease.released = True
+                self.recovery.acked.forget(meta.id)
+
+            await to_the_end(delete())
+
+    async def _settled(self, session_id: str, kind: str, lease: Lease, sent: float, version: int) -> None:
+        """Waits for Redis to say whether a change whose reply was lost was applied (settling.py): returns if it
+        was; raises Unavailable if it was not, OutcomeUnknown if Redis does not answer in time. Past the lease's
+        TTL since the change was sent, Redis refuses a late arrival by itself: no need to wait longer."""
+        self.observer.on_outcome_unknown()
+        await settled(
+            self.store,
+            session_id,
+            kind=kind,
+            lease=lease,
+            sent_at=sent,
+            wait_seconds=lease.ttl_seconds + SETTLE_MARGIN_SECONDS,
+            version=version,
+        )
 
     async def run(
         self, job: Job, lease: Lease | None = None, *, progress: Progress | None = None
@@ -182,25 +308,35 @@ class Steps:
 
         if progress is not None and isinstance(job, AdvanceJob):
             progress(0, len(job.tokens))
-        async with self._renewing(lease):
+        async with self._renewing(lease, job):
             result: AdvanceResult | GenerateResult = await job_result(self.worker, job, report)
         return result
 
     async def events(self, job: Job, lease: Lease | None) -> AsyncGenerator[Any, None]:
         """The job's events as the worker sends them, the lease kept meanwhile."""
-        async with self._renewing(lease), contextlib.aclosing(run_job(self.worker, job)) as events:
+        async with self._renewing(lease, job), contextlib.aclosing(run_job(self.worker, job)) as events:
             async for event in events:
                 yield event
 
     @contextlib.asynccontextmanager
-    async def _renewing(self, lease: Lease | None) -> AsyncIterator[None]:
-        """Keeps `lease` (if any) while the block runs: a long step outlives the lease's TTL."""
+    async def _renewing(self, lease: Lease | None, job: Job) -> AsyncIterator[None]:
+        """Keeps `lease` (if any) while the block runs: a long step outlives the lease's TTL. A renewal that finds
+        the lease taken, or that cannot reach Redis until the lease would have expired, ends the step at once (its
+        job ends with a 409 `lease_lost`): a step that went on would only compute what its commit cannot keep."""
 
         async def keep(lease: Lease) -> None:
+            renewed = time.monotonic()
             while True:
                 await asyncio.sleep(lease.ttl_seconds / 3)
-                with contextlib.suppress(Exception):
-                    await self.leases.renew(lease)
+                try:
+                    if not await self.leases.renew(lease):
+                        break
+                    renewed = time.monotonic()
+                except Unavailable:  # Redis away for a moment: the lease may hold still
+                    if time.monotonic() - renewed >= lease.ttl_seconds:
+                        break
+            self.observer.on_lease_lost()
+            job.cancel(lease_lost())
 
         renewer = asyncio.create_task(keep(lease)) if lease is not None else None
         try:

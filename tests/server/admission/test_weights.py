@@ -8,7 +8,6 @@ import hashlib
 import pytest
 from pydantic import ValidationError
 from txl_server.api.shared.auth import ApiKeys
-from txl_server.runtime import tenant_weight
 from txl_server.settings import Settings
 
 
@@ -16,7 +15,7 @@ def test_a_keys_tenant_id_takes_its_weight_and_the_others_weigh_one():
     tenant = hashlib.sha256(b"heavy-key").hexdigest()[:32]
     settings = Settings(api_keys="heavy-key,light-key", tenant_weights=f"{tenant}=3, anonymous=0.5")
     keys = ApiKeys.from_settings(settings)
-    weight = tenant_weight(settings)
+    weight = settings.tenant_weight
     assert weight(keys.tenant("Bearer heavy-key")) == 3.0
     assert weight(keys.tenant("Bearer light-key")) == 1.0 and weight("anonymous") == 0.5
 

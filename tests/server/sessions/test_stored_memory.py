@@ -1,5 +1,5 @@
-"""Stored memories in a real Redis: versions list blocks shared by reference; a block is written once and goes
-when no kept version of any session lists it."""
+"""Stored memories in a real Redis: versions list blocks shared by reference (their bytes in the block store,
+sessions/blocks/); a block's references are written once and go when no kept version of any session lists it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import uuid
 import pytest
 from redis import asyncio as aioredis
 from txl_server.sessions.store.blocks import StoredVersion
+from txl_server.sessions.store.lease import Lease, new_token
 from txl_server.sessions.store.plumbing import now
 from txl_server.sessions.store.sessions import SessionMeta, SessionStore
 from txl_server.sessions.store.versions import BlocksMissing, VersionSummary, VersionWrite
@@ -26,10 +27,13 @@ def _meta(session_id: str, version: int = 1) -> SessionMeta:
     return SessionMeta(session_id, "owner", stamp, stamp, 600, 32, "m", tokens=version, version=version)
 
 
-def _write(version: int, blocks: list[str], new: list[str], keep: int = 32) -> VersionWrite:
-    header = {"format": 3, "blocks": blocks, "fed": version}
+def _write(
+    version: int, blocks: list[str], new: list[str], keep: int = 32, written_at: float | None = None
+) -> VersionWrite:
+    header = {"format": 4, "blocks": blocks, "fed": version}
     stored = StoredVersion(header, b"h%d" % version, {b: f"data-{b}".encode() for b in new})
-    return VersionWrite(stored, VersionSummary(version, version, now(), "append", f"v{version}"), keep)
+    summary = VersionSummary(version, version, now(), "append", f"v{version}")
+    return VersionWrite(stored, summary, keep, now() if written_at is None else written_at)
 
 
 async def _refs(store: SessionStore, block: str) -> int | None:
@@ -37,20 +41,45 @@ async def _refs(store: SessionStore, block: str) -> int | None:
     return None if value is None else int(value)
 
 
+async def _lease(store: SessionStore, session_id: str) -> Lease:
+    """The session's lease, taken as a step takes it."""
+    lease = Lease(session_id, new_token("test"), 10.0)
+    assert await store.redis.set(store.keys.lease(session_id), lease.token, nx=True, px=lease.ttl_ms)
+    return lease
+
+
+async def _create(store: SessionStore, meta: SessionMeta, write: VersionWrite) -> None:
+    lease = Lease(meta.id, new_token("test"), 10.0)
+    assert await store.reserve(meta.owner, meta.id, limit=100, lease=lease)
+    await store.create(meta, write, lease=lease)
+
+
+async def _delete(store: SessionStore, meta: SessionMeta) -> None:
+    await store.delete(meta, lease=await _lease(store, meta.id))
+
+
 async def _commit(store, session_id, version, blocks, new, keep=32):
+    return await _commit_write(store, session_id, version, _write(version, blocks, new, keep))
+
+
+async def _commit_write(store, session_id, version, write):
     return await store.commit(
-        _meta(session_id, version), expected_version=version - 1, write=_write(version, blocks, new, keep)
+        _meta(session_id, version),
+        expected_version=version - 1,
+        lease=await _lease(store, session_id),
+        write=write,
     )
 
 
 async def test_versions_share_blocks_and_a_block_goes_with_its_last_reference(store):
-    await store.create(_meta("s"), _write(1, ["a", "b"], ["a", "b"]))
+    await _create(store, _meta("s"), _write(1, ["a", "b"], ["a", "b"]))
     assert await _commit(store, "s", 2, ["a", "c"], ["c"])
     assert [await _refs(store, b) for b in "abc"] == [2, 1, 1]
     first = await store.load_version("s", 1)
-    assert first.blocks == [b"data-a", b"data-b"] and first.hidden == b"h1" and first.header["fed"] == 1
+    assert first.header["blocks"] == ["a", "b"] and first.hidden == b"h1" and first.header["fed"] == 1
+    assert first.blocks == [b"", b""]  # their bytes are in the block store, not in Redis
     newest = await store.load_version("s")
-    assert newest.version == 2 and newest.blocks == [b"data-a", b"data-c"]
+    assert newest.version == 2 and newest.header["blocks"] == ["a", "c"]
     # Keeping two versions: the third pushes the first out, and b (listed only by it) goes.
     assert await _commit(store, "s", 3, ["a", "d"], ["d"], keep=2)
     assert [await _refs(store, b) for b in "abcd"] == [2, None, 1, 1]
@@ -60,33 +89,54 @@ async def test_versions_share_blocks_and_a_block_goes_with_its_last_reference(st
 
 
 async def test_a_fork_lists_its_parents_blocks_and_outlives_it(store):
-    await store.create(_meta("p"), _write(1, ["a", "b"], ["a", "b"]))
-    await store.create(_meta("f"), _write(1, ["a", "b"], []))  # nothing written: both blocks listed
+    await _create(store, _meta("p"), _write(1, ["a", "b"], ["a", "b"]))
+    await _create(store, _meta("f"), _write(1, ["a", "b"], []))  # nothing written: both blocks listed
     assert [await _refs(store, b) for b in "ab"] == [2, 2]
-    await store.delete(_meta("p"))
+    await _delete(store, _meta("p"))
     assert [await _refs(store, b) for b in "ab"] == [1, 1]
-    assert (await store.load_version("f")).blocks == [b"data-a", b"data-b"]
-    await store.delete(_meta("f"))
+    assert (await store.load_version("f")).header["blocks"] == ["a", "b"]
+    await _delete(store, _meta("f"))
     assert [await _refs(store, b) for b in "ab"] == [None, None]
-    assert not await store.redis.keys(store.prefix + "*")
+    # What stays: the deleted marks (until the sessions would have expired) and the store's identity.
+    left = sorted(k.decode().removeprefix(store.prefix) for k in await store.redis.keys(store.prefix + "*"))
+    assert left == ["d:f", "d:p", "store"]
 
 
 async def test_a_version_listing_a_block_the_store_lacks_writes_nothing(store):
-    await store.create(_meta("s"), _write(1, ["a"], ["a"]))
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))
     with pytest.raises(BlocksMissing) as missing:
         await _commit(store, "s", 2, ["a", "zz"], [])
     assert missing.value.ids == {"zz"}
     assert (await store.get("s")).version == 1 and await _refs(store, "a") == 1
     with pytest.raises(BlocksMissing):
-        await store.create(_meta("t"), _write(1, ["gone"], []))
+        await _create(store, _meta("t"), _write(1, ["gone"], []))
     assert await store.get("t") is None
 
 
+async def test_a_version_whose_new_blocks_were_written_long_ago_is_refused_whole(store):
+    """Its blocks may have been collected by the block store's sweeper, taken for a crashed writer's."""
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))
+    with pytest.raises(BlocksMissing) as stale:
+        await _commit_write(store, "s", 2, _write(2, ["a", "b"], ["b"], written_at=now() - 60))
+    assert stale.value.ids == set()
+    assert (await store.get("s")).version == 1 and await _refs(store, "b") is None
+
+
+async def test_an_older_servers_blocks_keep_their_bytes_in_redis_until_they_move(store):
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))
+    await store.redis.hset(store.keys.blocks + "a", "d", b"bytes kept by an older server")
+    assert (await store.load_version("s")).blocks == [b"bytes kept by an older server"]
+    legacy = [found async for found in store.legacy_blocks()]
+    assert legacy == [{"a": b"bytes kept by an older server"}]
+    assert await store.drop_legacy_data(["a"]) == 1
+    assert (await store.load_version("s")).blocks == [b""] and await _refs(store, "a") == 1
+
+
 async def test_blocks_live_at_least_as_long_as_every_memory_listing_them(store):
-    await store.create(_meta("s"), _write(1, ["a"], ["a"]))
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))
     long_lived = _meta("l")
     long_lived.ttl_seconds = 5000
-    await store.create(long_lived, _write(1, ["a"], []))
+    await _create(store, long_lived, _write(1, ["a"], []))
     assert await store.redis.ttl(store.keys.blocks + "a") > 4000
     await _commit(store, "s", 2, ["a"], [])  # a shorter-lived commit never shortens it
     assert await store.redis.ttl(store.keys.blocks + "a") > 4000
@@ -102,5 +152,5 @@ async def test_a_memory_an_older_server_stored_still_loads(store):
     # Its first commit in the new format replaces it whole.
     await store.redis.hset(store.keys.session("old"), mapping=_meta("old", 4).to_redis())
     assert await _commit(store, "old", 5, ["n"], ["n"])
-    assert (await store.load_version("old")).blocks == [b"data-n"]
+    assert (await store.load_version("old")).header["blocks"] == ["n"]
     assert not await store.redis.hexists(store.keys.versions("old"), "b:0")

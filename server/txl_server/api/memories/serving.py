@@ -113,8 +113,9 @@ async def _progress_stream(
                 with contextlib.suppress(BaseException):
                     await task
             if not finished:
-                made = task.result() if not task.cancelled() and task.exception() is None else None
+                error = None if task.cancelled() else task.exception()
+                made = task.result() if not task.cancelled() and error is None else None
                 if made is not None:  # created after all: a retry with the key gets it
                     await call.succeeded(MemoryObject.model_validate(made).model_dump())
                 else:
-                    await call.failed()
+                    await call.failed(error)

@@ -82,7 +82,7 @@ async def get_session(session_id: str, service: Service, tenant: Tenant) -> Sess
 async def delete_session(
     session_id: str, service: Service, tenant: Tenant, idempotent: Idempotent
 ) -> Response:
-    await idempotent.run_unanswered(lambda: service.delete(tenant, session_id))
+    await serving.delete(service, tenant, idempotent, session_id)
     return Response(status_code=204)
 
 

@@ -12,7 +12,8 @@ from ...admission.classes import request_class
 from ...errors import InvalidRequest
 from ...metrics import Metrics
 from ...sessions.events import ProgressEvent
-from ...sessions.service import GenerateOutcome, SessionService
+from ...sessions.service import AppendOutcome, GenerateOutcome, SessionService
+from ...sessions.store.sessions import SessionMeta
 from ...settings import Settings
 from ..shared import sse
 from ..shared.event_stream import EventStream
@@ -57,9 +58,10 @@ async def create(
             metadata=wanted.metadata,
             progress=progress,
             memory=wanted.memory,
+            receipt=idempotent.receipt(_session_object),
             klass=request_class(tenant, wanted.service_tier),
         )
-        return SessionObject.model_validate(meta).model_dump()
+        return _session_object(meta)
 
     return await long_work(work, stream=wanted.stream, idempotent=idempotent, status_code=201)
 
@@ -77,8 +79,14 @@ async def fork(
     check_metadata(settings, metadata)
 
     async def work() -> dict[str, Any]:
-        meta = await service.fork(tenant, session_id, metadata=metadata, version=version)
-        return SessionObject.model_validate(meta).model_dump()
+        meta = await service.fork(
+            tenant,
+            session_id,
+            metadata=metadata,
+            version=version,
+            receipt=idempotent.receipt(_session_object),
+        )
+        return _session_object(meta)
 
     return await idempotent.run(work)
 
@@ -86,9 +94,13 @@ async def fork(
 async def rewind(
     service: SessionService, tenant: str, idempotent: IdempotentCall, session_id: str, version: int
 ) -> dict[str, Any]:
-    async def step() -> dict[str, Any]:
-        meta = await service.history.rewind(tenant, session_id, version)
+    def answer(meta: SessionMeta) -> dict[str, Any]:
         return RewindResponse(session=SessionObject.model_validate(meta)).model_dump()
+
+    async def step() -> dict[str, Any]:
+        return answer(
+            await service.history.rewind(tenant, session_id, version, receipt=idempotent.receipt(answer))
+        )
 
     return await idempotent.run(step)
 
@@ -106,10 +118,22 @@ async def import_snapshot(
         raise InvalidRequest("send the snapshot as the request body", param="body")
 
     async def load(progress: Progress | None) -> dict[str, Any]:
-        meta = await service.import_snapshot(tenant, data, ttl_seconds=ttl_seconds)
-        return SessionObject.model_validate(meta).model_dump()
+        meta = await service.import_snapshot(
+            tenant, data, ttl_seconds=ttl_seconds, receipt=idempotent.receipt(_session_object)
+        )
+        return _session_object(meta)
 
     return await long_work(load, stream=stream, idempotent=idempotent, status_code=201)
+
+
+def _session_object(meta: SessionMeta) -> dict[str, Any]:
+    return SessionObject.model_validate(meta).model_dump()
+
+
+async def delete(service: SessionService, tenant: str, idempotent: IdempotentCall, session_id: str) -> None:
+    """Deletes the session, once per Idempotency-Key (the deletion writes the key's record)."""
+    receipt = idempotent.receipt(lambda _: {})
+    await idempotent.run_unanswered(lambda: service.delete(tenant, session_id, receipt=receipt(None)))
 
 
 def snapshot_headers(session_id: str) -> dict[str, str]:
@@ -130,14 +154,20 @@ async def append(
     check_text(settings, body.text, "text")
     klass = request_class(tenant, body.service_tier)
 
-    async def step(progress: Progress | None) -> dict[str, Any]:
-        outcome = await service.append(tenant, session_id, body.text, progress=progress, klass=klass)
+    def answer(outcome: AppendOutcome) -> dict[str, Any]:
         return AppendResponse(
             session=SessionObject.model_validate(outcome.session),
             tokens=outcome.tokens,
             logprob=outcome.logprob,
             service_tier=klass.tier.value,
         ).model_dump()
+
+    async def step(progress: Progress | None) -> dict[str, Any]:
+        receipt = idempotent.receipt(answer)
+        outcome = await service.append(
+            tenant, session_id, body.text, progress=progress, receipt=receipt, klass=klass
+        )
+        return answer(outcome)
 
     return await long_work(step, stream=body.stream, idempotent=idempotent)
 
@@ -161,6 +191,8 @@ async def generate(
     if (stored := await idempotent.replay()) is not None:
         return EventStream(_replay(stored)) if body.stream else _without_tokens(stored)
     klass = request_class(tenant, body.service_tier)
+    # The tokens as they are generated: the key's record, written by the generation's commit, replays them.
+    tokens: list[dict[str, Any]] = []
     source = service.generate(
         tenant,
         session_id,
@@ -169,21 +201,23 @@ async def generate(
         sampling=body.sampling(),
         stop=stops,
         report_progress=body.stream,
+        receipt=idempotent.receipt(
+            lambda outcome: {**_response(outcome, klass.tier.value), "tokens": tokens}
+        ),
         klass=klass,
     )
     try:
         # Errors before the first event (404, 409, 410, ...) are plain HTTP errors, not a 200 stream.
         first = await anext(source)
         if body.stream:
-            return EventStream(_stream(first, source, idempotent, timing, klass.tier.value))
-        tokens: list[dict[str, Any]] = []
+            return EventStream(_stream(first, source, idempotent, timing, tokens, klass.tier.value))
         item: Any = first
         while not isinstance(item, GenerateOutcome):
             timing.token()
             tokens.append(_token(item))
             item = await anext(source)
-    except BaseException:
-        await idempotent.failed()
+    except BaseException as exc:
+        await idempotent.failed(exc)
         raise
     response = _response(item, klass.tier.value)
     await idempotent.succeeded({**response, "tokens": tokens})
@@ -210,10 +244,15 @@ def _without_tokens(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _stream(
-    first: Any, source: AsyncIterator[Any], call: IdempotentCall, timing: TokenTiming, service_tier: str
+    first: Any,
+    source: AsyncIterator[Any],
+    call: IdempotentCall,
+    timing: TokenTiming,
+    tokens: list[dict[str, Any]],
+    service_tier: str,
 ) -> AsyncIterator[str]:
-    tokens: list[dict[str, Any]] = []
     finished = False
+    error: BaseException | None = None
     throttle = ProgressThrottle()
     try:
         item = first
@@ -243,12 +282,15 @@ async def _stream(
             tokens.append(token)
             yield sse.event({"type": "token", "token": token})
             item = await anext(source)
+    except BaseException as exc:
+        error = exc
+        raise
     finally:  # an error ends the stream with its error event, then [DONE] (EventStream)
         # Shielded: when the client leaves, this runs inside a cancelled scope and must still release the
         # Idempotency-Key and close the generation (which cancels its job and commits nothing).
         with anyio.CancelScope(shield=True):
             if not finished:
-                await call.failed()
+                await call.failed(error)
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ...admission.retry import header_values
-from ...errors import Conflict, Overloaded, ServiceError
+from ...errors import Conflict, Overloaded, ServiceError, Unavailable
 
 # A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer, which holds it
 # for one step: a retry a second later usually finds the session free.
@@ -23,6 +23,8 @@ def error_response(error: ServiceError) -> JSONResponse:
     headers = {}
     if isinstance(error, Overloaded):
         headers.update(header_values(error.retry_after))
+    elif isinstance(error, Unavailable):
+        headers["Retry-After"] = str(max(1, round(error.retry_after)))
     elif isinstance(error, Conflict):
         headers["Retry-After"] = str(CONFLICT_RETRY_AFTER_SECONDS)
     return JSONResponse(error.body(), status_code=error.status, headers=headers)

@@ -22,20 +22,21 @@ import json
 import math
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import Depends, Header, Request
 
-from ...errors import Conflict, IdempotencyKeyReused, Unavailable
+from ...errors import Conflict, IdempotencyKeyReused, OutcomeUnknown, Unavailable
 from ...sessions.step import to_the_end
-from ...sessions.store.idempotency import IdempotencyStore
+from ...sessions.store.idempotency import IdempotencyStore, Receipt
 from .dependencies import AppSettings, Service, Tenant
 
 # What a key may be: the header's `pattern` in the OpenAPI document, checked with the request's other fields (422).
 KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 # Fields that change how a result is delivered, not what is done: a streamed retry of a JSON request replays it.
 _DELIVERY_FIELDS = ("stream",)
+Outcome = TypeVar("Outcome")
 
 
 class IdempotentCall:
@@ -53,6 +54,7 @@ class IdempotentCall:
         self.claim_ttl = claim_ttl  # seconds a claim outlives its process
         self.key = f"{scope}:{key}" if key else None
         self._keeper: asyncio.Task[None] | None = None
+        self._recorded = False  # the record is written by the step's commit (`receipt`)
 
     async def run(self, work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """The stored response of an earlier call with this key, else `work()`'s (stored under the key)."""
@@ -73,11 +75,24 @@ class IdempotentCall:
         """`work()`'s response, stored under the key that `replay()` claimed (or the key released if it fails)."""
         try:
             response = await work()
-        except BaseException:
-            await self.failed()
+        except BaseException as exc:
+            await self.failed(exc)
             raise
         await self.succeeded(response)
         return response
+
+    def receipt(self, render: Callable[[Outcome], dict[str, Any]]) -> Callable[[Outcome], Receipt | None]:
+        """For the step this request runs: the key's record of its outcome (`render(outcome)`, the response),
+        which the step's commit writes in the same step as its change (None without a key). A retry then finds
+        the response even if the commit's own reply was lost, and never runs the step twice."""
+
+        def record(outcome: Outcome) -> Receipt | None:
+            if self.key is None:
+                return None
+            self._recorded = True
+            return self.store.receipt(self.owner, self.key, self.fingerprint, render(outcome), self.ttl)
+
+        return record
 
     async def replay(self) -> dict[str, Any] | None:
         """The stored result of an earlier call with this key, if any; claims the key otherwise."""
@@ -101,14 +116,16 @@ class IdempotentCall:
 
     async def succeeded(self, response: dict[str, Any]) -> None:
         self._stop_keeping()
-        if self.key is not None:
-            record = {"state": "done", "fingerprint": self.fingerprint, "response": response}
+        if self.key is not None and not self._recorded:  # a step's commit wrote its record already
             # Even if the client leaves meanwhile: the work is done, and a retry must get it, not redo it.
-            await to_the_end(self.store.put(self.owner, self.key, record, self.ttl))
+            await to_the_end(self.store.put(self.owner, self.key, self.fingerprint, response, self.ttl))
 
-    async def failed(self) -> None:
+    async def failed(self, error: BaseException | None = None) -> None:
+        """The request failed with `error`: the key is released for a retry to run anew, unless the outcome of
+        the request's change is unknown (it may have been applied: its commit then wrote the key's record, else
+        the claim lapses once the change can no longer arrive, and a retry runs then)."""
         self._stop_keeping()
-        if self.key is not None:
+        if self.key is not None and not isinstance(error, OutcomeUnknown):
             await to_the_end(self.store.drop(self.owner, self.key))
 
     async def _claim(self, key: str) -> bool:

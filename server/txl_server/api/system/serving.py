@@ -14,7 +14,8 @@ from .protocol import AdmissionInfo, ReadyInfo, SystemInfo
 
 
 async def ready(runtime: Runtime) -> JSONResponse:
-    if await runtime.ready():
+    reason = await runtime.not_ready()
+    if reason is None:
         report = runtime.device_report()
         assert report is not None
         serving = ReadyInfo(
@@ -24,13 +25,7 @@ async def ready(runtime: Runtime) -> JSONResponse:
             cuda_graphs=report.cuda_graphs,
         )
         return JSONResponse({"status": "ready", "model": runtime.model_id, **serving.model_dump()})
-    reason = runtime.liveness()
-    message = (
-        f"not ready: {reason}; restart the server"
-        if reason is not None
-        else "not ready: model or Redis unavailable"
-    )
-    return JSONResponse(Unavailable(message).body(), status_code=503)
+    return JSONResponse(Unavailable(f"not ready: {reason}").body(), status_code=503)
 
 
 def health(runtime: Runtime) -> dict[str, str]:

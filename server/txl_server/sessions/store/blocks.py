@@ -1,16 +1,18 @@
-"""A session's memory as the store (Redis) keeps it: blocks shared by reference, written once.
+"""A session's memory as the stores keep it: blocks shared by reference, written once.
 
 A stored version of a memory is a header (the window: how many positions, where they start in the first block,
-how many were fed, the layout) and the ids of its blocks in table order; each block is one value of a few hundred
-KiB to a few MiB (every layer's keys and values of its positions), never the whole memory in one value. Blocks are
-shared the way the pool shares them: a session's versions, its forks, the sessions started from a preloaded
-memory all list the same block ids, and a commit writes only the blocks the store does not hold yet (usually the
-one its new positions start in and those after it).
+how many were fed, the layout) and the ids of its blocks in table order; each block is one object of a few hundred
+KiB to a few MiB (every layer's keys and values of its positions), never the whole memory in one object. Redis
+keeps the header and each block's reference count (lua/versions.lua); the block store keeps the bytes
+(sessions/blocks/). Blocks are shared the way the pool shares them: a session's versions, its forks, the sessions
+started from a preloaded memory all list the same block ids, and a commit writes only the blocks the store does not
+hold yet (usually the one its new positions start in and those after it).
 
 What the store holds is tracked per pool block (`BlockIndex`): a pool block, in one incarnation (between its
 allocation and its release), with one span of valid positions, is one stored block. A block's positions outside
 the span are written as zeros: a block carries nothing of another session, nor of a sibling fork's later text.
 
+Format 4 keeps the bytes in the block store; format 3 (an older server's) kept them in Redis, and still loads.
 Older stores wrote position-keyed blocks per session (format 2) or one safetensors value (format 1); both still
 load (`legacy_state`, `ModelState.from_bytes`).
 """
@@ -31,7 +33,8 @@ from txl.paged.rows import PagedRow
 
 from ...engine.state import ModelState
 
-FORMAT = 3
+FORMAT = 4  # the blocks' bytes in the block store
+FORMATS = (3, 4)  # 3: an older server's, the bytes in Redis
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -261,7 +264,7 @@ def restore(
     """A stored version (its blocks' data in table order) as a state in `pool`; the index learns that the store
     holds the new pool blocks. ValueError if anything does not fit. `grid`: the window grid of a header that does
     not record one."""
-    if int(header.get("format", 0)) != FORMAT:
+    if int(header.get("format", 0)) not in FORMATS:
         raise ValueError(f"unknown block format {header.get('format')}")
     window = _window(header, layout, grid)
     if window.block_size != pool.block_size:

@@ -8,10 +8,38 @@ anew instead of answering 409 for a day); then the result, kept for the idempote
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from redis import asyncio as aioredis
 
 from .plumbing import RedisStore
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """An Idempotency-Key's record of a finished request, for the script that makes the request's change to write
+    in the same step (sessions.py): a retry then finds the answer even when the change's own reply was lost, and
+    never applies the change twice."""
+
+    key: str  # the record's key (`IdempotencyStore.record_key`)
+    record: str  # JSON, as `put` writes it
+    ttl_seconds: int
+
+
+def receipt_keys(receipt: Receipt | None) -> list[str]:
+    """The receipt's key, as a script's last key (none without one)."""
+    return [] if receipt is None else [receipt.key]
+
+
+def receipt_args(receipt: Receipt | None) -> list[Any]:
+    """The receipt's record and TTL, as a script's arguments (placeholders without one)."""
+    return ["", 1] if receipt is None else [receipt.record, receipt.ttl_seconds]
+
+
+def done_record(fingerprint: str, response: dict[str, Any]) -> str:
+    """The record of a finished request: its fingerprint and its response."""
+    return json.dumps({"state": "done", "fingerprint": fingerprint, "response": response})
 
 
 def _pending(fingerprint: str) -> str:
@@ -41,8 +69,13 @@ class IdempotencyStore(RedisStore):
             await self.call(lambda: self._renew(keys=[record], args=[_pending(fingerprint), ttl * 1000]))
         )
 
-    async def put(self, owner: str, key: str, value: dict, ttl: int) -> None:
-        await self.call(lambda: self.redis.set(self.keys.idempotency(owner, key), json.dumps(value), ex=ttl))
+    def receipt(self, owner: str, key: str, fingerprint: str, response: dict[str, Any], ttl: int) -> Receipt:
+        """The record of a finished request, for the script that makes its change to write."""
+        return Receipt(self.keys.idempotency(owner, key), done_record(fingerprint, response), ttl)
+
+    async def put(self, owner: str, key: str, fingerprint: str, response: dict[str, Any], ttl: int) -> None:
+        record = done_record(fingerprint, response)
+        await self.call(lambda: self.redis.set(self.keys.idempotency(owner, key), record, ex=ttl))
 
     async def drop(self, owner: str, key: str) -> None:
         await self.call(lambda: self.redis.delete(self.keys.idempotency(owner, key)))

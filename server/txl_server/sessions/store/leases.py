@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -24,6 +22,7 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT
 
 from ...errors import Conflict, NotFound
+from .lease import Lease, new_token
 from .plumbing import RedisStore, text
 from .sessions import SessionMeta
 
@@ -32,18 +31,6 @@ T = TypeVar("T")
 # Waiting for a lease held elsewhere: polls from 10 ms, doubling up to 200 ms, so that the end of a short step is
 # seen soon and a long one is not polled often.
 LEASE_POLL_SECONDS = (0.01, 0.2)
-
-
-@dataclass
-class Lease:
-    session_id: str
-    token: str
-    ttl_seconds: float
-    released: bool = False  # handed back (by a commit, or at the end of the step)
-
-    @property
-    def ttl_ms(self) -> int:
-        return max(1, int(self.ttl_seconds * 1000))
 
 
 class LeaseStore(RedisStore):
@@ -100,9 +87,7 @@ class LeaseStore(RedisStore):
         return bool(await self.call(lambda: self._renew(keys=[key], args=[lease.token, lease.ttl_ms])))
 
     def _token(self) -> str:
-        """A lease's token: its holder's replica id (so that a dead replica's leases can be broken at once), and
-        a random part."""
-        return f"{self.replica}/{secrets.token_hex(16)}"
+        return new_token(self.replica)
 
     @asynccontextmanager
     async def _holding(self, lease: Lease) -> AsyncIterator[None]:

@@ -55,7 +55,7 @@ class MemoryMeta(HashRecord):
 
 
 class MemoryStore(RedisStore):
-    unavailable = "memory store (Redis) is unavailable; nothing was changed"
+    name = "memory store (Redis)"
 
     def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:") -> None:
         super().__init__(redis, prefix=prefix)

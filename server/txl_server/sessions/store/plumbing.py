@@ -5,20 +5,25 @@ that two ideas never share a key by accident):
     s:{id}          hash: a session's metadata; expires with the session (sessions.py)
     t:{owner}       set: the owner's session ids (pruned of expired ones when listed)
     m:{id}          hash: a session's stored versions, each a header listing its blocks (lua/versions.lua)
-    k:{block}       hash: one block of positions, shared by every version, fork, session and memory listing it
+    k:{block}       hash: one block's references, shared by every version, fork, session and memory listing it
+                    (its bytes in the block store: sessions/blocks/)
     l:{id}          string: the session's single-writer lease ("{replica}/{random}"), expires by itself (leases.py)
+    d:{id}          string: a deleted session's mark, as long as it would have lived (a 404 then, not a loss)
     i:{owner}:{key} string: a request's first result under an Idempotency-Key (idempotency.py)
     r:{name}        string: a live replica's heartbeat (its incarnation), expires unless renewed (heartbeats.py)
     r:{session}     hash: the session's stored responses (responses.py; a session id has no ':', a replica name has)
     c:{session}     hash: the conversation on a session, and ci:{session}, a list: its items (conversations.py)
     cl:{session}    string: the conversation's turn lock ("{replica}/{random}"), expires by itself
     b:{response}    hash: a background response's job, and be:{response}, a list: its events (jobs.py)
+    store           hash: the store's identity: its id and how many commits it ever made (redis_health.py)
+    sweep           string: the block sweeper's lock (one replica sweeps at a time: sessions/blocks/sweeper.py)
     M:{id}          hash: a preloaded memory's metadata (memories.py)
     Mi:{owner}      set: the owner's memory ids
     Mv:{id}         hash: a preloaded memory's stored state, one version in the format of m:{id}
 
 The rule: a store reaches Redis only through `RedisStore.call`, so that any failure to reach it surfaces as
-`Unavailable` ("nothing was changed"), never as a Redis error in a route. Whatever must change together is one
+`Unavailable` with its cause ("nothing was changed" only where that is known: failures.py), never as a Redis
+error in a route. Whatever must change together is one
 Lua script (`lua/*.lua`, read once per process, registered once per store): Redis runs a script atomically.
 """
 
@@ -35,9 +40,9 @@ from typing import Any, ClassVar, Self, TypeVar, get_type_hints
 
 from redis import asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
-from ...errors import Unavailable
+from .failures import failure
 
 T = TypeVar("T")
 
@@ -139,6 +144,17 @@ class Keys:
     def lease(self, session_id: str) -> str:
         return f"{self.prefix}l:{session_id}"
 
+    @property
+    def store(self) -> str:
+        return f"{self.prefix}store"
+
+    @property
+    def sweep_lock(self) -> str:
+        return f"{self.prefix}sweep"
+
+    def deleted(self, session_id: str) -> str:
+        return f"{self.prefix}d:{session_id}"
+
     def idempotency(self, owner: str, key: str) -> str:
         return f"{self.prefix}i:{owner}:{key}"
 
@@ -180,19 +196,47 @@ class Keys:
 class RedisStore:
     """One idea's keys in Redis, on the connection every store shares."""
 
-    # What a route answers when Redis cannot be reached (a store of another name says so).
-    unavailable = "session store (Redis) is unavailable; nothing was changed"
+    # What a route's error calls this store (a store of another name says so).
+    name = "session store (Redis)"
 
     def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:") -> None:
         self.redis = redis
         self.prefix = prefix
         self.keys = Keys(prefix)
 
-    async def call(self, make: Callable[[], Awaitable[T]]) -> T:
+    async def call(self, make: Callable[[], Awaitable[T]], *, writes: bool = False) -> T:
+        """`make()`'s result; a failure to reach Redis raises Unavailable, with the cause. A call that `writes`
+        and got no answer raises OutcomeUnknown (it may have been applied: failures.py)."""
         try:
             return await make()
         except (RedisError, OSError) as exc:
-            raise Unavailable(self.unavailable) from exc
+            timeout = self.redis.connection_pool.connection_kwargs.get("socket_timeout")
+            raise failure(exc, store=self.name, writes=writes, timeout=timeout) from exc
+
+    async def replicated(
+        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], *, replicas: int, timeout_ms: int
+    ) -> tuple[Any, int]:
+        """Runs a `script` that changes something, then waits (Redis WAIT, on the same connection, in the same
+        round trip) up to `timeout_ms` for `replicas` replicas to have it: its reply, and how many did. With no
+        replicas to wait for, just the script."""
+        if replicas <= 0:
+            return await self.call(lambda: script(keys=keys, args=args), writes=True), 0
+
+        async def run() -> list[Any]:
+            for attempt in range(2):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    pipe.wait(replicas, timeout_ms)
+                    try:
+                        return list(await pipe.execute())
+                    except NoScriptError:  # not run (a restarted or new master): load it, send both again
+                        if attempt:
+                            raise
+                        await self.redis.script_load(script.script)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        reply, acknowledged = await self.call(run, writes=True)
+        return reply, int(acknowledged)
 
     def script(self, *names: str) -> AsyncScript:
         """The scripts `names` (lua/{name}.lua) as one: functions first, then the script that calls them."""

@@ -1,9 +1,9 @@
 """Stored versions: a state as Redis keeps it, the same for a session's versions and a preloaded memory's one.
 
-A version is a header listing its blocks (blocks.py makes and reads it), the data of the blocks the store does not
-hold yet, and a summary for the versions list; lua/versions.lua writes it and its blocks in one script. The
-session store and the memory store both write and read versions this way, so what they send and what they get
-back is spelled here once.
+A version is a header listing its blocks (blocks.py makes and reads it), the ids of the blocks new to the store
+(their bytes already written to the block store: sessions/blocks/), and a summary for the versions list;
+lua/versions.lua writes it and its blocks' references in one script. The session store and the memory store both
+write and read versions this way, so what they send and what they get back is spelled here once.
 """
 
 from __future__ import annotations
@@ -48,33 +48,43 @@ class VersionSummary:
         )
 
 
+# A version's new blocks must reach Redis within this many seconds of being written to the block store: the
+# block store's sweeper collects a block no version lists after BLOCK_GRACE_SECONDS (sessions/blocks/sweeper.py),
+# taking it for a crashed writer's; a later version is refused, and writes them again.
+MAX_BLOCK_AGE_SECONDS = 20
+
+
 @dataclass(frozen=True)
 class VersionWrite:
-    """A version to store: its blocks and header, what the versions list says of it, how many versions to keep."""
+    """A version to store: its blocks and header, what the versions list says of it, how many versions to keep,
+    and when its new blocks were written to the block store (seconds since the epoch)."""
 
     stored: StoredVersion
     summary: VersionSummary
     keep: int
+    written_at: float
 
     def args(self) -> list[Any]:
-        """As the scripts take a version to write: version, summary, header, hidden, keep, block id/data pairs."""
+        """As the scripts take a version to write: version, summary, header, hidden, keep, written_at, max_age,
+        then the ids of the blocks new to the store."""
         stored = self.stored
-        args: list[Any] = [
+        return [
             str(self.summary.version),
             self.summary.to_json(),
             stored.header_json(),
             stored.hidden or b"",
             max(1, self.keep),
+            int(self.written_at),
+            MAX_BLOCK_AGE_SECONDS,
+            *stored.new_blocks,
         ]
-        for block, data in stored.new_blocks.items():
-            args += [block, data]
-        return args
 
 
 @dataclass(frozen=True)
 class LoadedVersion:
-    """A stored version read back: a header and its blocks' data in table order; or what an older server stored
-    (one safetensors value, `legacy`; or position-keyed blocks, `legacy_blocks`)."""
+    """A stored version read back: a header and, in table order, its blocks' bytes where Redis holds them (an older
+    server's: b"" for a block whose bytes are in the block store); or what an older server stored whole (one
+    safetensors value, `legacy`; or position-keyed blocks, `legacy_blocks`)."""
 
     version: int
     header: dict[str, Any] | None
@@ -85,17 +95,20 @@ class LoadedVersion:
 
 
 class BlocksMissing(Exception):
-    """A version lists blocks the store does not hold (they expired): write them (or read elsewhere)."""
+    """A version lists blocks the store does not hold (they expired), or its new blocks were written too long ago
+    (`ids` empty): write them (or read elsewhere)."""
 
     def __init__(self, ids: set[str]) -> None:
-        super().__init__(f"{len(ids)} stored blocks are gone")
+        super().__init__(f"{len(ids)} stored blocks are gone" if ids else "the new blocks are too old")
         self.ids = ids
 
 
 def check_written(reply: Any) -> None:
-    """Raises BlocksMissing if a script writing a version answered {-3, id}: nothing was written."""
+    """Raises BlocksMissing if a script writing a version refused it ({-3, id}, {-6}): nothing was written."""
     if int(reply[0]) == -3:
         raise BlocksMissing({text(reply[1])})
+    if int(reply[0]) == -6:
+        raise BlocksMissing(set())
 
 
 def load_status(reply: Any) -> int:

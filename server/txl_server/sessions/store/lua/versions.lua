@@ -3,12 +3,14 @@
 -- m:{id}      hash: one session's (or preloaded memory's) stored versions. `v` the newest version, `vs` the kept
 --             versions' summaries (JSON, oldest first), `h:{version}` each kept version's header (JSON: its window
 --             and the ids of its blocks in table order), `x:{version}` its last hidden state.
--- k:{block}   hash: one block, `d` its data and `n` how many kept versions list it (of any session or memory).
+-- k:{block}   hash: one block's references, `n` how many kept versions list it (of any session or memory). Its
+--             bytes are in the block store (sessions/blocks/), written before the version that first lists it; a
+--             block an older server wrote keeps them here, in `d`, until they move (sessions/blocks/migration.py).
 --
--- A block is deleted when no kept version lists it any more; one whose referrers expired (Redis TTLs, no script
--- runs) expires itself: a block's TTL is kept at least that of every version listing it. Every function below runs
--- inside one script, so a version and its blocks are written, listed and dropped atomically. `prefix` is the block
--- key prefix.
+-- A block is released when no kept version lists it any more (its key deleted: the block store's sweeper then
+-- collects its bytes); one whose referrers expired (Redis TTLs, no script runs) expires itself: a block's TTL is
+-- kept at least that of every version listing it. Every function below runs inside one script, so a version and
+-- its references are written, listed and dropped atomically. `prefix` is the block key prefix.
 
 local function extend(key, ttl)  -- like EXPIRE ... GT on every Redis version: never shortens, never adds
     local left = redis.call('TTL', key)
@@ -30,19 +32,23 @@ local function drop_versions(mkey, prefix)
     redis.call('DEL', mkey)
 end
 
--- Writes one version: `blocks` the new blocks' id/data pairs, `header` (JSON) lists every block it reads, new or
--- already stored. Returns the id of a listed block the store does not hold (nothing written then), or false.
-local function write_version(mkey, prefix, ttl, version, summary, header, hidden, keep, blocks)
+-- Writes one version: `blocks` the ids of the blocks new to the store (their bytes written at `written_at`, in
+-- seconds since the epoch), `header` (JSON) lists every block it reads, new or already stored. Returns nil, or
+-- the reply of a version it refused (nothing written then): {-3, id} a listed block is not stored (it expired),
+-- {-6} the new blocks were written more than `max_age` seconds ago (the block store's sweeper may have collected
+-- them, taking them for a crashed writer's: write them again).
+local function write_version(mkey, prefix, ttl, version, summary, header, hidden, keep, written_at, max_age, blocks)
+    if tonumber(redis.call('TIME')[1]) - tonumber(written_at) > tonumber(max_age) then return {-6} end
     local new = {}
-    for i = 1, #blocks, 2 do new[blocks[i]] = true end
+    for _, block in ipairs(blocks) do new[block] = true end
     local listed = cjson.decode(header).blocks
     for _, block in ipairs(listed) do
-        if not new[block] and redis.call('EXISTS', prefix .. block) == 0 then return block end
+        if not new[block] and redis.call('EXISTS', prefix .. block) == 0 then return {-3, block} end
     end
     if redis.call('HEXISTS', mkey, 'vs') == 0 then drop_versions(mkey, prefix) end  -- an older format: replaced
-    for i = 1, #blocks, 2 do
-        redis.call('HSET', prefix .. blocks[i], 'd', blocks[i + 1], 'n', 0)
-        redis.call('EXPIRE', prefix .. blocks[i], ttl)
+    for _, block in ipairs(blocks) do
+        redis.call('HSET', prefix .. block, 'n', 0)
+        redis.call('EXPIRE', prefix .. block, ttl)
     end
     for _, block in ipairs(listed) do redis.call('HINCRBY', prefix .. block, 'n', 1) end
     redis.call('HSET', mkey, 'h:' .. version, header, 'v', version)
@@ -71,14 +77,14 @@ local function write_version(mkey, prefix, ttl, version, summary, header, hidden
             for _, block in ipairs(cjson.decode(kept_header).blocks) do extend(prefix .. block, ttl) end
         end
     end
-    return false
+    return nil
 end
 
--- Writes the version ARGV holds from ARGV[at] on (version, summary, header, hidden, keep, then block id/data pairs
--- up to ARGV[last]), as write_version does.
+-- Writes the version ARGV holds from ARGV[at] on (version, summary, header, hidden, keep, written_at, max_age,
+-- then the new blocks' ids up to ARGV[last]), as write_version does.
 local function write_version_from(mkey, prefix, ttl, at, last)
     local blocks = {}
-    for i = at + 5, last do table.insert(blocks, ARGV[i]) end
+    for i = at + 7, last do table.insert(blocks, ARGV[i]) end
     return write_version(mkey, prefix, ttl, ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
-        tonumber(ARGV[at + 4]), blocks)
+        tonumber(ARGV[at + 4]), ARGV[at + 5], ARGV[at + 6], blocks)
 end
