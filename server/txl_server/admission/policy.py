@@ -55,6 +55,18 @@ class Refuse:
     message: str
 
 
+def _first_of_its_tenant(backlog: Backlog, new: Work) -> bool:
+    """Whether `new` is its tenant's only interactive work, while the lane's tenants are fewer than the batch's
+    rows (each then has a row by fair share, and its prompt goes first by its counter): a second key's lone
+    client is never refused beside another key's crowd."""
+    if new.lane is not Lane.INTERACTIVE:  # flex takes what interactive work leaves, whoever sends it
+        return False
+    lane = [w for w in backlog.work if w.lane == new.lane]
+    if any(w.tenant == new.tenant for w in lane):
+        return False
+    return len({w.tenant for w in lane}) < backlog.cap
+
+
 class AdmissionPolicy:
     def __init__(
         self,
@@ -95,8 +107,11 @@ class AdmissionPolicy:
         ahead = promised.arrived(within=target)  # clients told to come back before it: their room is kept
         if ahead:
             backlog = dataclasses.replace(backlog, work=backlog.work + tuple(ahead))
+        if _first_of_its_tenant(backlog, new):
+            return Admit()  # fair share gives it a row at once, and its prompt goes first
         estimated = first_token(backlog, new, weight=self.weight)
-        wait = Wait(estimated.first_token * max(1.0, self.factor), estimated.alone)
+        # What others add, scaled by what the estimate missed lately (the request's own time is its own).
+        wait = Wait(estimated.alone + estimated.queued * max(1.0, self.factor), estimated.alone)
         allowed = max(ADMIT_SHARE * target - wait.alone, QUEUE_FLOOR * target)
         if wait.queued <= allowed:
             return Admit(estimated)

@@ -97,3 +97,11 @@ def test_the_room_a_refused_client_was_promised_is_kept_for_it():
     clock.now += 0.11
     back = dataclasses.replace(one_row, work=(Work(Lane.INTERACTIVE, "a", 1, 0, 79, 1, True),))
     assert isinstance(p.decide(back, request()), Admit)  # the client it was promised to
+
+
+def test_a_keys_first_request_is_admitted_beside_another_keys_crowd_but_not_its_second():
+    crowd = tuple(Work(Lane.INTERACTIVE, "crowd", 1, 128, 64, 1) for _ in range(40))
+    backlog = Backlog(busy(4, 300).work + crowd, 4, STEP, TOKEN)
+    assert isinstance(policy().decide(backlog, request(tenant="lone")), Admit)
+    with_one = Backlog((*backlog.work, Work(Lane.INTERACTIVE, "lone", 1, 0, 300, 1, True)), 4, STEP, TOKEN)
+    assert isinstance(policy().decide(with_one, request(tenant="lone", prompt=2000)), Refuse)
