@@ -209,10 +209,13 @@ async def _push_one_down_to_redis(
 ) -> int:
     """Creates sessions that each fill their memory until a session has moved from the host tier to Redis (at
     most `most`: enough to overflow both tiers from empty). Returns how many it created."""
-    text = ("It was a dark and stormy night; the rain fell in torrents. " * (mem_len // 32 + 1))[:mem_len]
+    base = "It was a dark and stormy night; the rain fell in torrents. " * (mem_len // 32 + 1)
     for made in range(most + 1):
         if await _moves(client, "host", "redis") > 0:
             return made
+        # Each text its own from its first segment: sessions of one text would share their blocks through the
+        # prefix cache, and a hundred of them fill no more memory than one.
+        text = f"{made:05d} {base}"[:mem_len]
         response = await _request(client, tally, "fill", "POST", "/v1/sessions", json={"text": text})
         assert response.status_code == 201, response.text
         meta = response.json()
