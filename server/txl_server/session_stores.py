@@ -26,7 +26,9 @@ def where_sessions_are(settings: Settings, embedded: EmbeddedRedis | None, block
         Persistence.NONE: "memory stays in this process: sessions do not survive a restart",
     }[settings.persistence]
     mode = f"persistence {settings.persistence.value}"
-    memories = f", their memories in {blocks.where}" if blocks is not None else ""
+    # Said where they are elsewhere than the private Redis's directory (which holds its own `blocks`).
+    elsewhere = blocks is not None and (embedded is None or settings.block_store is not None)
+    memories = f", their memories in {blocks.where}" if elsewhere and blocks is not None else ""
     if embedded is None:
         return f"sessions are kept in the Redis at {redacted(settings.redis_url or '')}{memories} ({mode}): {survive}"
     if embedded.ephemeral:
@@ -35,7 +37,7 @@ def where_sessions_are(settings: Settings, embedded: EmbeddedRedis | None, block
             f"{embedded.data_dir}"
         )
     return (
-        f"sessions are kept in {embedded.data_dir}{memories} ({mode}): {survive}; "
+        f"sessions are kept in {embedded.data_dir} ({mode}){memories}: {survive}; "
         "--ephemeral (TXL_EPHEMERAL=1) for throw-away ones"
     )
 

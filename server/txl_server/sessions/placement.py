@@ -118,6 +118,8 @@ class Placement:
         up to TXL_KEEP_VERSIONS."""
         keep = max(1, self.settings.keep_versions)
         async with self._tier_lock:
+            if summary is not None and await self._advance(meta, state, summary, keep):
+                return
             previous = self.cache.drop(meta.id)  # its previous state's bytes are free now
             older: dict[int, ModelState] = {}
             summaries = list(previous.summaries) if previous is not None else []
@@ -137,6 +139,21 @@ class Placement:
         if source is not None:
             self.observer.on_tier_move(source, DEVICE)
             await self._set_tier(meta.id, DEVICE)
+
+    async def _advance(
+        self, meta: SessionMeta, state: ModelState, summary: VersionSummary, keep: int
+    ) -> bool:
+        """A commit's new version, where the device holds the version before: only its new blocks are counted
+        in (and room made for them). False where that is not so. Holds the lock."""
+        previous = self.cache.peek(meta.id)
+        if previous is None or previous.tier != DEVICE or previous.version != meta.version - 1:
+            return False
+        await self._make_room(DEVICE, self.cache.added_bytes(DEVICE, state))
+        summaries = [*previous.summaries, summary][-keep:]
+        if not self.cache.advance(meta.id, state, meta.version, summaries):
+            return False  # it changed while room was made: placed from scratch
+        self._expiry[meta.id] = meta.expires_at
+        return True
 
     async def place_memory(self, memory_id: str, state: ModelState, expires_at: float) -> None:
         """Puts a preloaded memory's state on the device tier (version 1 for its whole life), making room as for a

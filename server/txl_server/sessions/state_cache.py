@@ -144,6 +144,26 @@ class StateCache:
         for kept in entry.states():
             self._tiers[tier].add(kept)
 
+    def advance(
+        self, session_id: str, state: ModelState, version: int, summaries: list[VersionSummary]
+    ) -> bool:
+        """The session's next version, on the device where its previous one is: the previous newest joins its
+        older versions and those `summaries` no longer keep go; the states that stay are not counted again (a
+        commit's cost must not grow with the versions kept). False, and nothing changed, unless the entry is the
+        version before on the device (then `put` it)."""
+        entry = self._entries.get(session_id)
+        if entry is None or entry.tier != DEVICE or entry.version != version - 1:
+            return False
+        usage = self._tiers[DEVICE]
+        usage.add(state)
+        entry.older[entry.version] = entry.state
+        kept = {summary.version for summary in summaries}
+        for old in [v for v in entry.older if v not in kept]:
+            usage.remove(entry.older.pop(old))
+        entry.state, entry.version, entry.summaries = state, version, list(summaries)
+        self._entries.move_to_end(session_id)
+        return True
+
     def drop(self, session_id: str) -> Entry | None:
         entry = self._entries.pop(session_id, None)
         if entry is not None:
