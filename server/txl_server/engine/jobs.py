@@ -230,6 +230,7 @@ class GenerateJob(Job):
         0  # the k most likely tokens at each prompt (if prompt_logprobs) and generated position
     )
     klass: RequestClass | None = None
+    report_progress: bool = False  # a ProgressEvent after each prompt segment fed, before the first token
 
     def __post_init__(self) -> None:
         super().__init__()

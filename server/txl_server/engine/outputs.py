@@ -52,7 +52,7 @@ class Outputs:
             task.top.extend(out.top)
         if task.boundaries and task.state.fed % task.boundaries == 0 and task.keeps_another_boundary:
             task.reached.append((task.state, len(task.logprobs)))
-        if isinstance(task.job, AdvanceJob) and task.job.report_progress:
+        if task.job.report_progress:
             task.job.emit(ProgressEvent(task.cursor, len(task.tokens)))
         if task.pending:
             return

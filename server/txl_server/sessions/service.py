@@ -455,24 +455,21 @@ class SessionService:
                 )
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")
-            start, to_feed = state, prompt
-            if report_progress and len(prompt) > self.segment_len:
-                # Fed as a job of its own, which the worker reports segment by segment; decoding then starts
-                # from the state the generation's own prompt ingestion would have reached.
-                fed = AdvanceJob(state, prompt, report_progress=True, klass=klass)
-                async with contextlib.aclosing(self.steps.events(fed, lease)) as events:
-                    async for event in events:
-                        if isinstance(event, ProgressEvent):
-                            yield event
-                        elif isinstance(event, AdvanceResult):
-                            start, to_feed = event.state, []
             job = GenerateJob(
-                start, to_feed, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs, klass=klass
+                state,
+                prompt,
+                max_tokens,
+                sampling,
+                list(stop or []),
+                top_logprobs=top_logprobs,
+                klass=klass,
+                # The worker reports a long prompt's segments as it feeds them, in the same job as the tokens.
+                report_progress=report_progress and len(prompt) > self.segment_len,
             )
             result: GenerateResult | None = None
             async with contextlib.aclosing(self.steps.events(job, lease)) as events:
                 async for event in events:
-                    if isinstance(event, TokenEvent):
+                    if isinstance(event, TokenEvent | ProgressEvent):
                         yield event
                     elif isinstance(event, GenerateResult):
                         result = dataclasses.replace(event, prompt_tokens=len(prompt))
