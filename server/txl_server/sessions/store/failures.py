@@ -19,6 +19,9 @@ from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
     ConnectionError,
+    MasterDownError,
+    NoScriptError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -36,16 +39,12 @@ def cause(exc: BaseException, timeout: float | None) -> str:
         return f"it did not answer within {timeout:g} s" if timeout else "it did not answer in time"
     if isinstance(exc, AuthenticationError):
         return "it refused the server's credentials"
+    refusal = _refusal(exc)
+    if refusal is not None:
+        return refusal
     if isinstance(exc, ConnectionError | OSError):
         return "it cannot be reached" if never_sent(exc) else "the connection to it was lost"
-    if isinstance(exc, ReadOnlyError):
-        return _REFUSALS["READONLY"]
-    if isinstance(exc, BusyLoadingError):
-        return _REFUSALS["LOADING"]
     if isinstance(exc, ResponseError):
-        refusal = _refusal(exc)
-        if refusal is not None:
-            return refusal
         log.warning("Redis answered an error: %s", exc)
         return "it answered with an error"
     return "it failed"
@@ -64,7 +63,24 @@ _REFUSALS = {
 }
 
 
-def _refusal(exc: ResponseError) -> str | None:
+# redis-py raises these for the codes it knows, with the code cut off the message (a script's "-OOM ..." too).
+_REFUSED_AS = {
+    OutOfMemoryError: "OOM",
+    ReadOnlyError: "READONLY",
+    BusyLoadingError: "LOADING",
+    MasterDownError: "MASTERDOWN",
+    NoScriptError: "NOSCRIPT",
+}
+
+
+def _refusal(exc: BaseException) -> str | None:
+    for kind, code in _REFUSED_AS.items():
+        if isinstance(
+            exc, kind
+        ):  # BusyLoadingError is a ConnectionError: asked before the connection's causes
+            return _REFUSALS[code]
+    if not isinstance(exc, ResponseError):
+        return None
     text = str(exc)
     for code, meaning in _REFUSALS.items():
         # As a reply ("OOM command not allowed ...") or inside a script's error ("... -OOM command ...").
@@ -78,8 +94,10 @@ def never_sent(exc: BaseException) -> bool:
     connect names it), or Redis refused the command before running it."""
     if isinstance(exc, TimeoutError):
         return False
+    if _refusal(exc) is not None:
+        return True
     if isinstance(exc, ResponseError):
-        return _refusal(exc) is not None
+        return False
     # redis-py's Sentinel client turns a READONLY reply (a demoted master refused the command) into this.
     message = str(exc)
     return (
