@@ -37,6 +37,7 @@ SUITES = {
     "host": "bench.host",
     "prefix": "bench.prefix",
     "turns": "bench.turns",
+    "load": "bench.load",
     "gpu": "bench.gpu",
     "gpu_estimate": "bench.gpu_estimate",
     "gpu_kernels": "bench.gpu_kernels",

@@ -145,7 +145,7 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
     import uvicorn
 
     from .api.app import create_app
-    from .serving import TxlServer
+    from .serving import TxlServer, head_deadline
     from .telemetry.logs import log_config
 
     config = uvicorn.Config(
@@ -157,6 +157,7 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
         # The app drains itself first (TXL_SHUTDOWN_GRACE_SECONDS); what uvicorn still waits for after that is
         # a response being written.
         timeout_graceful_shutdown=5,
+        http=head_deadline(settings.header_timeout_seconds),
     )
     server = TxlServer(
         config, ready_message=ready_message(settings.host, settings.port), exit_process=exit_now

@@ -21,6 +21,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..admission.slots import TenantSlots
 from ..errors import ServiceError
 from ..metrics import Metrics
 from ..runtime import LoadedModel, Runtime
@@ -32,7 +33,7 @@ from .completions.router import router as completions_router
 from .conversations.router import router as conversations_router
 from .fallback import Fallback
 from .memories.router import router as memories_router
-from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics, UnexpectedErrors
+from .middleware import BodyLimit, BodyReader, RequestMetrics, RequestSlots, UnexpectedErrors
 from .openapi_document import serve_document
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
 from .request_ids import REQUEST_ID_HEADER, RequestIds, request_id_of
@@ -113,8 +114,10 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     serve_document(app, settings)
     _install_error_handlers(app)
     # Innermost first; metrics see every response, including the limits' 413 and 429.
+    app.state.slots = request_slots(settings)  # the API's concurrency slots, per tenant
+    app.add_middleware(RequestSlots, slots=app.state.slots, keys=app.state.api_keys, metrics=metrics)
     app.add_middleware(UnexpectedErrors)
-    app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
+    app.add_middleware(BodyReader, timeout=settings.body_timeout_seconds)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(ShutdownGate, shutdown=shutdown)
     # The errors of the OpenAI routes, the limits' included, in OpenAI's shape.
@@ -124,6 +127,13 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     app.add_middleware(RequestIds, tracing=tracing)  # outermost: every answer has its X-Request-Id
     app.mount("/", Fallback(app, STATIC_DIR), name="playground")
     return app
+
+
+def request_slots(settings: Settings) -> TenantSlots:
+    """The API's concurrency slots: with API keys, the last eighth kept for keys below their fair share."""
+    limit = settings.max_concurrent_requests
+    reserve = max(1, limit // 8) if settings.has_api_keys and limit > 1 else 0
+    return TenantSlots(limit, per_tenant=settings.max_concurrent_requests_per_tenant, reserve=reserve)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

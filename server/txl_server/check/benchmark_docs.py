@@ -129,6 +129,7 @@ ORDER = [
     "host",
     "turns",
     "load",
+    "load-tools",
     "gpu",
     "gpu_estimate",
     "gpu_kernels",

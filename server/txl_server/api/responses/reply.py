@@ -159,6 +159,7 @@ class Reply:
             usage=usage,
             user=body.user,
             top_logprobs=body.top_logprobs or 0,
+            service_tier=self.turn.klass.tier.value if self.turn.klass is not None else "default",
         )
         if status not in ("queued", "in_progress"):
             self._final = response

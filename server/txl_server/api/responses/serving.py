@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
 
+from ...admission.classes import request_class
 from ...errors import InvalidRequest, NotFound
 from ...metrics import Metrics
 from ...sessions.events import TokenEvent
@@ -76,7 +77,11 @@ async def create_response(
             body.store is not False or conversation is not None,
             body.top_logprobs or (1 if body.logprobs else 0),
             body.truncation == "disabled",
+            # Background responses are batch work: they never delay an interactive first token.
+            klass=request_class(tenant, body.service_tier, batch=bool(body.background)),
         )
+        if turn.klass is not None:
+            turn.klass.decode_rows, turn.klass.decode_tokens = 1, max_tokens
         if conversation is not None:
             place = conversation.place()
         if body.background:
