@@ -9,6 +9,7 @@ live in a real (tiny) BlockPool, so that the tiers' byte budgets count what the 
     FakeBlockStore                   the block store (sessions/blocks/) as a dict
     FakeLeases, FakeHeartbeats       leases and heartbeats (store/leases.py, store/heartbeats.py)
     Recorder                         a SessionObserver that counts what it is told
+    Stored                           a real Persistence over a FakeWorker and the fake stores
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from txl_server.engine.state import ModelState
 from txl_server.errors import Conflict, NotFound
 from txl_server.sessions.blocks.store import BlocksLost
 from txl_server.sessions.observer import SessionObserver
+from txl_server.sessions.persistence import Persistence
 from txl_server.sessions.store.lease import Lease, new_token
 from txl_server.sessions.store.sessions import SessionMeta
 from txl_server.sessions.store.versions import BlocksMissing, LoadedVersion, VersionSummary, VersionWrite
+from txl_server.settings import Settings
 
 # One layer, one head of width 2: a position is 16 bytes (keys and values, float32), a block of 4 is 64.
 LAYOUT = MemoryLayout(1, 1, 2, 2, torch.float32, torch.device("cpu"))
@@ -423,3 +426,23 @@ class Recorder(SessionObserver):
 
     def on_lease_lost(self) -> None:
         self.counts["lease_lost"] += 1
+
+
+class Stored:
+    """A fake worker, the fake session and block stores, and a real Persistence over them (snapshots of at most
+    mem_len 64 and 256 token ids)."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings(keep_versions=3)
+        self.worker = FakeWorker(pool())
+        self.blocks = FakeBlockStore()
+        self.store = FakeSessionStore(self.blocks)
+        self.persistence = Persistence(
+            settings=self.settings,
+            model=FakeModel(),
+            worker=self.worker,
+            store=self.store,
+            blocks=self.blocks,
+            max_mem_len=64,
+            vocab_size=256,
+        )

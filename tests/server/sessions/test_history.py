@@ -9,7 +9,6 @@ import pytest
 import torch
 from txl_server.errors import NotFound
 from txl_server.sessions.history import SessionHistory
-from txl_server.sessions.persistence import Persistence
 from txl_server.sessions.state_cache import StateCache
 from txl_server.sessions.store.lease import Lease
 from txl_server.settings import Persistence as Mode
@@ -17,8 +16,6 @@ from txl_server.settings import Settings
 
 from tests.helpers import session_fakes as fakes
 from tests.helpers.session_fakes import (
-    FakeBlockStore,
-    FakeModel,
     FakeSessionStore,
     FakeWorker,
     meta,
@@ -51,20 +48,9 @@ class Sessions:
         return meta(session.id, version=session.version + 1, tokens=tokens)
 
 
-class Kept:
+class Kept(fakes.Stored):
     def __init__(self, mode: Mode = Mode.ALWAYS) -> None:
-        self.worker = FakeWorker(fakes.pool())
-        self.blocks = FakeBlockStore()
-        self.store = FakeSessionStore(self.blocks)
-        self.persistence = Persistence(
-            settings=Settings(persistence=mode, keep_versions=3),
-            model=FakeModel(),
-            worker=self.worker,
-            store=self.store,
-            blocks=self.blocks,
-            max_mem_len=64,
-            vocab_size=256,
-        )
+        super().__init__(Settings(persistence=mode, keep_versions=3))
         self.sessions = Sessions(self.store, self.worker)
         self.history = SessionHistory(
             recovery=self.sessions,

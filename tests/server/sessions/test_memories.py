@@ -11,7 +11,6 @@ import pytest
 from txl_server.errors import Gone, InvalidRequest, NotFound
 from txl_server.sessions.admission import Admission
 from txl_server.sessions.memories import MemoryService
-from txl_server.sessions.persistence import Persistence
 from txl_server.sessions.prefix_cache import Read
 from txl_server.sessions.state_cache import DEVICE, StateCache
 from txl_server.sessions.store.versions import BlocksMissing, LoadedVersion
@@ -21,7 +20,6 @@ from tests.helpers import session_fakes as fakes
 from tests.helpers.session_fakes import (
     FakeBlockStore,
     FakeModel,
-    FakeSessionStore,
     FakeWorker,
     Recorder,
     state,
@@ -111,16 +109,15 @@ class Placing:
         self.expiry[memory_id] = expires_at
 
 
-class Memories:
+class Memories(fakes.Stored):
     def __init__(self, *, limit: int = 100) -> None:
         settings = Settings(max_memories_per_tenant=limit, default_ttl_seconds=600)
-        self.worker = FakeWorker(fakes.pool())
-        self.blocks = FakeBlockStore()
+        super().__init__(settings)
         self.store = FakeMemoryStore(self.blocks)
         self.prompts = Reading(self.worker)
         self.placement = Placing(self.store)
         self.observer = Recorder()
-        sessions = FakeSessionStore(self.blocks)
+        sessions = self.persistence.store
         self.service = MemoryService(
             settings=settings,
             tokenizer=Bytes(),
@@ -135,15 +132,7 @@ class Memories:
                 store=sessions,
             ),
             placement=self.placement,
-            persistence=Persistence(
-                settings=settings,
-                model=FakeModel(),
-                worker=self.worker,
-                store=sessions,
-                blocks=self.blocks,
-                max_mem_len=64,
-                vocab_size=256,
-            ),
+            persistence=self.persistence,
             observer=self.observer,
             model_id="tiny",
             mem_len=32,

@@ -10,38 +10,18 @@ import pytest
 import torch
 from txl_server.engine.state import ModelState
 from txl_server.errors import Gone, InvalidRequest
-from txl_server.sessions.persistence import Persistence
 from txl_server.sessions.state_cache import DEVICE, Entry
 from txl_server.sessions.store.lease import Lease
-from txl_server.settings import Settings
 
 from tests.helpers import session_fakes as fakes
 from tests.helpers.session_fakes import (
-    FakeBlockStore,
-    FakeModel,
-    FakeSessionStore,
-    FakeWorker,
     meta,
     state,
     summary,
 )
 
 
-class Stores:
-    def __init__(self) -> None:
-        self.blocks = FakeBlockStore()
-        self.store = FakeSessionStore(self.blocks)
-        self.worker = FakeWorker(fakes.pool())
-        self.persistence = Persistence(
-            settings=Settings(keep_versions=3),
-            model=FakeModel(),
-            worker=self.worker,
-            store=self.store,
-            blocks=self.blocks,
-            max_mem_len=64,
-            vocab_size=256,
-        )
-
+class Stores(fakes.Stored):
     async def create(self, session_id: str, st: ModelState, version: int = 1) -> None:
         """Writes `st` as the session's stored version, durably, as a new session's create does."""
         session = meta(session_id, version=version)

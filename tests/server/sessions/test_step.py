@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 from txl_server.engine.jobs import AdvanceJob
 from txl_server.errors import Conflict, Gone, InvalidRequest, NotFound, OutcomeUnknown, Unavailable
-from txl_server.sessions.persistence import Persistence
 from txl_server.sessions.recovery import Lost, Recovery, Replica
 from txl_server.sessions.state_cache import StateCache
 from txl_server.sessions.step import Steps
@@ -21,10 +20,8 @@ from txl_server.settings import Settings
 
 from tests.helpers import session_fakes as fakes
 from tests.helpers.session_fakes import (
-    FakeBlockStore,
     FakeHeartbeats,
     FakeLeases,
-    FakeModel,
     FakeSessionStore,
     FakeWorker,
     Recorder,
@@ -57,35 +54,24 @@ class Placing:
         return self.cache.pinned_bytes() > 0
 
 
-class Stepping:
+class Stepping(fakes.Stored):
     def __init__(self, *, mode: Mode = Mode.ALWAYS, ttl: float = 10.0, limit: int = 1000) -> None:
         settings = Settings(
             persistence=mode, lease_ttl_seconds=ttl, lease_wait_seconds=0, max_sessions_per_tenant=limit
         )
-        self.worker = FakeWorker(fakes.pool())
-        self.blocks = FakeBlockStore()
-        self.store = FakeSessionStore(self.blocks)
+        super().__init__(settings)
         self.leases = FakeLeases(self.store, holder=ME.id)
         self.placement = Placing(self.worker, self.store)
         self.observer = Recorder()
         stores = SimpleNamespace(sessions=self.store, leases=self.leases, heartbeats=FakeHeartbeats())
         self.recovery = Recovery(stores, me=ME, exclusive=True, observer=self.observer)
-        persistence = Persistence(
-            settings=settings,
-            model=FakeModel(),
-            worker=self.worker,
-            store=self.store,
-            blocks=self.blocks,
-            max_mem_len=64,
-            vocab_size=256,
-        )
         self.steps = Steps(
             settings=settings,
             worker=self.worker,
             store=self.store,
             leases=self.leases,
             placement=self.placement,
-            persistence=persistence,
+            persistence=self.persistence,
             recovery=self.recovery,
             observer=self.observer,
             holder=ME.id,
