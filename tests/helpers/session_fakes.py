@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -91,8 +92,7 @@ def summary(version: int, tokens: int = 8, kind: str = "append") -> VersionSumma
 class FakeModel:
     """What the session parts read of the model: its memory layout and config."""
 
-    class config:
-        same_length = False
+    config = SimpleNamespace(same_length=False)
 
     def memory_layout(self) -> MemoryLayout:
         return LAYOUT
