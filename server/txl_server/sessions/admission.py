@@ -8,6 +8,8 @@ request never computes a state it cannot keep.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from txl import TransfoXLLMHeadModel, peak_positions
 from txl.window import WindowRule
 
@@ -18,21 +20,13 @@ from .state_cache import DEVICE, StateCache
 from .store.sessions import SessionStore
 
 
+@dataclass(kw_only=True, eq=False)
 class Admission:
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        model: TransfoXLLMHeadModel,
-        worker: Worker,
-        cache: StateCache,
-        store: SessionStore,
-    ) -> None:
-        self.settings = settings
-        self.model = model
-        self.worker = worker
-        self.cache = cache
-        self.store = store
+    settings: Settings
+    model: TransfoXLLMHeadModel
+    worker: Worker
+    cache: StateCache
+    store: SessionStore
 
     def ttl(self, ttl_seconds: int | None) -> int:
         """The TTL asked for (the default if none), checked against the server's bounds."""

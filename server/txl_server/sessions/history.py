@@ -13,6 +13,8 @@ what follows a rewind to N, or a fork at N, is exactly what follows a fresh sess
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..engine.state import ModelState
 from ..errors import NotFound
 from .persistence import Persistence
@@ -23,21 +25,13 @@ from .store.sessions import SessionMeta, SessionStore
 from .store.versions import BlocksMissing, VersionSummary
 
 
+@dataclass(kw_only=True, eq=False)
 class SessionHistory:
-    def __init__(
-        self,
-        *,
-        recovery: Recovery,
-        steps: Steps,
-        placement: Placement,
-        persistence: Persistence,
-        store: SessionStore,
-    ) -> None:
-        self.recovery = recovery
-        self.steps = steps
-        self.placement = placement
-        self.persistence = persistence
-        self.store = store
+    recovery: Recovery
+    steps: Steps
+    placement: Placement
+    persistence: Persistence
+    store: SessionStore
 
     async def versions(self, owner: str, session_id: str) -> list[VersionSummary]:
         """The session's kept versions, newest first."""

@@ -27,6 +27,7 @@ import dataclasses
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from txl.tokenizers import Tokenizer
@@ -47,42 +48,29 @@ from .stateless import PromptScores, ScoreOutcome
 from .step import to_the_end
 from .store.memories import MemoryMeta, MemoryStore, new_memory_id
 from .store.plumbing import now
-from .store.versions import BlocksMissing, VersionSummary
+from .store.versions import BlocksMissing, VersionSummary, VersionWrite
 
 ProgressCallback = Callable[[int, int], None]
 
 MAX_NAME_CHARS = 128
 
 
+@dataclass(kw_only=True, eq=False)
 class MemoryService:
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        tokenizer: Tokenizer,
-        worker: Worker,
-        store: MemoryStore,
-        prompts: PromptReader,
-        admission: Admission,
-        placement: Placement,
-        persistence: Persistence,
-        observer: SessionObserver,
-        model_id: str,
-        mem_len: int,
-    ) -> None:
-        self.settings = settings
-        self.tokenizer = tokenizer
-        self.worker = worker
-        self.store = store
-        self.prompts = prompts
-        self.admission = admission
-        self.placement = placement
-        self.persistence = persistence
-        self.observer = observer
-        self.model_id = model_id
-        self.mem_len = mem_len  # every memory is read with the server's default
-        self._loading: dict[str, asyncio.Future[ModelState]] = {}
-        self._users: Counter[str] = Counter()  # requests using each memory now: pinned while any does
+    settings: Settings
+    tokenizer: Tokenizer
+    worker: Worker
+    store: MemoryStore
+    prompts: PromptReader
+    admission: Admission
+    placement: Placement
+    persistence: Persistence
+    observer: SessionObserver
+    model_id: str
+    mem_len: int  # every memory is read with the server's default
+    _loading: dict[str, asyncio.Future[ModelState]] = field(default_factory=dict, init=False)
+    # Requests using each memory now: pinned while any does.
+    _users: Counter[str] = field(default_factory=Counter, init=False)
 
     # ------------------------------------------------------------------ the memories themselves
 
@@ -125,13 +113,15 @@ class MemoryService:
             metadata=dict(metadata or {}),
         )
         summary = VersionSummary.of(1, meta.tokens, meta.created_at, "create", text)
-        write = await self.persistence.version_write(state, summary, full=True)
+        durable = await self.persistence.prepare(state, summary, full=True)
 
-        async def register() -> None:
-            await self.persistence.write(lambda w: self.store.create(meta, w), write, state)
+        async def write(stored: VersionWrite) -> None:
+            await self.store.create(meta, stored)
+
+        async def place(_: None) -> None:
             await self.placement.place_memory(meta.id, state, meta.expires_at)
 
-        await to_the_end(register())
+        await to_the_end(durable.write_then_place(write, place))
         self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 

@@ -9,6 +9,10 @@ written depends on the persistence mode (TXL_PERSISTENCE): `always` with every c
 `evict` when the session leaves this process (placement.py), `none` never. A restored state is written into the
 device's pool on the worker's thread, which owns it.
 
+Every new version of a state (a step's commit, a new session, a preloaded memory, a session leaving this process)
+is written durably first, then placed (`Durable.write_then_place`): the state cache never points to a version
+Redis was not told of, and never lets go of one Redis does not hold.
+
 A snapshot is one safetensors blob holding a session's memory with its metadata in the header: sessions move
 between deployments as snapshots (export, then import as a new session).
 """
@@ -18,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from txl import TransfoXLLMHeadModel
 
@@ -37,6 +41,32 @@ from .store.sessions import SessionMeta, SessionStore
 from .store.versions import BlocksMissing, LoadedVersion, VersionSummary, VersionWrite
 
 T = TypeVar("T")
+# What a durable write hands Redis besides the metadata: a stored version, or nothing (None).
+W = TypeVar("W", VersionWrite, None)
+
+
+@dataclass(frozen=True)
+class Durable(Generic[W]):
+    """A state about to be written durably: `version` is its stored version, its new blocks already in the block
+    store (None: Redis is told of the state by its metadata alone)."""
+
+    persistence: Persistence
+    state: ModelState
+    version: W
+
+    async def write_then_place(
+        self, write: Callable[[W], Awaitable[T]], place: Callable[[T], Awaitable[None]]
+    ) -> T:
+        """The order every new version follows: `write(version)`, the one Redis write that makes the state
+        durable (with every block again if Redis lacks some it was thought to hold), then `place(outcome)`,
+        where this process keeps it (or lets it go). A write that raises places nothing. Not shielded from
+        cancellation: a caller whose write must run to its end awaits this under `to_the_end` (step.py)."""
+        if self.version is None:
+            outcome = await write(self.version)
+        else:
+            outcome = await self.persistence.write(write, self.version, self.state)
+        await place(outcome)
+        return outcome
 
 
 @dataclass(frozen=True)
@@ -48,27 +78,18 @@ class Imported:
     metadata: dict[str, Any]
 
 
+@dataclass(kw_only=True, eq=False)
 class Persistence:
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        model: TransfoXLLMHeadModel,
-        worker: Worker,
-        store: SessionStore,
-        blocks: BlockStore,
-        max_mem_len: int,
-        vocab_size: int,
-    ) -> None:
-        self.settings = settings
-        self.model = model
-        self.worker = worker
-        self.store = store
-        self.blocks = blocks
-        # What a snapshot must fit to be imported.
-        self.max_mem_len, self.vocab_size = max_mem_len, vocab_size
-        # Which pool blocks the block store already holds: a write sends only the others (store/blocks.py).
-        self.index = BlockIndex()
+    settings: Settings
+    model: TransfoXLLMHeadModel
+    worker: Worker
+    store: SessionStore
+    blocks: BlockStore
+    # What a snapshot must fit to be imported.
+    max_mem_len: int
+    vocab_size: int
+    # Which pool blocks the block store already holds: a write sends only the others (store/blocks.py).
+    index: BlockIndex = field(default_factory=BlockIndex, init=False)
 
     @property
     def always(self) -> bool:
@@ -81,6 +102,18 @@ class Persistence:
         return self.settings.persistence is not PersistenceMode.NONE
 
     # ------------------------------------------------------------------ writing versions
+
+    async def prepare(
+        self, state: ModelState, summary: VersionSummary, *, full: bool = False
+    ) -> Durable[VersionWrite]:
+        """`state` ready to be written durably as the version `summary` describes: its new blocks (all with
+        `full`) already in the block store. Cancellable: no version names them yet."""
+        return Durable(self, state, await self.version_write(state, summary, full=full))
+
+    def unstored(self, state: ModelState) -> Durable[None]:
+        """`state` to be made durable by its metadata alone (no stored version: its memory stays in this
+        process until it leaves it)."""
+        return Durable(self, state, None)
 
     async def version_write(
         self, state: ModelState, summary: VersionSummary, *, full: bool = False
@@ -111,22 +144,29 @@ class Persistence:
         self.index.learn(write.stored.learned)
         return result
 
-    async def save(self, session_id: str, entry: Entry) -> None:
+    async def save(self, session_id: str, entry: Entry, *, then: Callable[[], Awaitable[None]]) -> None:
         """Writes the state of a session leaving this process (persistence `evict`) as its one stored version, if
-        the session is still at the entry's version."""
+        the session is still at the entry's version (else there is nothing of it to keep), then runs `then` (the
+        state leaves this process)."""
         meta = await self.store.get(session_id)
         if meta is None or meta.version != entry.version or meta.tier == "gone":
+            await then()
             return
         summary = (
             entry.summaries[-1]
             if entry.summaries
             else VersionSummary.of(meta.version, meta.tokens, meta.last_used, "append", None)
         )
-        write = await self.version_write(entry.state, summary)
+        durable = await self.prepare(entry.state, summary)
         ttl = meta.ttl_seconds
-        await self.write(
-            lambda w: self.store.save_version(session_id, entry.version, w, ttl), write, entry.state
-        )
+
+        async def write(stored: VersionWrite) -> bool:
+            return await self.store.save_version(session_id, entry.version, stored, ttl)
+
+        async def leave(_: bool) -> None:
+            await then()
+
+        await durable.write_then_place(write, leave)
 
     # ------------------------------------------------------------------ reading versions
 

@@ -46,30 +46,21 @@ class Released:
     lost: int  # marked gone (persistence none, or no time left)
 
 
+@dataclass(kw_only=True, eq=False)
 class Placement:
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        worker: Worker,
-        cache: StateCache,
-        prefix_cache: PrefixCache,
-        store: SessionStore,
-        persistence: Persistence,
-        recovery: Recovery,
-        observer: SessionObserver,
-    ) -> None:
-        self.settings = settings
-        self.worker = worker
-        self.cache = cache
-        self.prefix_cache = prefix_cache  # it gives its blocks back first when the pool runs short
-        self.store = store
-        self.persistence = persistence
-        self.recovery = recovery
-        self.observer = observer
+    settings: Settings
+    worker: Worker
+    cache: StateCache
+    prefix_cache: PrefixCache  # it gives its blocks back first when the pool runs short
+    store: SessionStore
+    persistence: Persistence
+    recovery: Recovery
+    observer: SessionObserver
+
+    def __post_init__(self) -> None:
         # The device's pool is the worker's; sessions moved off the device go to a pool of host RAM, written
         # only under the tier lock.
-        self.pool = worker.pool
+        self.pool = self.worker.pool
         self.host_pool = BlockPool(
             self.pool.layout.on(device="cpu"),
             block_size=self.pool.block_size,
@@ -79,7 +70,7 @@ class Placement:
         self._expiry: dict[str, float] = {}  # id -> when its TTL runs out (sessions and memories held here)
         self._loop = asyncio.get_running_loop()
         self._relieving = False
-        worker.on_pool_pressure = self.on_pool_pressure
+        self.worker.on_pool_pressure = self.on_pool_pressure
 
     # ------------------------------------------------------------------ to the device
 
@@ -220,11 +211,15 @@ class Placement:
     async def spill(self, victim: str, entry: Entry, *, lost: Lost = Lost.EVICTED) -> None:
         """Out of this process: to Redis (persistence on), else dropped: the session is marked gone for `lost`
         (it answers 410 saying so, and is no longer listed)."""
-        target = "gone"
-        if self.persistence.enabled:
-            if not self.persistence.always:  # "always" already wrote this version at commit
-                await self.persistence.save(victim, entry)
-            target = "redis"
+        if not self.persistence.enabled:
+            await self._leave(victim, entry, "gone", lost)
+        elif self.persistence.always:  # "always" already wrote this version at commit
+            await self._leave(victim, entry, "redis", lost)
+        else:  # written to Redis first, then it leaves
+            await self.persistence.save(victim, entry, then=lambda: self._leave(victim, entry, "redis", lost))
+
+    async def _leave(self, victim: str, entry: Entry, target: str, lost: Lost) -> None:
+        """The entry leaves this process for `target` (Redis, or gone for `lost`), unless it changed meanwhile."""
         if self.cache.peek(victim) is entry:
             self.cache.drop(victim)
             self.observer.on_tier_move(entry.tier, target)

@@ -59,6 +59,19 @@ class AppendOutcome:
     logprob: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class NewSession:
+    """What a new session is asked to hold and be (`create`'s arguments), whichever way it is made."""
+
+    text: str = ""
+    mem_len: int | None = None
+    ttl_seconds: int | None = None
+    metadata: dict[str, Any] | None = None
+    progress: Progress | None = None
+    receipt: ReceiptOf | None = None
+    klass: RequestClass | None = None
+
+
 @dataclass(frozen=True)
 class GenerateOutcome:
     session: SessionMeta
@@ -198,14 +211,18 @@ class SessionService:
         state shared: the cost does not depend on the document's length). `receipt`: the Idempotency-Key's
         record of the new session, written with it. `klass`: the request's class, by which the worker admits and
         schedules its work (admission.classes; here and in every step below)."""
-        if memory is not None:
-            return await self._create_from(
-                owner, memory, text, mem_len, ttl_seconds, metadata, progress, receipt, klass
-            )
-        tokens = self.tokenizer.encode(text)
-        meta, _ = await self._create_reading(
-            owner, text, tokens, mem_len, ttl_seconds, metadata, progress, receipt, klass=klass
+        asked = NewSession(
+            text=text,
+            mem_len=mem_len,
+            ttl_seconds=ttl_seconds,
+            metadata=metadata,
+            progress=progress,
+            receipt=receipt,
+            klass=klass,
         )
+        if memory is not None:
+            return await self._create_from(owner, memory, asked)
+        meta, _ = await self._create_reading(owner, asked, self.tokenizer.encode(text))
         return meta
 
     async def create_reading(
@@ -213,71 +230,51 @@ class SessionService:
     ) -> tuple[SessionMeta, int]:
         """A new private session (`_register`) that read `text` (already encoded as `tokens`), for a step that
         follows at once, and how many of its tokens came from the prefix cache."""
-        return await self._create_reading(
-            owner, text, tokens, None, None, None, None, None, private=True, klass=klass
-        )
+        return await self._create_reading(owner, NewSession(text=text, klass=klass), tokens, private=True)
 
     async def _create_reading(
-        self,
-        owner: str,
-        text: str,
-        tokens: list[int],
-        mem_len: int | None,
-        ttl_seconds: int | None,
-        metadata: dict[str, Any] | None,
-        progress: Progress | None,
-        receipt: ReceiptOf | None,
-        *,
-        private: bool = False,
-        klass: RequestClass | None = None,
+        self, owner: str, asked: NewSession, tokens: list[int], *, private: bool = False
     ) -> tuple[SessionMeta, int]:
-        mem_len = self.default_mem_len if mem_len is None else mem_len
+        """A new session that read `asked.text` (encoded as `tokens`) through the prefix cache, and how many of
+        its tokens came from the cache."""
+        mem_len = self.default_mem_len if asked.mem_len is None else asked.mem_len
         if not 0 <= mem_len <= self.max_mem_len:
             raise InvalidRequest(f"mem_len must be between 0 and {self.max_mem_len}", param="mem_len")
-        ttl = self.admission.ttl(ttl_seconds)
+        ttl = self.admission.ttl(asked.ttl_seconds)
         await self.admission.session(owner, mem_len)
+        progress = asked.progress
         if progress is not None:
             progress(0, len(tokens))
-        read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, klass=klass)
+        read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, klass=asked.klass)
         meta = await self._register(
             owner,
             read.state,
             len(tokens),
             ttl,
-            dict(metadata or {}),
+            dict(asked.metadata or {}),
             kind="create",
-            text=text,
+            text=asked.text,
             private=private,
-            receipt=receipt,
+            receipt=asked.receipt,
         )
         self.observer.on_tokens("ingested", len(tokens) + 1)
         self.observer.on_prefix_cache(read.cached, len(tokens) + 1)
         return meta, max(0, read.cached - 1)  # the start token is not the caller's
 
-    async def _create_from(
-        self,
-        owner: str,
-        memory_id: str,
-        text: str,
-        mem_len: int | None,
-        ttl_seconds: int | None,
-        metadata: dict[str, Any] | None,
-        progress: Progress | None,
-        receipt: ReceiptOf | None,
-        klass: RequestClass | None,
-    ) -> SessionMeta:
-        """A new session holding the memory's state (its blocks shared), then `text`: it continues exactly like
-        a session that read the memory's document and then `text` (`progress` as `text` is fed)."""
-        ttl = self.admission.ttl(ttl_seconds)
+    async def _create_from(self, owner: str, memory_id: str, asked: NewSession) -> SessionMeta:
+        """A new session holding the memory's state (its blocks shared), then `asked.text`: it continues exactly
+        like a session that read the memory's document and then that text (`progress` as it is fed)."""
+        ttl = self.admission.ttl(asked.ttl_seconds)
         async with self.memories.using(owner, memory_id) as (memory, state):
-            if mem_len is not None and mem_len != memory.mem_len:
+            if asked.mem_len is not None and asked.mem_len != memory.mem_len:
                 raise InvalidRequest(
                     f"a session from this memory has its mem_len ({memory.mem_len})", param="mem_len"
                 )
             await self.admission.session(owner, memory.mem_len)
-            tokens = self.tokenizer.encode(text)
+            tokens = self.tokenizer.encode(asked.text)
             if tokens:
-                job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=klass)
+                progress = asked.progress
+                job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=asked.klass)
                 result = await self.steps.run(job, progress=progress)
                 assert isinstance(result, AdvanceResult)
                 state = result.state
@@ -286,10 +283,10 @@ class SessionService:
                 state,
                 memory.tokens + len(tokens),
                 ttl,
-                dict(metadata or {}),
+                dict(asked.metadata or {}),
                 kind="create",
-                text=text,
-                receipt=receipt,
+                text=asked.text,
+                receipt=asked.receipt,
             )
         self.observer.on_tokens("ingested", len(tokens))
         return meta

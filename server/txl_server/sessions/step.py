@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateResult, Job, ProgressEvent, job_result, run_job
@@ -89,30 +90,18 @@ async def to_the_end(step: Coroutine[Any, Any, T]) -> T:
                 current.uncancel()
 
 
+@dataclass(kw_only=True, eq=False)
 class Steps:
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        worker: Worker,
-        store: SessionStore,
-        leases: LeaseStore,
-        placement: Placement,
-        persistence: Persistence,
-        recovery: Recovery,
-        observer: SessionObserver,
-        holder: str,
-    ) -> None:
-        self.settings = settings
-        self.worker = worker
-        self.store = store
-        self.leases = leases
-        self.placement = placement
-        self.persistence = persistence
-        self.recovery = recovery
-        self.observer = observer
-        self.holder = holder  # this replica's id: the holder of every version it commits
-        self.queues = RequestQueues()
+    settings: Settings
+    worker: Worker
+    store: SessionStore
+    leases: LeaseStore
+    placement: Placement
+    persistence: Persistence
+    recovery: Recovery
+    observer: SessionObserver
+    holder: str  # this replica's id: the holder of every version it commits
+    queues: RequestQueues = field(default_factory=RequestQueues, init=False)
 
     @contextlib.asynccontextmanager
     async def hold(self, owner: str, session_id: str) -> AsyncIterator[tuple[SessionMeta, ModelState, Lease]]:
@@ -184,26 +173,23 @@ class Steps:
         )
         summary = VersionSummary.of(new.version, new.tokens, new.last_used, kind, text)
         persistence = self.persistence
-        version = await persistence.version_write(state, summary) if persistence.always else None
-        commit_written(new.version, self.settings.persistence, version)
+        durable = (
+            await persistence.prepare(state, summary) if persistence.always else persistence.unstored(state)
+        )
+        commit_written(new.version, self.settings.persistence, durable.version)
         record = receipt(new) if receipt is not None else None
 
-        async def write(stored: VersionWrite | None) -> bool:
-            # In "evict" mode an older stored version may sit in Redis: drop it with the commit, it is stale.
-            return await self.store.commit(
-                new,
-                expected_version=meta.version,
-                lease=lease,
-                write=stored,
-                drop_stored=stored is None,
-                receipt=record,
-            )
-
-        async def commit() -> None:
+        async def write(stored: VersionWrite | None) -> None:
             sent = time.monotonic()
             try:
-                committed = await (
-                    write(None) if version is None else persistence.write(write, version, state)
+                # In "evict" mode an older stored version may sit in Redis: drop it with the commit, it is stale.
+                committed = await self.store.commit(
+                    new,
+                    expected_version=meta.version,
+                    lease=lease,
+                    write=stored,
+                    drop_stored=stored is None,
+                    receipt=record,
                 )
             except SessionGone:  # declared lost meanwhile (its holder looked dead): gone for every replica
                 fresh = await self.store.get(meta.id)
@@ -216,10 +202,12 @@ class Steps:
             if not committed:
                 raise NotFound(f"no session {meta.id!r}", param="session_id")
             lease.released = True  # handed back by the commit
+
+        async def place(_: None) -> None:
             await self.placement.place(new, state, summary=summary)
             self.recovery.acked.note(new)
 
-        await to_the_end(commit())
+        await to_the_end(durable.write_then_place(write, place))
         return new
 
     async def create(
@@ -236,28 +224,29 @@ class Steps:
         session limit, its metadata (and, if `stored`, its stored version) written to Redis with the
         Idempotency-Key's record `receipt` makes of it, then its state placed on the device (`pin`: and kept
         there until a step unpins it)."""
-        write = await self.persistence.version_write(state, summary) if stored else None
+        persistence = self.persistence
+        durable = await persistence.prepare(state, summary) if stored else persistence.unstored(state)
         record = receipt(meta) if receipt is not None else None
         lease = Lease(meta.id, new_token(self.holder), self.settings.lease_ttl_seconds)
 
-        async def create() -> None:
-            await self._reserve(meta, lease)
+        async def write(stored: VersionWrite | None) -> None:
             sent = time.monotonic()
             try:
-                if write is None:
-                    await self.store.create(meta, lease=lease, receipt=record)
-                else:
-                    await self.persistence.write(
-                        lambda w: self.store.create(meta, w, lease=lease, receipt=record), write, state
-                    )
+                await self.store.create(meta, stored, lease=lease, receipt=record)
             except Fenced:
                 raise lease_lost() from None
             except OutcomeUnknown:
                 await self._settled(meta.id, "commit", lease, sent, 0)
+
+        async def place(_: None) -> None:
             await self.placement.place(meta, state, summary=summary)
             if pin:
                 self.placement.cache.pin(meta.id)
             self.recovery.acked.note(meta)
+
+        async def create() -> None:
+            await self._reserve(meta, lease)
+            await durable.write_then_place(write, place)
 
         await to_the_end(create())
 
