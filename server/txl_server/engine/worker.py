@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from txl import BlockPool, PoolExhausted, TransfoXLLMHeadModel
-from txl.kernels import prefer
+from txl.kernels import REFERENCE, DecodePath
 from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 
@@ -77,7 +77,7 @@ class Worker:
         max_queued: int,
         max_batch_tokens: int | None = None,
         pool: BlockPool | None = None,
-        graphs: bool = False,
+        path: DecodePath = REFERENCE,
         max_mem_len: int | None = None,
         observer: WorkerObserver | None = None,
         overlap: bool = False,
@@ -107,22 +107,12 @@ class Worker:
         # The positional table sized once for the longest key length any step asks for (a memory at its
         # largest and a whole segment), so that serving never reallocates it.
         model.transformer.reserve_positions(self.max_positions + segment_len)
-        decode_graphs = None
-        if graphs:  # CUDA graphs for decoding iterations (on a CPU: the same static buffers, run eagerly)
-            decode_graphs = DecodeGraphs(
-                model,
-                self.pool,
-                eager=ModelRunner(model, self.pool).decode,
-                max_batch_size=max_batch_size,
-                max_positions=self.max_positions,
-                capture=self.pool.layout.device.type == "cuda",
-            )
-        self.runner = ModelRunner(model, self.pool, decode_graphs)
         # Decoding one step ahead of the device (graphs only: `_launch`); the iteration sent and not yet read.
-        self.overlap = overlap and decode_graphs is not None
+        self._overlap_wanted = overlap
         self._pending: _Pending | None = None
-        # The decoding attention kernel (txl.kernels.prefer), chosen and checked at start-up (engine.selfcheck).
-        self.attention = "auto"
+        self._thread: threading.Thread | None = None
+        self.runner = ModelRunner(model, self.pool)  # the reference path, until `decode_with` (below)
+        self.decode_with(path)
         self.observer = observer or WorkerObserver()
         # Called (on this thread) with the blocks an iteration lacks when a pool that may not grow is full: the
         # session service then moves idle sessions off the device. Work that still cannot run is preempted.
@@ -137,8 +127,26 @@ class Worker:
         self._cv = threading.Condition()
         self._inbox: list[Job] = []
         self._stopping = False
-        self._thread: threading.Thread | None = None
         self._outbox = Outbox()  # events held back until the worker next computes or waits
+
+    def decode_with(self, path: DecodePath) -> None:
+        """Every step runs on `path` (its kernels; its graphs, on a CPU their static buffers, where it names them),
+        once, before the worker starts: engine.selfcheck chooses and checks it at start-up."""
+        if self._thread is not None or self.runner.graphs is not None:
+            raise RuntimeError("the decode path is chosen once, before the worker starts")
+        graphs = None
+        if path.graphs != "off":
+            eager = ModelRunner(self.model, self.pool, path).decode
+            graphs = DecodeGraphs(
+                self.model,
+                self.pool,
+                path,
+                eager=eager,
+                max_batch_size=self.max_batch_size,
+                max_positions=self.max_positions,
+            )
+        self.runner = ModelRunner(self.model, self.pool, path, graphs)
+        self.overlap = self._overlap_wanted and graphs is not None
 
     # ------------------------------------------------------------------ control (event loop side)
 
@@ -201,7 +209,7 @@ class Worker:
     # ------------------------------------------------------------------ loop (worker thread)
 
     def _run(self) -> None:
-        with torch.inference_mode(), prefer(self.attention), self._outbox.holding():
+        with torch.inference_mode(), self._outbox.holding():
             while self._wait_for_work():
                 self._iterate()
             self._finish_pending()
