@@ -318,7 +318,7 @@ def group_attention(
         query = q_content.index_select(0, group.token_index).float()  # [B, H, Dh]
         out = kernel(query, by_distance.float(), keys, values, group)
         return out.to(keys.dtype)
-    prefill = prefill_kernel(path, keys, q_content)
+    prefill = prefill_kernel(path, keys, q_content) if qlen > 1 else None
     if prefill is not None:
         return prefill(q_content, q_position, keys, values, positions, group, qlen)
     index = indices()

@@ -8,13 +8,12 @@ goes) and its memory after the step, every block's reference count and mark.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 
 import numpy as np
 import pytest
-from txl.kernels.plan_marks import cpu_plan_marks
+from txl.kernels.cpu.plan_marks import cpu_plan_marks
 from txl.paged import decode_plan
 from txl.paged.decode_plan import DecodePlan, plan_decode
 from txl.paged.pool import BlockPool, BlockTable
@@ -54,7 +53,7 @@ def native(request, monkeypatch) -> bool:
 def test_the_native_call_is_built_where_a_c_compiler_is():
     assert (cpu_plan_marks() is not None) == (
         shutil.which("cc") is not None or shutil.which("gcc") is not None
-    ) or os.environ.get("TXL_CPU_KERNELS") == "0"
+    )
 
 
 @pytest.mark.parametrize("seed", range(12))
