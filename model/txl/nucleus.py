@@ -185,7 +185,7 @@ def search_passes(ways: int) -> int:
 
 
 # Keys: the sign-magnitude bits of a float32 as an int32, negatives' magnitude flipped, so that they order as the
-# floats do. The Triton kernel computes the same keys (kernels/triton_sampling.py).
+# floats do. The Triton kernel computes the same keys (kernels/triton/sampling.py).
 _MAGNITUDE = 0x7FFFFFFF
 NEG_INF_KEY = -1 - 0x7F800000  # the key of -inf, below every other float's
 

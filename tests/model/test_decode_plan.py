@@ -43,7 +43,7 @@ def _state(pool: BlockPool, ids: np.ndarray) -> list[tuple[int, int]]:
 
 @pytest.fixture(params=[True, False], ids=["native", "arrays"])
 def native(request, monkeypatch) -> bool:
-    """Rows placed by kernels/plan_marks.c (where a C compiler exists), and by numpy's array operations."""
+    """Rows placed by kernels/cpu/plan_marks.c (where a C compiler exists), and by numpy's array operations."""
     if request.param and cpu_plan_marks() is None:
         pytest.skip("no C compiler: plan_marks.c cannot be built")
     monkeypatch.setattr(decode_plan, "NATIVE", request.param)
