@@ -67,11 +67,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
     except ValidationError as exc:
         print(f"invalid settings: {one_line(exc)}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from .telemetry.logs import configure_logging
+    from .telemetry.tracing import config_problem
+
+    configure_logging(settings.log_format, settings.log_level)
+    if (problem := config_problem()) is not None:  # the OTEL_* variables ask for traces it cannot send
+        print(f"cannot trace: {problem}", file=sys.stderr)
+        return 2
     if not settings.model_dir.is_dir():
         print(f"model directory not found: {settings.model_dir}", file=sys.stderr)
         return 2
@@ -143,16 +145,19 @@ def _serve(settings: Any, sockets: list[Any]) -> int:
     import uvicorn
 
     from .api.app import create_app
-    from .serving import TxlServer
+    from .serving import TxlServer, head_deadline
+    from .telemetry.logs import log_config
 
     config = uvicorn.Config(
         create_app(settings, loaded=loaded),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        log_config=log_config(settings.log_format, settings.log_level),
         # The app drains itself first (TXL_SHUTDOWN_GRACE_SECONDS); what uvicorn still waits for after that is
         # a response being written.
         timeout_graceful_shutdown=5,
+        http=head_deadline(settings.header_timeout_seconds),
     )
     server = TxlServer(
         config, ready_message=ready_message(settings.host, settings.port), exit_process=exit_now

@@ -65,6 +65,13 @@ class Gone(ServiceError):
     type = "gone"
 
 
+class RequestTimeout(ServiceError):
+    """The request's body did not arrive whole in time (TXL_BODY_TIMEOUT_SECONDS)."""
+
+    status = 408
+    type = "request_timeout"
+
+
 class PayloadTooLarge(ServiceError):
     status = 413
     type = "payload_too_large"
@@ -74,9 +81,13 @@ class Overloaded(ServiceError):
     status = 429
     type = "overloaded"
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, param: str | None = None) -> None:
-        super().__init__(message, param=param)
-        self.retry_after = retry_after
+    def __init__(
+        self, message: str, *, retry_after: float = 1.0, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.retry_after = (
+            retry_after  # seconds: computed from the server's load where it can be (admission/)
+        )
 
 
 class Unavailable(ServiceError):

@@ -18,11 +18,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from txl import BlockPool
 
+from .admission.targets import LatencyTargets
 from .engine.worker import WorkerObserver
 from .sessions.observer import SessionObserver
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ANY_CLASS = "any"  # the class label of a refusal before the body is read (a concurrency slot's)
 
 
 class Metrics(WorkerObserver, SessionObserver):
@@ -81,6 +83,34 @@ class Metrics(WorkerObserver, SessionObserver):
         )
         self.cancellations = Counter("txl_cancellations", "Jobs cancelled (client gone)", registry=r)
         self.overloaded = Counter("txl_overloaded", "Requests refused with 429", registry=r)
+        # ---- admission (admission/, engine/gate.py): by class (priority, default, flex, batch) and reason
+        self.admissions = Counter(
+            "txl_admissions", "Requests admitted by the worker, by class", ["class"], registry=r
+        )
+        self.refusals = Counter(
+            "txl_refusals", "Requests refused with 429, by class (any: before the body is read) and reason",
+            ["class", "reason"], registry=r,
+        )  # fmt: skip
+        self.queued = Gauge(
+            "txl_queued_requests", "Requests admitted and not yet served (no segment fed, no token), by class",
+            ["class"], registry=r,
+        )  # fmt: skip
+        self.queue_seconds = Histogram(
+            "txl_queue_seconds", "From a job's admission to its first segment or token, by class", ["class"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.targets = Gauge(
+            "txl_latency_target_seconds", "The latency targets admission and pacing keep (ttft, tbt)",
+            ["target"], registry=r,
+        )  # fmt: skip
+        self.row_cap = Gauge(
+            "txl_batch_row_cap", "Decoding rows the batch may hold now (paced to the tbt target)", registry=r
+        )
+        self.estimate_factor = Gauge(
+            "txl_admission_estimate_factor",
+            "First tokens' time as they came over admission's estimate, lately (it scales the estimate)",
+            registry=r,
+        )
         self.prefix_lookups = Counter(
             "txl_prefix_cache_lookups",
             "Prompts read through the prefix cache, by outcome",
@@ -145,6 +175,30 @@ class Metrics(WorkerObserver, SessionObserver):
 
     def on_cancel(self) -> None:
         self.cancellations.inc()
+
+    def on_admission(self, klass: str, refused: str | None) -> None:
+        if refused is None:
+            self.admissions.labels(klass).inc()
+        else:
+            self.refused(klass, refused)
+
+    def refused(self, klass: str | None, reason: str) -> None:
+        """A request refused with 429: of class `klass` (None: not known yet), for `reason`."""
+        self.overloaded.inc()
+        self.refusals.labels(klass or ANY_CLASS, reason).inc()
+
+    def on_queued(self, depth: dict[str, int]) -> None:
+        for klass, n in depth.items():
+            self.queued.labels(klass).set(n)
+
+    def on_queue_time(self, klass: str, seconds: float) -> None:
+        self.queue_seconds.labels(klass).observe(seconds)
+
+    def on_pacing(self, targets: LatencyTargets, row_cap: int, factor: float) -> None:
+        self.targets.labels("ttft").set(targets.ttft)
+        self.targets.labels("tbt").set(targets.tbt)
+        self.row_cap.set(row_cap)
+        self.estimate_factor.set(factor)
 
     # ---- SessionObserver
     def on_tier_move(self, source: str, target: str) -> None:

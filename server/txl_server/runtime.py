@@ -28,6 +28,7 @@ from txl.tokenizers import Tokenizer, load_tokenizer
 from .engine.decode_path import CheckedPath, PathSettings
 from .engine.device_report import DeviceReport, describe
 from .engine.selfcheck import prepare
+from .engine.step_times import pace_worker
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
 from .memory_budgets import MemoryBudgets, describe_budgets, memory_budgets
@@ -155,6 +156,7 @@ def make_worker(
         max_mem_len=settings.mem_lens(model.config.mem_len)[1],
         observer=observer,
         overlap=settings.overlap is not False,  # with graphs (the worker ignores it without)
+        weight=settings.tenant_weight,
     )
 
 
@@ -207,6 +209,7 @@ class Runtime:
         log.info("session memory budgets: %s", describe_budgets(budgets))
         self.worker = make_worker(settings, loaded, self.worker_observer, budgets)
         self.serving = await asyncio.to_thread(prepare_worker, settings, self.worker)
+        await asyncio.to_thread(pace_worker, self.worker, settings)
         self.worker.start()
         url = settings.redis_url
         if url is None:

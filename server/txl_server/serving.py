@@ -7,6 +7,10 @@ server with start-up and shutdown the way this server wants them.
 - Listening beyond loopback without API keys (e.g. `--host 0.0.0.0`, the Docker image's default) is said at once,
   as a warning: anyone who reaches the address can then use every session.
 - Once it answers, the log ends with where to go.
+- A connection must send its request's head (line and headers) within TXL_HEADER_TIMEOUT_SECONDS of opening
+  (or of its previous answer), else it is closed (`HeadDeadline`): idle connections and headers sent a byte at
+  a time hold nothing for long. (uvicorn itself never times out a connection that has sent nothing yet, and
+  restarts its keep-alive wait at every byte.) The body's deadline is the app's (api/middleware.py).
 - SIGTERM/SIGINT drain the app first (`api/shutdown.py`: no new requests, running ones finish within the grace
   period, open streams end with an error event), then uvicorn closes the connections and the lifespan stops
   the runtime (which saves the sessions held in memory). A second signal stops waiting for requests. The
@@ -15,6 +19,7 @@ server with start-up and shutdown the way this server wants them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
@@ -26,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .watchdog import Watchdog
 
@@ -87,6 +93,55 @@ def warn_if_open(sockets: list[socket.socket], *, has_api_keys: bool) -> None:
             "session. Set TXL_API_KEYS (or TXL_API_KEYS_FILE), or listen on loopback only (--host 127.0.0.1)",
             ", ".join(reachable),
         )
+
+
+class HeadDeadline(H11Protocol):
+    """uvicorn's h11 protocol, with a deadline for each request's head: `seconds` from the connection (or from
+    the previous answer) to the end of the head's headers, however slowly its bytes come. Past it the connection
+    is closed. A request being answered has no deadline (its body has the app's)."""
+
+    seconds = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        """Waits for the next head: a request cycle other than this one means it came."""
+        self._disarm()
+        self._waiting_after = self.cycle
+        self._head_timer = self.loop.call_later(self.seconds, self._too_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self._head_timer is not None and self.cycle is not self._waiting_after:
+            self._disarm()  # a head came whole: its request has begun
+
+    def on_response_complete(self) -> None:
+        self._arm()  # before uvicorn handles a pipelined request (which disarms it)
+        super().on_response_complete()
+        if self.transport.is_closing():
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _too_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def head_deadline(seconds: float) -> type[HeadDeadline]:
+    """The protocol class for uvicorn's `http`, with this deadline."""
+    return type("HeadDeadline", (HeadDeadline,), {"seconds": seconds})
 
 
 class TxlServer(uvicorn.Server):

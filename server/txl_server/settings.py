@@ -6,6 +6,7 @@ command line.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import string
@@ -163,6 +164,27 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(256, ge=1)  # beyond it: 429 overloaded
     max_queued_jobs: int = Field(512, ge=1)
 
+    # ---- admission and fair share (docs/server.md, "Overload")
+    # Requests are admitted when their first token can come within this many seconds, else refused at once (429,
+    # Retry-After from the queue's drain). None: measured for the device at start-up (at least 1 s).
+    ttft_target_seconds: float | None = Field(None, gt=0, le=600)
+    # The decoding batch grows only while the gap between a stream's tokens stays within this. None: measured
+    # for the device at start-up (at least 50 ms).
+    tbt_target_seconds: float | None = Field(None, gt=0, le=60)
+    # Requests of one API key in flight at once (its ceiling); None: no ceiling of its own, but the last eighth
+    # of TXL_MAX_CONCURRENT_REQUESTS is kept for keys below their fair share (with API keys configured).
+    max_concurrent_requests_per_tenant: int | None = Field(None, ge=1)
+    # Weights of fair share, "TENANT=WEIGHT,...": a tenant of weight 2 gets twice the rows and prompt tokens of
+    # one of weight 1 when both wait (1 for any other). TENANT is the key's tenant id, as the server names it: the
+    # first 32 hex digits of the key's SHA-256 (`printf %s KEY | sha256sum | cut -c1-32`), or `anonymous`.
+    tenant_weights: str | None = None
+    # A connection's request head (line and headers) must arrive within this many seconds of the connection (or
+    # of its previous answer): idle and slow-header connections are closed.
+    header_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    # A request's body must arrive whole within this many seconds of its head: a body sent too slowly, or
+    # that never ends, is answered 408 and its connection closed. It takes no concurrency slot meanwhile.
+    body_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+
     # ---- OpenAI compatibility
     # /v1/chat/completions: "transcript" ("{Role}: {content}\n" per message), or a per-message format with the
     # fields {role} (as sent), {Role} (capitalised) and {content}; "\n" and "\t" may be written escaped.
@@ -174,6 +196,12 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None  # one "sha256:<hex>" (or plain key) per line
     log_prompts: bool = False
     log_level: str = "info"
+    # "text" for a terminal; "json" for a log collector: one object per line (time, level, message, request id,
+    # trace and span ids, session, tenant), uvicorn's access lines too (docs/deploy.md, "Logs").
+    log_format: Literal["text", "json"] = "text"
+    # Traces (sent when OTEL_EXPORTER_OTLP_ENDPOINT is set) carry no prompt or generated text unless this is on:
+    # then a step's span holds what it read and wrote (gen_ai.input.messages, gen_ai.output.messages).
+    trace_text: bool = False
 
     @field_validator("block_size")
     @classmethod
@@ -186,6 +214,21 @@ class Settings(BaseSettings):
     # ---- replicas
     # This process's name in every response's X-TXL-Replica header; None: HOST-PORT (a pod's name and port).
     replica_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _valid_weights(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_weights(value)
+        return value
+
+    def tenant_weight(self, tenant: str) -> float:
+        """`tenant`'s weight in fair share (TXL_TENANT_WEIGHTS; 1 for the others)."""
+        return self._weights.get(tenant, 1.0)
+
+    @functools.cached_property
+    def _weights(self) -> dict[str, float]:
+        return parse_weights(self.tenant_weights or "")
 
     @field_validator("dtype")
     @classmethod
@@ -274,3 +317,17 @@ def user_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or ""
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
     return root / "txl-serve"
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """`TENANT=WEIGHT,...` as a mapping; ValueError for anything else."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        tenant, sep, weight = item.partition("=")
+        if not sep or not re.fullmatch(r"[0-9a-f]{32}|anonymous", tenant.strip()):
+            raise ValueError(f"tenant_weights: {item!r} is not TENANT=WEIGHT (a 32 hex digit tenant id)")
+        value = float(weight)
+        if not 0 < value <= 1000:
+            raise ValueError(f"tenant_weights: the weight of {tenant.strip()} must be in (0, 1000]")
+        weights[tenant.strip()] = value
+    return weights

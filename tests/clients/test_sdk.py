@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -236,24 +235,30 @@ def test_dropped_memory_is_gone(fragile):
 
 
 def hold_the_only_slot(server: LiveServer, release_after: float) -> threading.Thread:
-    """Occupies the server's one request slot with a held request stream (a body that is still arriving), and
-    lets go after `release_after` seconds. Unlike a held generation, its length does not depend on CPU speed."""
+    """Occupies the server's one request slot with a generation stream held open, and lets go after
+    `release_after` seconds. (A body still arriving holds no slot: the slot is taken once the body is read.) The
+    server's steps take 20 ms meanwhile, so that the stream outlasts the hold whatever the CPU's speed."""
     with httpx.Client(base_url=server.url) as probe:  # an earlier holder has gone
-        while probe.get("/v1/models").status_code == 429:
+        while (made := probe.post("/v1/sessions", json={"text": "held"})).status_code == 429:
             time.sleep(0.02)
-    held = socket.create_connection(("127.0.0.1", server.port))
-    held.sendall(
-        b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\nsome"
-    )
-    deadline = time.monotonic() + 10
-    with httpx.Client(base_url=server.url) as probe:  # wait until the server counts it
-        while probe.get("/v1/models").status_code != 429:
-            assert time.monotonic() < deadline, "the held request never took the slot"
-            time.sleep(0.02)
+    runner = server.app.state.runtime.worker.runner
+    run = runner.run
+
+    def slowly(decode, chunks):
+        time.sleep(0.02)
+        return run(decode, chunks)
+
+    runner.run = slowly
+    holder = httpx.Client(base_url=server.url)
+    body = {"max_tokens": 4000, "stream": True}
+    stream = holder.stream("POST", f"/v1/sessions/{made.json()['id']}/generate", json=body)
+    assert stream.__enter__().status_code == 200  # its first token came: it holds the slot until it ends
 
     def release():
         time.sleep(release_after)
-        held.close()
+        stream.__exit__(None, None, None)
+        holder.close()
+        runner.run = run
 
     thread = threading.Thread(target=release, daemon=True)
     thread.start()

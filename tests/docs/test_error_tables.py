@@ -8,12 +8,20 @@ import re
 from pathlib import Path
 
 from txl_server import errors
+from txl_server.admission.policy import FIRST_TOKEN_TARGET, FLEX_CAPACITY
+from txl_server.admission.slots import SERVER_CONCURRENCY, TENANT_CONCURRENCY, TENANT_SHARE
 from txl_server.api.shared.openai_errors import ModelNotFound, openai_body, openai_status
 from txl_server.api.shutdown import REFUSED, UNAVAILABLE_STATUS
+from txl_server.engine.gate import DEVICE_MEMORY_FULL, QUEUE_FULL
 from txl_server.sessions.conversations import ConversationNotFound, ConversationOutOfStep, ItemInMemory
 from txl_server.sessions.responses import ContextTooLong, PreviousResponseNotFound
 from txl_server.sessions.store.conversations import ConversationLocked
 
+# The reasons a 429 gives (docs/api.md, "Refusals and service tiers").
+REFUSALS = (
+    FIRST_TOKEN_TARGET, FLEX_CAPACITY, SERVER_CONCURRENCY, TENANT_CONCURRENCY, TENANT_SHARE, QUEUE_FULL,
+    DEVICE_MEMORY_FULL,
+)  # fmt: skip
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 # Errors that never reach an OpenAI route: no OpenAI route takes an Idempotency-Key.
 NOT_ON_OPENAI_ROUTES = {"idempotency_key_reused"}
@@ -64,6 +72,7 @@ def openai_errors() -> set[tuple[int, str, str]]:
             for e in (ConversationLocked(), ItemInMemory(), ConversationOutOfStep(2, 1))
         ),
         (UNAVAILABLE_STATUS, REFUSED),
+        *((errors.Overloaded.status, errors.Overloaded("x", code=code).body()["error"]) for code in REFUSALS),
     ]
     for status, native in coded:
         error = openai_body(status, native)["error"]

@@ -21,18 +21,22 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..admission.slots import TenantSlots
 from ..errors import ServiceError
 from ..metrics import Metrics
 from ..runtime import LoadedModel, Runtime
 from ..settings import Settings
+from ..telemetry.observer import TracedSessions
+from ..telemetry.tracing import Tracing
 from .chat.router import router as chat_router
 from .completions.router import router as completions_router
 from .conversations.router import router as conversations_router
 from .fallback import Fallback
 from .memories.router import router as memories_router
-from .middleware import BodyLimit, ConcurrencyLimit, RequestMetrics, UnexpectedErrors
+from .middleware import BodyLimit, BodyReader, RequestMetrics, RequestSlots, UnexpectedErrors
 from .openapi_document import serve_document
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
+from .request_ids import REQUEST_ID_HEADER, RequestIds, request_id_of
 from .responses.context import stop_background
 from .responses.router import router as responses_router
 from .score.router import router as score_router
@@ -54,10 +58,12 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     """The application; `loaded` is a model already loaded from `settings` (else the lifespan loads it)."""
     metrics = Metrics()
     shutdown = Shutdown(settings.shutdown_grace_seconds)
+    tracing = Tracing.from_env(settings, instance=replica_name(settings))  # None: no traces asked for
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime(settings, worker_observer=metrics, session_observer=metrics, loaded=loaded)
+        sessions = metrics if tracing is None else TracedSessions(metrics)
+        runtime = Runtime(settings, worker_observer=metrics, session_observer=sessions, loaded=loaded)
         app.state.runtime = runtime
         shutdown.on_begin = runtime.begin_shutdown
         shutdown.reserve = runtime.save_reserve
@@ -75,6 +81,8 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         finally:  # after the drain (api/shutdown.py), within what is left of the grace period
             await stop_background(app)
             await runtime.stop(deadline=shutdown.deadline)
+            if tracing is not None:
+                await tracing.close()
 
     # FastAPIOffline: FastAPI whose /docs and /redoc load Swagger UI and ReDoc from files installed with the
     # server (the fastapi-offline wheel), not from a CDN, so that the API docs work on an air-gapped host.
@@ -106,16 +114,26 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
     serve_document(app, settings)
     _install_error_handlers(app)
     # Innermost first; metrics see every response, including the limits' 413 and 429.
+    app.state.slots = request_slots(settings)  # the API's concurrency slots, per tenant
+    app.add_middleware(RequestSlots, slots=app.state.slots, keys=app.state.api_keys, metrics=metrics)
     app.add_middleware(UnexpectedErrors)
-    app.add_middleware(ConcurrencyLimit, limit=settings.max_concurrent_requests, metrics=metrics)
+    app.add_middleware(BodyReader, timeout=settings.body_timeout_seconds)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(ShutdownGate, shutdown=shutdown)
     # The errors of the OpenAI routes, the limits' included, in OpenAI's shape.
     app.add_middleware(OpenAIErrors)
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(ReplicaHeader, replica=app.state.replica)
+    app.add_middleware(RequestIds, tracing=tracing)  # outermost: every answer has its X-Request-Id
     app.mount("/", Fallback(app, STATIC_DIR), name="playground")
     return app
+
+
+def request_slots(settings: Settings) -> TenantSlots:
+    """The API's concurrency slots: with API keys, the last eighth kept for keys below their fair share."""
+    limit = settings.max_concurrent_requests
+    reserve = max(1, limit // 8) if settings.has_api_keys and limit > 1 else 0
+    return TenantSlots(limit, per_tenant=settings.max_concurrent_requests_per_tenant, reserve=reserve)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -156,5 +174,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         # (OpenAIErrors included): it takes its family's shape itself.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         body = error_body(request.url.path, 500, INTERNAL_ERROR)
-        # ... and names its replica itself.
-        return JSONResponse(body, status_code=500, headers={REPLICA_HEADER: request.app.state.replica})
+        # ... and names its replica and its request id itself.
+        headers = {
+            REPLICA_HEADER: request.app.state.replica,
+            REQUEST_ID_HEADER: request_id_of(request.scope) or "",
+        }
+        return JSONResponse(body, status_code=500, headers=headers)

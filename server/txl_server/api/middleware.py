@@ -1,17 +1,27 @@
-"""The ASGI layers in front of every route that limit and count requests (the body's size, the requests in flight,
-and the requests' metrics by route template), and the one that answers an error no handler took."""
+"""The ASGI layers in front of every route that limit and count requests (the body's size and the time it takes to
+arrive, the requests in flight per tenant, and the requests' metrics by route template), and the one that answers
+an error no handler took.
+
+A slow or idle client holds nothing but its connection: the body is read whole first, within its deadline
+(`BodyReader`: else 408 and the connection closed), and only then does the request take a concurrency slot of
+its key's tenant (`RequestSlots`, admission.slots): a request without a valid key takes none (its route answers
+401). The head's own deadline is the HTTP server's (serving.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import Overloaded, PayloadTooLarge
+from ..admission.slots import TenantSlots
+from ..errors import Overloaded, PayloadTooLarge, RequestTimeout, ServiceError, Unauthorized
 from ..metrics import Metrics
+from .shared.auth import ApiKeys
 from .shared.error_shapes import INTERNAL_ERROR, error_response
 
 log = logging.getLogger("txl_server")
@@ -64,28 +74,82 @@ class BodyLimit(HttpMiddleware):
         await self.app(scope, limited, send)
 
 
-class ConcurrencyLimit(HttpMiddleware):
-    """429 (with Retry-After) once `limit` API requests are in flight; streams count until they end."""
+class BodyReader(HttpMiddleware):
+    """Reads each request's body whole before the app runs, within `timeout` seconds of its head; a body sent too
+    slowly, or that never ends, is answered 408 (`request_timeout`) and its connection closed. The app then reads
+    the body from memory, and the connection only for the client's leaving."""
 
-    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, timeout: float) -> None:
         super().__init__(app)
-        self.limit, self.metrics = limit, metrics
-        self.in_flight = 0
+        self.timeout = timeout
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                late = RequestTimeout(f"the request's body did not arrive within {self.timeout:g} seconds")
+                await _closing(late, scope, receive, send)
+                return
+            except ServiceError as exc:  # the body's size limit (BodyLimit), with the rest of it unread
+                await _closing(exc, scope, receive, send)
+                return
+            if message["type"] == "http.disconnect":
+                return  # the client left before its request was whole: nothing ran
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        whole: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay() -> Message:
+            nonlocal whole
+            if whole is None:
+                return await receive()
+            message, whole = whole, None
+            return message
+
+        await self.app(scope, replay, send)
+
+
+async def _closing(error: ServiceError, scope: Scope, receive: Receive, send: Send) -> None:
+    response = error_response(error)
+    response.headers["Connection"] = "close"  # the rest of the body is never read
+    await response(scope, receive, send)
+
+
+class RequestSlots(HttpMiddleware):
+    """API requests in flight, per tenant (admission.slots): a request of a valid key takes a slot of its tenant
+    once its body is read (`BodyReader` runs first), and holds it until its answer (a stream: its last byte) is
+    sent; beyond the limits it is refused at once, 429 with Retry-After. One tenant cannot take another's slots."""
+
+    def __init__(self, app: ASGIApp, slots: TenantSlots, keys: ApiKeys, metrics: Metrics) -> None:
+        super().__init__(app)
+        self.slots, self.keys, self.metrics = slots, keys, metrics
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not scope["path"].startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        if self.in_flight >= self.limit:
-            self.metrics.overloaded.inc()
-            busy = Overloaded(f"more than {self.limit} requests in flight; retry shortly", retry_after=1)
+        try:
+            tenant = self.keys.tenant(Headers(scope=scope).get("authorization"))
+        except Unauthorized:  # its route answers 401, having held nothing
+            await self.app(scope, receive, send)
+            return
+        refused = self.slots.take(tenant)
+        if refused is not None:
+            self.metrics.refused(None, refused.reason)
+            busy = Overloaded(refused.message, retry_after=refused.retry_after, code=refused.reason)
             await error_response(busy)(scope, receive, send)
             return
-        self.in_flight += 1
+        started = time.monotonic()
         try:
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self.slots.give_back(tenant, time.monotonic() - started)
 
 
 class RequestMetrics(HttpMiddleware):

@@ -2,6 +2,8 @@
 
 A job is created on the event loop, executed on the worker thread, and reports through an asyncio queue that
 the worker fills with `loop.call_soon_threadsafe`. Cancelling sets a flag the worker reads between iterations.
+A job carries the class of the request that makes it (`klass`, admission.classes: its tenant, tier and lane), by
+which the worker admits and schedules it.
 """
 
 from __future__ import annotations
@@ -9,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from txl.sampling import SamplingParams
 
+from ..admission.classes import RequestClass
+from ..telemetry.spans import job_spans
+from .job_timing import JobTiming
 from .rows import TopLogprobs
 from .state import ModelState
 
@@ -91,9 +97,15 @@ class Outbox:
     """
 
     _local = threading.local()
+    LAG_SMOOTHING = 0.1  # each delivery's weight in `lag`
 
     def __init__(self) -> None:
         self._held: list[tuple[Job, Event]] = []
+        # Seconds from a flush to its delivery on the event loop (a running mean): how far behind the loop is
+        # with writing what the steps produce, which the batch's pacing counts in the time between tokens.
+        self.lag = 0.0
+        # Called on the event loop with the class of a request whose first token it delivers (admission's check).
+        self.on_first_token: Callable[[RequestClass], None] | None = None
 
     @classmethod
     def current(cls) -> Outbox | None:
@@ -120,23 +132,35 @@ class Outbox:
         loops: dict[asyncio.AbstractEventLoop, list[tuple[Job, Event]]] = {}
         for job, event in held:
             loops.setdefault(job._loop, []).append((job, event))
+        flushed = time.monotonic()
         for loop, events in loops.items():
             with contextlib.suppress(RuntimeError):  # a loop that closed: its jobs have no reader left
-                loop.call_soon_threadsafe(_deliver, events)
+                loop.call_soon_threadsafe(self._deliver, events, flushed)
 
-
-def _deliver(events: list[tuple[Job, Event]]) -> None:
-    for job, event in events:
-        job._events.put_nowait(event)
+    def _deliver(self, events: list[tuple[Job, Event]], flushed: float) -> None:
+        now = time.monotonic()
+        self.lag += self.LAG_SMOOTHING * (now - flushed - self.lag)
+        for job, event in events:
+            klass = job.klass
+            if klass is not None and klass.first_token_at is None and isinstance(event, TokenEvent):
+                klass.first_token_at = now
+                if self.on_first_token is not None:
+                    self.on_first_token(klass)
+            job._events.put_nowait(event)
 
 
 class Job:
     """Base: an event channel back to the loop that submitted it, and a cancellation flag."""
 
+    klass: RequestClass | None = None  # its request's class (None: the server's own work)
+
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = False
+        self.timing = JobTiming()  # for the request's trace
+        self.submitted_at = time.monotonic()  # set again when it is handed to the worker
+        self.served_at: float | None = None  # when an iteration first served it (its time in queue ends)
         self.stop_reason: Exception | None = None  # why it was cancelled, if not for its client leaving
 
     def cancel(self, reason: Exception | None = None) -> None:
@@ -186,6 +210,7 @@ class AdvanceJob(Job):
     # The states of at most this many boundaries (the first) are kept: a long document's later ones would only be
     # dropped by the cache after the job, having held their memory until its end.
     keep_boundaries: int | None = None
+    klass: RequestClass | None = None
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -204,6 +229,7 @@ class GenerateJob(Job):
     top_logprobs: int = (
         0  # the k most likely tokens at each prompt (if prompt_logprobs) and generated position
     )
+    klass: RequestClass | None = None
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -248,6 +274,7 @@ async def run_job(worker: Submitter, job: Job) -> AsyncGenerator[Any, None]:
     finally:
         if not finished:
             job.cancel()
+        job_spans(job, finished=finished)
 
 
 async def job_result(worker: Submitter, job: Job, on_event: Callable[[Event], None] | None = None) -> Any:

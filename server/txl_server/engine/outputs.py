@@ -42,6 +42,7 @@ class Outputs:
         job.emit(DoneEvent(AdvanceResult(state, 0, 0.0, [] if job.token_logprobs else None, None)))
 
     def fed(self, task: IngestTask, n: int, out: ChunkOut) -> None:
+        task.job.timing.fed(n)
         fed = task.tokens[task.cursor : task.cursor + n]
         task.state = task.state.advanced(out.memory, out.last_hidden, fed)
         task.cursor += n
@@ -93,6 +94,7 @@ class Outputs:
             log.warning("a decoding row's log-probabilities were not finite: ending its request")
             self.fail([task], [], RowFailed())
             return
+        task.job.timing.decoded()
         self._emit_token(task, out.token, out.logprob, out.top)
         task.state = task.state.advanced(out.memory, out.last_hidden, [out.token])
         if task.text.stopped or len(task.token_ids) >= task.job.max_tokens:

@@ -1,29 +1,48 @@
-"""What the next forward runs: every decoding row, and segments of ingesting jobs under a token budget, as far
-as the memory pool has the blocks for them; and, when nothing fits for too long, which job is preempted.
+"""What the next forward runs: the decoding rows that have a place in the batch, and segments of ingesting jobs
+under a token budget, as far as the memory pool has the blocks for them; and, when nothing fits for too long,
+which job is preempted.
 
-Each iteration is one forward (vLLM's and SGLang's continuous batching with chunked prefill): all decoding rows
-(up to `max_batch_size`; beyond it they take turns) feed one token each, and ingesting jobs (prompts, appends,
-scoring) feed their next segment beside them, round robin, while the iteration's tokens stay within
-`max_batch_tokens`. A job feeds at most one segment per iteration (its next segment needs the memory this one
-makes), so a long append delays the other rows by one segment per iteration, never by the whole text. At least
-one segment runs whenever one waits, so ingestion progresses even under a full decode batch.
+Each iteration is one forward (vLLM's and SGLang's continuous batching with chunked prefill): the decoding rows
+that have a place feed one token each, and ingesting jobs (prompts, appends, scoring) feed their next segment
+beside them, while the iteration's tokens stay within the budget. A job feeds at most one segment per iteration
+(its next segment needs the memory this one makes), so a long append delays the other rows by one segment per
+iteration, never by the whole text.
+
+Who goes first is its request's class (admission.classes): a lower lane always (interactive, then flex, then
+batch). Within a lane, the batch's rows are divided between tenants by weighted max-min fair shares, and prompt
+segments go to the tenant served least first (virtual token counters): admission.fair_share. Within a tenant,
+priority before default, then arrival (round robin among equals for prompt segments).
+
+A row keeps its place in the batch until it ends: rows beyond the cap wait, rather than every stream taking turns
+(and every stream slowing down). A row leaves the batch only at a token boundary, when a higher lane or a tenant
+below its fair share needs the place: its memory stays as it is in the pool, its sampling goes on from the same
+seed and counter when it comes back (first, before rows that never ran), so its tokens are those it would have
+had without the pause. With pacing (admission.pacing), the cap on rows and the prompt tokens beside them follow
+the time-between-tokens target, and flex and batch prompts take at most as much time as streams keep; without
+(tests, the server's checks), the cap is `max_batch_size` and the budget `max_batch_tokens`, and at least one
+segment runs whenever one waits.
 
 A pool that never grows (a GPU's) holds what runs: the rows whose new blocks it lacks wait for a later
-iteration, and if nothing can run for PREEMPT_AFTER_SECONDS, the youngest job is preempted (as vLLM preempts its
-newest requests) so that the others finish. The block pool holds no policy; the worker runs what this decides.
+iteration, and if nothing can run for PREEMPT_AFTER_SECONDS, the youngest job of the lowest lane is preempted (as
+vLLM preempts its newest requests) so that the others finish. The block pool holds no policy; the worker runs
+what this decides.
 
-Bookkeeping over anything with a token count and a block need (`Decoding`, `Ingesting`): testable without a
-model.
+Bookkeeping over anything with a token count, a block need and a class (`Decoding`, `Ingesting`): testable
+without a model.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+from ..admission.classes import Lane
+from ..admission.fair_share import VirtualCounters, even, max_min_shares
+from ..admission.pacing import Pacing
 
 # With a pool that may not grow: how long nothing may run for lack of blocks before a job is preempted, and how
 # often, meanwhile, the cycle collector is run to free blocks that only a reference cycle still holds.
@@ -31,8 +50,19 @@ PREEMPT_AFTER_SECONDS = 2.0
 COLLECT_INTERVAL_SECONDS = 0.1
 
 
-class Decoding(Protocol):
-    """A job sampling one token per iteration."""
+class Classed(Protocol):
+    """A job's request class, as the scheduler orders by it."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def lane(self) -> Lane: ...
+
+    @property
+    def rank(self) -> int:
+        """Within its tenant and lane: the smallest first (priority 0, default 1)."""
+        ...
 
     @property
     def arrival(self) -> int:
@@ -42,13 +72,22 @@ class Decoding(Protocol):
     @property
     def cancelled(self) -> bool: ...
 
+
+class Decoding(Classed, Protocol):
+    """A job sampling one token per iteration."""
+
+    @property
+    def produced(self) -> bool:
+        """It has sampled a token already (it ran: it comes back before rows that never did)."""
+        ...
+
     def new_blocks(self, tokens: int, claimed: set[int]) -> int:
         """The fresh blocks its next row takes from the pool to add `tokens` positions (`claimed`: the partly
         filled blocks this iteration's rows extend in place, which a later row sharing one must copy)."""
         ...
 
 
-class Ingesting(Decoding, Protocol):
+class Ingesting(Classed, Protocol):
     """A job feeding its input, segment by segment."""
 
     @property
@@ -60,6 +99,8 @@ class Ingesting(Decoding, Protocol):
     def chunk_limit(self) -> int:
         """The most tokens its next segment may feed (a job may want its segments to end at given positions)."""
         ...
+
+    def new_blocks(self, tokens: int, claimed: set[int]) -> int: ...
 
 
 class BlockSpace(Protocol):
@@ -107,6 +148,7 @@ class Scheduler(Generic[D, I]):
         max_batch_tokens: int,
         pool: BlockSpace,
         clock: Callable[[], float] = time.monotonic,
+        weight: Callable[[str], float] = even,
     ) -> None:
         if min(segment_len, max_batch_size, max_batch_tokens) < 1:
             raise ValueError("segment_len, max_batch_size and max_batch_tokens must be >= 1")
@@ -115,8 +157,18 @@ class Scheduler(Generic[D, I]):
         self.max_batch_tokens = max_batch_tokens
         self.pool = pool
         self.clock = clock
+        self.weight = weight
+        self.pacing: Pacing | None = (
+            None  # the time-between-tokens target's pacing (set before the worker starts)
+        )
+        self.counters = VirtualCounters(weight)
         self.decoding: list[D] = []
         self.ingesting: deque[I] = deque()
+        self.in_batch: set[D] = set()  # the rows with a place in the batch (they keep it until they end)
+        self.cap = max_batch_size  # the rows the batch may hold, as last paced
+        self.rows_ended = 0  # decoding rows that left the queue (ended, failed or cancelled) so far
+        self._background_tokens = 0  # flex and batch prompt tokens in the last iteration picked
+        self._streams = False  # whether interactive rows decoded in it
         self._starved_since: float | None = None
         self._collected_at = 0.0
 
@@ -127,9 +179,11 @@ class Scheduler(Generic[D, I]):
         return len(self.ingesting) + len(self.decoding)
 
     def add_ingesting(self, task: I) -> None:
+        self._join(task.tenant)
         self.ingesting.append(task)
 
     def add_decoding(self, task: D) -> None:
+        self._join(task.tenant)
         self.decoding.append(task)
 
     def remove_ingesting(self, task: I) -> None:
@@ -137,6 +191,15 @@ class Scheduler(Generic[D, I]):
 
     def remove_decoding(self, task: D) -> None:
         self.decoding.remove(task)
+        self.in_batch.discard(task)
+        self.rows_ended += 1
+
+    def _join(self, tenant: str) -> None:
+        """A tenant with no work here until now starts from the smallest counter of those waiting (VTC)."""
+        waiting = {t.tenant for t in self.ingesting} | {t.tenant for t in self.decoding}
+        if tenant not in waiting:
+            self.counters.join(tenant, waiting)
+            self.counters.forget(waiting | {tenant})
 
     def drop_cancelled(self) -> list[D | I]:
         """Takes the cancelled jobs out of the queues, and returns them (ingesting ones first)."""
@@ -144,7 +207,10 @@ class Scheduler(Generic[D, I]):
         cancelled += [t for t in self.decoding if t.cancelled]
         if cancelled:
             self.ingesting = deque(t for t in self.ingesting if not t.cancelled)
+            self.rows_ended += len(self.decoding)
             self.decoding = [t for t in self.decoding if not t.cancelled]
+            self.rows_ended -= len(self.decoding)
+            self.in_batch = {t for t in self.in_batch if not t.cancelled}
         return cancelled
 
     # ------------------------------------------------------------------ one iteration
@@ -174,25 +240,80 @@ class Scheduler(Generic[D, I]):
         return Schedule(fitted, lacking, preempt)
 
     def next(self) -> Iteration[D, I]:
-        """Picks this iteration's work and rotates both queues so that the rows that ran go to the back."""
-        decoding, ingesting = self.decoding, self.ingesting
-        decode = decoding[: self.max_batch_size]
-        del decoding[: len(decode)]
-        decoding.extend(decode)
-        budget = self.max_batch_tokens - len(decode)
+        """Picks this iteration's work: the rows with a place in the batch, then prompt segments in the budget
+        left; the jobs whose segments run go to the back of their queue (round robin among equals)."""
+        decode = self.rows()
+        streams = any(t.lane is Lane.INTERACTIVE for t in decode)
+        chunks = self.segments(len(decode), streams)
+        for task in decode:
+            self.counters.serve(task.tenant, 1)
+        for job, n in chunks:
+            self.counters.serve(job.tenant, n)
+        self._background_tokens = sum(n for job, n in chunks if job.lane is not Lane.INTERACTIVE)
+        self._streams = streams
+        return Iteration(decode, chunks)
+
+    def ran(self, seconds: float) -> None:
+        """The last iteration picked took `seconds` (the pacing's account of background prompt time)."""
+        if self.pacing is not None:
+            self.pacing.ran(seconds, self._background_tokens, self._streams)
+
+    def rows(self) -> list[D]:
+        """The decoding rows with a place in this iteration: up to the cap, lane by lane, each lane's places shared
+        between its tenants (weighted max-min, sticky); within a tenant, rows already in the batch first, then
+        rows that ran before, then by rank and arrival. Kept in the order they came."""
+        self.cap = (
+            self.pacing.rows_cap(self.max_batch_size) if self.pacing is not None else self.max_batch_size
+        )
+        chosen: set[D] = set()
+        for lane in sorted({t.lane for t in self.decoding}):
+            places = self.cap - len(chosen)
+            if places <= 0:
+                break
+            tasks = [t for t in self.decoding if t.lane == lane]
+            demand = Counter(t.tenant for t in tasks)
+            held = Counter(t.tenant for t in tasks if t in self.in_batch)
+            shares = max_min_shares(demand, places, weight=self.weight, held=held, counters=self.counters.of)
+            for tenant, n in shares.items():
+                mine = [t for t in tasks if t.tenant == tenant]
+                mine.sort(key=lambda t: (t not in self.in_batch, not t.produced, t.rank, t.arrival))
+                chosen.update(mine[:n])
+        self.in_batch = chosen
+        return [t for t in self.decoding if t in chosen]
+
+    def segments(self, rows: int, streams: bool) -> list[tuple[I, int]]:
+        """Prompt segments beside `rows` decoding rows (`streams`: interactive ones among them), one per job at
+        most, lane by lane, the least served tenant first, within the token budget."""
+        limit = self.max_batch_tokens - rows
+        pacing = self.pacing
+        budget = pacing.chunk_tokens(rows, limit) if pacing is not None else limit
+        background = pacing.background_allowed(streams) if pacing is not None else True
+        counter = self.counters.of
+        order = sorted(
+            self.ingesting, key=lambda j: (j.lane, counter(j.tenant), j.rank)
+        )  # stable: round robin
         chunks: list[tuple[I, int]] = []
-        for job in list(ingesting):
+        for job in order:
             if len(chunks) >= self.max_batch_size:
                 break
+            if job.lane is not Lane.INTERACTIVE and not background:
+                continue
             size = min(self.segment_len, job.pending, job.chunk_limit)
-            if size > budget and chunks:
-                break
+            if size > budget:
+                if chunks:
+                    break
+                if pacing is not None:  # paced: the first segment is cut to the budget (at least min_chunk)
+                    size = max(1, budget)
             chunks.append((job, size))
             budget -= size
             if budget <= 0:
                 break
-        ingesting.rotate(-len(chunks))
-        return Iteration(decode, chunks)
+        if chunks:
+            fed = {id(job) for job, _ in chunks}
+            self.ingesting = deque(
+                [j for j in self.ingesting if id(j) not in fed] + [j for j in self.ingesting if id(j) in fed]
+            )
+        return chunks
 
     def fit(self, iteration: Iteration[D, I]) -> tuple[Iteration[D, I], int]:
         """The rows of `iteration` whose new blocks are free now (in order), and the blocks the others need."""
@@ -218,6 +339,6 @@ class Scheduler(Generic[D, I]):
         return Iteration(decode, chunks), lacking
 
     def youngest(self) -> D | I | None:
-        """The job that arrived last (the one preempted)."""
+        """The job preempted: of the lowest lane (batch, then flex), the one that arrived last."""
         tasks: list[D | I] = [*self.ingesting, *self.decoding]
-        return max(tasks, key=lambda t: t.arrival) if tasks else None
+        return max(tasks, key=lambda t: (t.lane, t.arrival)) if tasks else None

@@ -1,8 +1,9 @@
 """What the worker keeps of a job while it runs: an ingesting task feeds a job's input segment by segment (an
 AdvanceJob, or a GenerateJob's prompt); a decoding task samples a generation's tokens, one per iteration.
 
-The scheduler orders them (the youngest is preempted first: `arrival`) and asks each how many fresh blocks its
-next row takes (`new_blocks`); the outputs update them with what each step computed.
+The scheduler orders them by their request's class (`lane`, `tenant`, `rank`: admission.classes; the youngest of
+the lowest lane is preempted first: `arrival`) and asks each how many fresh blocks its next row takes
+(`new_blocks`); the outputs update them with what each step computed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from txl import Memory
 from txl.paged.rows import new_blocks
 from txl.tokenizers import Tokenizer
 
+from ..admission.classes import SERVER, Lane
 from .jobs import AdvanceJob, GenerateJob, TokenEvent
 from .launched import Launched
 from .rows import ChunkRow, DecodeRow, TopLogprobs
@@ -25,8 +27,34 @@ from .text import GenerationText
 _arrivals = itertools.count()
 
 
+class Classed:
+    """What the scheduler reads of a task's request class (none: the server's own work, interactive)."""
+
+    job: AdvanceJob | GenerateJob
+
+    @property
+    def tenant(self) -> str:
+        klass = self.job.klass
+        return klass.tenant if klass is not None else SERVER
+
+    @property
+    def lane(self) -> Lane:
+        klass = self.job.klass
+        return klass.lane if klass is not None else Lane.INTERACTIVE
+
+    @property
+    def rank(self) -> int:
+        klass = self.job.klass
+        return klass.rank if klass is not None else 1
+
+    @property
+    def class_name(self) -> str:
+        klass = self.job.klass
+        return klass.name if klass is not None else "default"
+
+
 @dataclass(eq=False)
-class DecodeTask:
+class DecodeTask(Classed):
     """A generation sampling its tokens (after its prompt, if it has one, was fed by an IngestTask)."""
 
     job: GenerateJob
@@ -53,6 +81,16 @@ class DecodeTask:
     def cancelled(self) -> bool:
         return self.job.cancelled
 
+    @property
+    def produced(self) -> bool:
+        """It has sampled a token (a row that left the batch comes back before rows that never ran)."""
+        return bool(self.token_ids) or self.ahead is not None
+
+    @property
+    def remaining(self) -> int:
+        """Tokens it may still sample."""
+        return max(0, self.job.max_tokens - len(self.token_ids))
+
     def next_row(self) -> DecodeRow:
         """The row it feeds next: after its step in flight, if it has one."""
         memory, last = self.state.memory, self.state.last_hidden
@@ -69,7 +107,7 @@ class DecodeTask:
 
 
 @dataclass(eq=False)
-class IngestTask:
+class IngestTask(Classed):
     """A job feeding its input segment by segment: an AdvanceJob, or a GenerateJob's prompt."""
 
     job: AdvanceJob | GenerateJob

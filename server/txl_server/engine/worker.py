@@ -8,6 +8,9 @@ may send the next decoding iteration before reading this one's tokens (overlappe
 to the jobs through `engine.outputs`. Handlers never touch the model: they submit jobs and await their events.
 Work that writes the device's memory pool from outside a step (restoring a session to the device) runs here too,
 between iterations (`call`).
+
+Paced (`pace`, at start-up), the worker admits a request at its door or refuses it at once (`engine.gate`), and
+each iteration's time teaches the step-time model (`engine.step_times`) that the pacing and the estimate read.
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ from txl.kernels import REFERENCE, DecodePath
 from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 
+from ..admission.classes import DEFAULT
+from ..admission.fair_share import even
+from ..admission.targets import LatencyTargets
 from ..errors import Overloaded, Unavailable
 from . import device_failure
 from .device_failure import is_device_error
+from .gate import DEVICE_MEMORY_FULL, QUEUE_FULL, Gate, GateObserver
 from .graphs import DecodeGraphs
 from .jobs import AdvanceJob, CallJob, DoneEvent, ErrorEvent, GenerateJob, Job, Outbox
 from .launched import Launched
@@ -36,6 +43,7 @@ from .rows import ChunkRow, DecodeRow
 from .runner import ModelRunner
 from .scheduler import Iteration, Scheduler
 from .state import ModelState
+from .step_times import Measured
 from .tasks import DecodeTask, IngestTask
 
 log = logging.getLogger(__name__)
@@ -45,8 +53,8 @@ log = logging.getLogger(__name__)
 STARVED_WAIT_SECONDS = 0.01
 
 
-class WorkerObserver:
-    """Hooks for metrics; the defaults do nothing."""
+class WorkerObserver(GateObserver):
+    """Hooks for metrics (and the gate's); the defaults do nothing."""
 
     def on_prefill(self, tokens: int, seconds: float) -> None: ...
 
@@ -81,6 +89,7 @@ class Worker:
         max_mem_len: int | None = None,
         observer: WorkerObserver | None = None,
         overlap: bool = False,
+        weight: Callable[[str], float] = even,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -93,7 +102,9 @@ class Worker:
             max_batch_size=max_batch_size,
             max_batch_tokens=max_batch_tokens or max(2 * segment_len, max_batch_size + segment_len),
             pool=self.pool,
+            weight=weight,
         )
+        self.weight = weight
         self.outputs = Outputs(self.scheduler)
         # Every session's windows sit on the grid the model was trained with: a session's state is then a
         # function of its tokens, however they arrive (txl.window).
@@ -124,8 +135,12 @@ class Worker:
         # When the worker last showed progress (time.monotonic()): an iteration ended, it went idle or woke, or
         # work came while it was idle. Work waiting long past it is a stuck worker (`stalled_for`).
         self.progress_at = time.monotonic()
+        # Admission and pacing to latency targets (`pace`); None: every job is taken, the batch as large as
+        # max_batch_size (tests and the server's checks drive a worker so).
+        self.gate: Gate | None = None
         self._cv = threading.Condition()
         self._inbox: list[Job] = []
+        self._admitting: list[Job] = []  # taken from the inbox, not yet queued (the gate counts them)
         self._stopping = False
         self._outbox = Outbox()  # events held back until the worker next computes or waits
 
@@ -150,6 +165,11 @@ class Worker:
 
     # ------------------------------------------------------------------ control (event loop side)
 
+    def pace(self, targets: LatencyTargets, measured: Measured) -> None:
+        """From now on (before `start`): the batch paced to `targets` and requests admitted to them, over step
+        times learned from `measured` (start-up) and every iteration run."""
+        self.gate = Gate.paced(targets, measured, self.scheduler, self._outbox, self.observer, self.weight)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="txl-worker", daemon=True)
         self._thread.start()
@@ -170,8 +190,16 @@ class Worker:
         with self._cv:
             if self._stopping:
                 raise Unavailable("the server is shutting down")
-            if not isinstance(job, CallJob) and self._load() >= self.max_queued:
-                raise Overloaded("too many requests are in progress; retry shortly", retry_after=1.0)
+            if not isinstance(job, CallJob):
+                if self._load() >= self.max_queued:
+                    retry_after = self.gate.interval * self.max_queued if self.gate is not None else 1.0
+                    full = "too many requests are in progress; retry shortly"
+                    klass = job.klass.name if job.klass is not None else DEFAULT
+                    self.observer.on_admission(klass, QUEUE_FULL)
+                    raise Overloaded(full, retry_after=retry_after, code=QUEUE_FULL)
+                if self.gate is not None and isinstance(job, AdvanceJob | GenerateJob):
+                    self.gate.check(job, self._inbox + self._admitting)
+                job.submitted_at = time.monotonic()
             if not self._load():  # idle until now: what it waits for starts counting here
                 self.progress_at = time.monotonic()
             self._inbox.append(job)
@@ -192,7 +220,7 @@ class Worker:
         return self.scheduler.active
 
     def _load(self) -> int:
-        return len(self._inbox) + self.active_jobs
+        return len(self._inbox) + len(self._admitting) + self.active_jobs
 
     def stalled_for(self) -> float:
         """Seconds that work has waited with no iteration ending (0 while idle or progressing): a hung kernel or
@@ -230,17 +258,26 @@ class Worker:
     def _iterate(self) -> None:
         """One iteration. Its own frame: nothing of a finished job (whose states hold memory blocks) stays
         referenced while the worker waits for the next."""
+        started = time.perf_counter()
         with self._cv:
             new, self._inbox = self._inbox, []
+            self._admitting = new
         for job in new:
             self._admit(job)
+        with self._cv:
+            self._admitting = []
+        before, rows_before = self.active_jobs + len(new), self.scheduler.rows_ended
         for task in self.scheduler.drop_cancelled():
             self.observer.on_cancel()
             self.outputs.cancelled(task)
         self.observer.on_queue(len(self._inbox), self.active_jobs)
         iteration = self._schedule()
+        if self.gate is not None:
+            self.gate.served(iteration, list(self._inbox))
         if iteration:
             self._step(iteration)
+            if self.gate is not None:
+                self.gate.ran(iteration, time.perf_counter() - started)
         elif self._pending is not None:
             self._finish_pending()
         elif self.scheduler.active:  # waiting for blocks: others' commits and evictions free them
@@ -249,6 +286,9 @@ class Worker:
                 self._cv.wait(STARVED_WAIT_SECONDS)
         self.progress_at = time.monotonic()
         self.observer.on_queue(len(self._inbox), self.active_jobs)
+        if self.gate is not None:
+            ended = before - self.active_jobs
+            self.gate.ended(ended, self.scheduler.rows_ended - rows_before, time.perf_counter() - started)
 
     def _schedule(self) -> Iteration[DecodeTask, IngestTask]:
         """The scheduler's iteration. What it leaves out for lack of blocks asks idle sessions to leave the
@@ -259,7 +299,7 @@ class Worker:
         preempt = schedule.preempt
         if preempt is not None:
             log.warning("the device's memory pool is full: preempting the newest request")
-            error = Overloaded("the device's memory is full; retry shortly", retry_after=1.0)
+            error = memory_full()
             if isinstance(preempt, IngestTask):
                 self.outputs.fail([], [preempt], error)
             else:
@@ -269,6 +309,7 @@ class Worker:
     # ------------------------------------------------------------------ admission
 
     def _admit(self, job: Job) -> None:
+        job.timing.admit()
         if isinstance(job, CallJob):
             self._call(job)
             return
@@ -299,7 +340,7 @@ class Worker:
             log.info("no room on the device: %s", exc)
             if self.on_pool_pressure is not None:
                 self.on_pool_pressure(1)
-            job.emit(ErrorEvent(Overloaded("the device's memory is full; retry shortly", retry_after=1.0)))
+            job.emit(ErrorEvent(memory_full()))
         except Exception as exc:  # the caller gets the error
             job.emit(ErrorEvent(exc))
         else:
@@ -458,6 +499,10 @@ class Worker:
                 task.ahead = None
             if task in decoding:  # not finished, failed or cancelled meanwhile (then dropped)
                 self.outputs.decoded(task, out)
+
+
+def memory_full() -> Overloaded:
+    return Overloaded("the device's memory is full; retry shortly", retry_after=1.0, code=DEVICE_MEMORY_FULL)
 
 
 def first_line(exc: BaseException) -> str:

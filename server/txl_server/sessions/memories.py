@@ -31,6 +31,7 @@ from typing import Any
 
 from txl.tokenizers import Tokenizer
 
+from ..admission.classes import RequestClass
 from ..engine.jobs import AdvanceJob, AdvanceResult, Event, ProgressEvent, job_result
 from ..engine.state import ModelState
 from ..engine.worker import Worker
@@ -189,6 +190,7 @@ class MemoryService:
         *,
         token_logprobs: bool = False,
         progress: ProgressCallback | None = None,
+        klass: RequestClass | None = None,
     ) -> ScoreOutcome:
         """log p(text | the memory's document), as /v1/score reports it."""
         tokens = self.tokenizer.encode(text)
@@ -200,7 +202,7 @@ class MemoryService:
                 progress(event.done, len(tokens))
 
         async with self.using(owner, memory_id) as (_, state):
-            job = AdvanceJob(state, tokens, token_logprobs=token_logprobs, report_progress=True)
+            job = AdvanceJob(state, tokens, token_logprobs=token_logprobs, report_progress=True, klass=klass)
             result: AdvanceResult = await job_result(self.worker, job, report)
         self.observer.on_tokens("scored", len(tokens))
         return ScoreOutcome(
@@ -213,13 +215,20 @@ class MemoryService:
         )
 
     async def prefill(
-        self, owner: str, memory_id: str, tokens: builtins.list[int], *, logprobs: bool, top_logprobs: int
+        self,
+        owner: str,
+        memory_id: str,
+        tokens: builtins.list[int],
+        *,
+        logprobs: bool,
+        top_logprobs: int,
+        klass: RequestClass | None = None,
     ) -> tuple[ModelState, PromptScores]:
         """Feeds a prompt after the memory (nothing is stored); with `logprobs`, scores every prompt token given
         the document and the tokens before it. What stateless completions (and /v1/responses) start from when a
         request names a memory."""
         async with self.using(owner, memory_id) as (_, state):
-            job = AdvanceJob(state, tokens, token_logprobs=logprobs, top_logprobs=top_logprobs)
+            job = AdvanceJob(state, tokens, token_logprobs=logprobs, top_logprobs=top_logprobs, klass=klass)
             result: AdvanceResult = await job_result(self.worker, job)
         self.observer.on_tokens("ingested", len(tokens))
         return result.state, PromptScores(tokens, list(result.token_logprobs or []), result.token_top)

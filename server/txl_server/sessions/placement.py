@@ -25,6 +25,7 @@ from txl import BlockPool
 from ..engine.state import ModelState
 from ..engine.worker import Worker
 from ..settings import Settings
+from ..telemetry.spans import traced
 from .observer import SessionObserver
 from .persistence import Persistence
 from .prefix_cache import PrefixCache
@@ -82,6 +83,7 @@ class Placement:
 
     # ------------------------------------------------------------------ to the device
 
+    @traced("session.fetch", {"txl.session.source": DEVICE})  # else the tier it came from (on_tier_move)
     async def fetch(self, meta: SessionMeta) -> ModelState:
         """The session's state at its committed version, brought to the device tier."""
         if meta.tier == "gone":

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from txl.tokenizers import Tokenizer
 
+from ..admission.classes import RequestClass
 from ..engine.jobs import AdvanceJob, AdvanceResult, Event, ProgressEvent, job_result
 from ..engine.state import ModelState
 from ..engine.worker import Worker
@@ -198,6 +199,7 @@ class PromptReader:
         top_logprobs: int = 0,
         progress: Callable[[int, int], None] | None = None,
         through_cache: bool = True,
+        klass: RequestClass | None = None,
     ) -> Read:
         """Feeds the start token and `tokens` after an empty memory of `mem_len`, from the longest prefix the
         cache holds (with `through_cache`), and caches the boundaries it reaches. `progress(done, total)` counts
@@ -246,6 +248,7 @@ class PromptReader:
                 keep_boundaries=cache.boundaries_within_budget(
                     self.worker.pool.block_nbytes, self.worker.pool.block_size
                 ),
+                klass=klass,
             )
             result: AdvanceResult = await job_result(self.worker, job, on_event)
             parent = keys[fed // cache.grid - 1] if fed else None

@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 from txl.sampling import SamplingParams
 
+from ..admission.classes import RequestClass
 from ..engine.jobs import ProgressEvent, TokenEvent
 from ..errors import Conflict, Gone, InvalidRequest, NotFound
 from .service import GenerateOutcome, SessionService
@@ -56,6 +57,7 @@ class Turn:
     store: bool = True
     top_logprobs: int = 0
     window: bool = False
+    klass: RequestClass | None = None  # its request's class (admission.classes)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class ResponseTurns:
     async def _begin(self, owner: str, previous: ResponseRecord | None, turn: Turn) -> _Begun:
         service = self.service
         if previous is None:
-            meta, cached = await service.create_reading(owner, turn.text, turn.tokens)
+            meta, cached = await service.create_reading(owner, turn.text, turn.tokens, turn.klass)
             return await self._start(owner, TurnPlace(meta, cached, made=True, prompted=True), turn)
         try:
             meta = await service.get(owner, previous.session_id)
@@ -206,6 +208,7 @@ class ResponseTurns:
                 sampling=turn.sampling,
                 stop=turn.stop,
                 top_logprobs=turn.top_logprobs,
+                klass=turn.klass,
                 report_progress=True,
                 expected_version=place.expected_version,
             )

@@ -25,6 +25,7 @@ from txl import TransfoXLLMHeadModel
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
+from ..admission.classes import RequestClass
 from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateJob, GenerateResult, ProgressEvent, TokenEvent
 from ..engine.state import ModelState
 from ..engine.worker import Worker
@@ -32,6 +33,7 @@ from ..errors import Conflict, InvalidRequest
 from ..limits import check_max_tokens
 from ..memory_budgets import MemoryBudgets
 from ..settings import Settings
+from ..telemetry.spans import step_text
 from .admission import Admission
 from .blocks.store import BlockStore
 from .history import SessionHistory
@@ -189,24 +191,31 @@ class SessionService:
         progress: Progress | None = None,
         memory: str | None = None,
         receipt: ReceiptOf | None = None,
+        klass: RequestClass | None = None,
     ) -> SessionMeta:
         """A new session that read `text`; `progress(tokens_done, tokens_total)` is called as the text is fed
         (first with 0, once the session is admitted). With `memory`, the preloaded memory's document first (its
         state shared: the cost does not depend on the document's length). `receipt`: the Idempotency-Key's
-        record of the new session, written with it."""
+        record of the new session, written with it. `klass`: the request's class, by which the worker admits and
+        schedules its work (admission.classes; here and in every step below)."""
         if memory is not None:
             return await self._create_from(
-                owner, memory, text, mem_len, ttl_seconds, metadata, progress, receipt
+                owner, memory, text, mem_len, ttl_seconds, metadata, progress, receipt, klass
             )
+        tokens = self.tokenizer.encode(text)
         meta, _ = await self._create_reading(
-            owner, text, self.tokenizer.encode(text), mem_len, ttl_seconds, metadata, progress, receipt
+            owner, text, tokens, mem_len, ttl_seconds, metadata, progress, receipt, klass=klass
         )
         return meta
 
-    async def create_reading(self, owner: str, text: str, tokens: list[int]) -> tuple[SessionMeta, int]:
+    async def create_reading(
+        self, owner: str, text: str, tokens: list[int], klass: RequestClass | None = None
+    ) -> tuple[SessionMeta, int]:
         """A new private session (`_register`) that read `text` (already encoded as `tokens`), for a step that
         follows at once, and how many of its tokens came from the prefix cache."""
-        return await self._create_reading(owner, text, tokens, None, None, None, None, None, private=True)
+        return await self._create_reading(
+            owner, text, tokens, None, None, None, None, None, private=True, klass=klass
+        )
 
     async def _create_reading(
         self,
@@ -220,6 +229,7 @@ class SessionService:
         receipt: ReceiptOf | None,
         *,
         private: bool = False,
+        klass: RequestClass | None = None,
     ) -> tuple[SessionMeta, int]:
         mem_len = self.default_mem_len if mem_len is None else mem_len
         if not 0 <= mem_len <= self.max_mem_len:
@@ -228,7 +238,7 @@ class SessionService:
         await self.admission.session(owner, mem_len)
         if progress is not None:
             progress(0, len(tokens))
-        read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress)
+        read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, klass=klass)
         meta = await self._register(
             owner,
             read.state,
@@ -254,6 +264,7 @@ class SessionService:
         metadata: dict[str, Any] | None,
         progress: Progress | None,
         receipt: ReceiptOf | None,
+        klass: RequestClass | None,
     ) -> SessionMeta:
         """A new session holding the memory's state (its blocks shared), then `text`: it continues exactly like
         a session that read the memory's document and then `text` (`progress` as `text` is fed)."""
@@ -266,7 +277,7 @@ class SessionService:
             await self.admission.session(owner, memory.mem_len)
             tokens = self.tokenizer.encode(text)
             if tokens:
-                job = AdvanceJob(state, tokens, report_progress=progress is not None)
+                job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=klass)
                 result = await self.steps.run(job, progress=progress)
                 assert isinstance(result, AdvanceResult)
                 state = result.state
@@ -384,12 +395,13 @@ class SessionService:
         *,
         progress: Progress | None = None,
         receipt: OutcomeReceipt[AppendOutcome] | None = None,
+        klass: RequestClass | None = None,
     ) -> AppendOutcome:
         """Feeds `text`; `progress(tokens_done, tokens_total)` is called as it is fed (first with 0, once the step
         holds the session). `receipt`: the Idempotency-Key's record of the outcome, written with the commit."""
         tokens = self.tokenizer.encode(text)
         async with self.steps.hold(owner, session_id) as (meta, state, lease):
-            job = AdvanceJob(state, tokens, report_progress=progress is not None)
+            job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=klass)
             result = await self.steps.run(job, lease, progress=progress)
             assert isinstance(result, AdvanceResult)
             logprob = result.logprob
@@ -403,6 +415,7 @@ class SessionService:
                 receipt=of_outcome(receipt, lambda new: AppendOutcome(new, len(tokens), logprob)),
             )
         self.observer.on_tokens("ingested", len(tokens))
+        step_text(text)
         return AppendOutcome(committed, len(tokens), result.logprob)
 
     async def generate(
@@ -419,6 +432,7 @@ class SessionService:
         report_progress: bool = False,
         expected_version: int | None = None,
         receipt: OutcomeReceipt[GenerateOutcome] | None = None,
+        klass: RequestClass | None = None,
     ) -> AsyncGenerator[TokenEvent | ProgressEvent | GenerateOutcome, None]:
         """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
         then the GenerateOutcome (after the commit). With `report_progress`, a text longer than one segment
@@ -445,7 +459,7 @@ class SessionService:
             if report_progress and len(prompt) > self.segment_len:
                 # Fed as a job of its own, which the worker reports segment by segment; decoding then starts
                 # from the state the generation's own prompt ingestion would have reached.
-                fed = AdvanceJob(state, prompt, report_progress=True)
+                fed = AdvanceJob(state, prompt, report_progress=True, klass=klass)
                 async with contextlib.aclosing(self.steps.events(fed, lease)) as events:
                     async for event in events:
                         if isinstance(event, ProgressEvent):
@@ -453,7 +467,7 @@ class SessionService:
                         elif isinstance(event, AdvanceResult):
                             start, to_feed = event.state, []
             job = GenerateJob(
-                start, to_feed, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs
+                start, to_feed, max_tokens, sampling, list(stop or []), top_logprobs=top_logprobs, klass=klass
             )
             result: GenerateResult | None = None
             async with contextlib.aclosing(self.steps.events(job, lease)) as events:
@@ -475,6 +489,7 @@ class SessionService:
             )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
+        step_text(text, result.text)
         yield GenerateOutcome(committed, result)
 
     # ------------------------------------------------------------------ this process's states

@@ -15,6 +15,7 @@ from txl import TransfoXLLMHeadModel, scoring
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
+from ..admission.classes import RequestClass
 from ..engine.jobs import (
     GenerateJob,
     GenerateResult,
@@ -88,6 +89,7 @@ class StatelessService:
         owner: str,
         token_logprobs: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        klass: RequestClass | None = None,
     ) -> ScoreOutcome:
         """log p(text), segment by segment, with memory bounded by mem_len whatever the length; a prefix the owner
         had read recently comes from the prefix cache, with the same numbers."""
@@ -97,7 +99,9 @@ class StatelessService:
 
         if progress is not None:
             progress(0, len(tokens))
-        result = await self.prompts.read(owner, tokens, mem_len=self.mem_len, scores=True, progress=progress)
+        result = await self.prompts.read(
+            owner, tokens, mem_len=self.mem_len, scores=True, progress=progress, klass=klass
+        )
         self.observer.on_tokens("scored", len(tokens))
         self.observer.on_prefix_cache(result.cached, len(tokens) + 1)
         assert result.token_logprobs is not None
@@ -112,12 +116,18 @@ class StatelessService:
         )
 
     async def prefill(
-        self, tokens: list[int], *, owner: str, logprobs: bool, top_logprobs: int
+        self,
+        tokens: list[int],
+        *,
+        owner: str,
+        logprobs: bool,
+        top_logprobs: int,
+        klass: RequestClass | None = None,
     ) -> tuple[ModelState, PromptScores]:
         """Feeds a prompt after the start token (from the prefix cache where the owner read its beginning
         recently); with `logprobs`, scores every prompt token."""
         result = await self.prompts.read(
-            owner, tokens, mem_len=self.mem_len, scores=logprobs, top_logprobs=top_logprobs
+            owner, tokens, mem_len=self.mem_len, scores=logprobs, top_logprobs=top_logprobs, klass=klass
         )
         self.observer.on_tokens("ingested", len(tokens))
         self.observer.on_prefix_cache(result.cached, len(tokens) + 1)
@@ -137,9 +147,10 @@ class StatelessService:
         sampling: SamplingParams,
         stop: list[str],
         top_logprobs: int = 0,
+        klass: RequestClass | None = None,
     ) -> AsyncGenerator[TokenEvent | GenerateResult, None]:
         """Tokens after `state` (nothing is stored): TokenEvents, then the GenerateResult."""
-        job = GenerateJob(state, [], max_tokens, sampling, stop, top_logprobs=top_logprobs)
+        job = GenerateJob(state, [], max_tokens, sampling, stop, top_logprobs=top_logprobs, klass=klass)
         async with contextlib.aclosing(run_job(self.worker, job)) as events:
             async for event in events:
                 if isinstance(event, GenerateResult):

@@ -23,6 +23,7 @@ from ..engine.state import ModelState
 from ..engine.worker import Worker
 from ..errors import Conflict, InvalidRequest, NotFound, OutcomeUnknown, Unavailable
 from ..settings import Settings
+from ..telemetry.spans import commit_written, session_held, span_start, traced
 from .observer import SessionObserver
 from .persistence import Persistence
 from .placement import Placement
@@ -118,6 +119,7 @@ class Steps:
         """The owner's session for one step: its committed metadata, under its lease, and its state on the device
         (pinned there while the block runs)."""
         async with contextlib.AsyncExitStack() as stack:
+            since = span_start()
             try:  # the committed metadata, under the lease; 404 before 409 (a foreign session's state is private)
                 wait = await stack.enter_async_context(self._first_in_line(owner, session_id))
                 meta, lease = await stack.enter_async_context(
@@ -128,6 +130,7 @@ class Steps:
                 raise
             except NotFound:
                 raise await self.recovery.not_found(owner, session_id) from None
+            session_held(owner, session_id, since=since)
             state = await self.placement.fetch(meta)
             cache = self.placement.cache
             cache.pin(session_id)
@@ -155,6 +158,7 @@ class Steps:
         ):
             yield lambda: max(0.0, deadline - time.monotonic())
 
+    @traced("session.commit")
     async def commit(
         self,
         meta: SessionMeta,
@@ -181,6 +185,7 @@ class Steps:
         summary = VersionSummary.of(new.version, new.tokens, new.last_used, kind, text)
         persistence = self.persistence
         version = await persistence.version_write(state, summary) if persistence.always else None
+        commit_written(new.version, self.settings.persistence, version)
         record = receipt(new) if receipt is not None else None
 
         async def write(stored: VersionWrite | None) -> bool:

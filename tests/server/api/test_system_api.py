@@ -106,3 +106,19 @@ def test_ready_fails_after_a_device_error_that_poisons_the_context(tiny_model_di
                 "param": None,
             }
             assert client.get("/v1/system").json()["serving"]["device_ok"] is False
+
+
+def test_system_reports_the_admission_targets_measured_at_start_up(client, server):
+    admission = client.get("/v1/system").json()["admission"]
+    gate = server.app.state.runtime.worker.gate
+    # Not set: measured for this device, at least the goodput yardstick's 1 s and 50 ms (admission/targets.py).
+    assert (
+        admission["measured"]
+        and admission["ttft_target_seconds"] >= 1.0
+        and admission["tbt_target_seconds"] >= 0.05
+    )
+    assert admission["ttft_target_seconds"] == gate.targets.ttft and 1 <= admission["row_cap"] <= 4
+    assert (
+        admission["max_concurrent_requests"] == 256
+        and admission["max_concurrent_requests_per_tenant"] is None
+    )

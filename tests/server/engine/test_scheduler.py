@@ -1,5 +1,8 @@
 """The scheduler on its own (engine.scheduler), with plain fakes for the jobs and the pool: what each iteration
-runs under the token budget and the batch size, what fits the pool's free blocks, and which job is preempted."""
+runs under the token budget and the batch size, what fits the pool's free blocks, and which job is preempted;
+which rows have a place in the batch by lane and fair share, and the order of prompt segments by lane and virtual
+token counter; with pacing (a fake step time), the cap on rows, the budget of prompt tokens and the time left to
+flex and batch prompts."""
 
 from __future__ import annotations
 
@@ -7,6 +10,9 @@ import itertools
 from dataclasses import dataclass, field
 
 import pytest
+from txl_server.admission.classes import Lane
+from txl_server.admission.pacing import Pacing
+from txl_server.admission.targets import LatencyTargets
 from txl_server.engine import scheduler as scheduler_module
 from txl_server.engine.scheduler import Scheduler
 
@@ -17,6 +23,10 @@ _arrivals = itertools.count()
 class Decode:
     blocks: int = 0  # fresh blocks its next token takes
     cancelled: bool = False
+    tenant: str = "a"
+    lane: Lane = Lane.INTERACTIVE
+    rank: int = 1
+    produced: bool = False
     arrival: int = field(default_factory=lambda: next(_arrivals))
 
     def new_blocks(self, tokens: int, claimed: set[int]) -> int:
@@ -29,6 +39,9 @@ class Ingest:
     limit: int | None = None  # the most its next segment may feed (None: all it has)
     blocks: int = 0  # fresh blocks its next segment takes
     cancelled: bool = False
+    tenant: str = "a"
+    lane: Lane = Lane.INTERACTIVE
+    rank: int = 1
     arrival: int = field(default_factory=lambda: next(_arrivals))
 
     @property
@@ -60,6 +73,7 @@ def make(
     max_batch_tokens: int = 16,
     pool: Pool | None = None,
     clock: Clock | None = None,
+    weight=None,
 ) -> Scheduler[Decode, Ingest]:
     return Scheduler(
         segment_len=segment_len,
@@ -67,7 +81,34 @@ def make(
         max_batch_tokens=max_batch_tokens,
         pool=pool or Pool(),
         clock=clock or Clock(),
+        **({"weight": weight} if weight is not None else {}),
     )
+
+
+class Line:
+    """A step time: seconds = a + b * rows + c * tokens."""
+
+    def __init__(self, a: float, b: float, c: float) -> None:
+        self.a, self.b, self.c = a, b, c
+
+    def iteration(self, rows: int, tokens: int) -> float:
+        return self.a + self.b * rows + self.c * tokens
+
+    def per_token(self) -> float:
+        return self.c
+
+
+def paced(s: Scheduler, *, tbt: float, line: Line, min_chunk: int = 2) -> Pacing:
+    s.pacing = Pacing(LatencyTargets(ttft=1.0, tbt=tbt), line, min_chunk=min_chunk)
+    return s.pacing
+
+
+def ran(s: Scheduler, decoding: list[Decode]) -> list[Decode]:
+    """One iteration's rows; each row that ran has produced a token."""
+    rows = s.schedule().iteration.decode
+    for task in rows:
+        task.produced = True
+    return rows
 
 
 def test_every_decoding_row_runs_with_segments_of_the_ingesting_jobs_within_the_token_budget():
@@ -95,13 +136,15 @@ def test_decoding_rows_come_first_and_a_segment_runs_even_when_they_use_the_whol
     assert it.decode == decoding and it.chunks == [(ingest, 8)]  # ingestion always progresses
 
 
-def test_decoding_rows_beyond_the_batch_size_take_turns():
+def test_rows_beyond_the_batch_size_wait_while_the_rows_in_the_batch_keep_their_place():
     s = make(max_batch_size=2)
     decoding = [Decode() for _ in range(5)]
     for task in decoding:
         s.add_decoding(task)
-    runs = [s.schedule().iteration.decode for _ in range(3)]
-    assert runs == [decoding[0:2], decoding[2:4], [decoding[4], decoding[0]]]
+    runs = [ran(s, decoding) for _ in range(3)]
+    assert runs == [decoding[0:2]] * 3  # no taking turns: every stream would slow down
+    s.remove_decoding(decoding[0])  # it ended: the first waiting row takes its place
+    assert ran(s, decoding) == [decoding[1], decoding[2]]
 
 
 def test_a_job_feeds_one_segment_per_iteration_and_segments_end_at_its_limit():
@@ -217,3 +260,169 @@ def test_cancelled_jobs_are_dropped_from_both_queues():
 def test_the_limits_must_be_positive():
     with pytest.raises(ValueError, match=">= 1"):
         make(max_batch_tokens=0)
+
+
+# ---------------------------------------------------------------------------------------------- lanes and tenants
+
+
+def test_interactive_rows_take_the_place_of_flex_rows_which_come_back_first_at_a_token_boundary():
+    s = make(max_batch_size=2)
+    flex = [Decode(lane=Lane.FLEX) for _ in range(3)]
+    for task in flex:
+        s.add_decoding(task)
+    assert ran(s, flex) == flex[:2]
+    default = Decode()
+    s.add_decoding(default)
+    # The default row takes a place at once; the flex row that leaves is the one that came last of those in.
+    assert ran(s, flex) == [flex[0], default]
+    s.remove_decoding(default)
+    # The flex row that ran before comes back before the one that never ran.
+    assert ran(s, flex) == [flex[0], flex[1]]
+
+
+def test_a_tenant_below_its_share_gets_a_row_at_once_beside_another_tenants_crowd():
+    s = make(max_batch_size=4)
+    crowd = [Decode(tenant="a") for _ in range(10)]
+    for task in crowd:
+        s.add_decoding(task)
+    assert ran(s, crowd) == crowd[:4]
+    lone = Decode(tenant="b")
+    s.add_decoding(lone)
+    rows = ran(s, crowd)
+    assert lone in rows and rows.count(lone) == 1 and len(rows) == 4
+    assert [t for t in rows if t is not lone] == crowd[:3]  # a's rows in the batch keep theirs; one waits
+    assert ran(s, crowd) == rows  # and so it stays: no rows change places at every step
+
+
+def test_the_batch_is_shared_by_weight():
+    s = make(max_batch_size=6, weight=lambda tenant: 2.0 if tenant == "heavy" else 1.0)
+    tasks = [Decode(tenant=t) for t in ["heavy"] * 6 + ["light"] * 6]
+    for task in tasks:
+        s.add_decoding(task)
+    rows = ran(s, tasks)
+    assert [t.tenant for t in rows].count("heavy") == 4 and len(rows) == 6
+
+
+def test_a_tenant_that_needs_fewer_rows_than_its_share_leaves_the_rest_to_others():
+    s = make(max_batch_size=6)
+    tasks = [Decode(tenant="a") for _ in range(8)] + [Decode(tenant="b")]
+    for task in tasks:
+        s.add_decoding(task)
+    rows = ran(s, tasks)
+    assert [t.tenant for t in rows].count("a") == 5 and [t.tenant for t in rows].count("b") == 1
+
+
+def test_priority_rows_of_a_tenant_go_before_its_default_rows():
+    s = make(max_batch_size=1)
+    default, priority = Decode(), Decode(rank=0)
+    s.add_decoding(default)
+    s.add_decoding(priority)
+    assert ran(s, [default, priority]) == [priority]
+
+
+def test_prompt_segments_go_to_the_tenant_served_least_first():
+    s = make(segment_len=8, max_batch_size=4, max_batch_tokens=8)
+    a1, a2, b = Ingest(40, tenant="a"), Ingest(40, tenant="a"), Ingest(40, tenant="b")
+    for job in (a1, a2):
+        s.add_ingesting(job)
+    assert s.schedule().iteration.chunks == [(a1, 8)]
+    s.add_ingesting(b)  # it joins at a's counter: not ahead of it, not behind all of a's work
+    order = [s.schedule().iteration.chunks[0][0] for _ in range(4)]
+    assert order.count(b) == 2 and order.count(a1) + order.count(a2) == 2  # one segment each in turn
+
+
+def test_a_tenant_back_after_being_idle_cannot_spend_the_time_it_was_away():
+    s = make(segment_len=8, max_batch_size=4, max_batch_tokens=8)
+    a = Ingest(400, tenant="a")
+    s.add_ingesting(a)
+    for _ in range(10):
+        s.schedule()
+    assert s.counters.of("a") == 80
+    s.add_ingesting(Ingest(400, tenant="b"))
+    assert s.counters.of("b") == 80  # not 0: it would take the next ten segments alone
+
+
+def test_interactive_segments_go_before_flex_and_batch_ones():
+    s = make(segment_len=8, max_batch_size=4, max_batch_tokens=8)
+    batch, flex, default = Ingest(40, lane=Lane.BATCH), Ingest(40, lane=Lane.FLEX), Ingest(40)
+    for job in (batch, flex, default):
+        s.add_ingesting(job)
+    assert [s.schedule().iteration.chunks[0][0] for _ in range(2)] == [default, default]
+    s.remove_ingesting(default)
+    assert s.schedule().iteration.chunks[0][0] is flex
+
+
+def test_the_job_preempted_is_of_the_lowest_lane_then_the_youngest():
+    s = make()
+    old_batch, flex, young_default = Ingest(8, lane=Lane.BATCH), Decode(lane=Lane.FLEX), Decode()
+    s.add_ingesting(old_batch)
+    s.add_decoding(flex)
+    s.add_decoding(young_default)
+    assert s.youngest() is old_batch
+    s.remove_ingesting(old_batch)
+    assert s.youngest() is flex
+
+
+# ---------------------------------------------------------------------------------------------- pacing
+
+
+def test_the_batch_grows_only_while_the_gap_between_tokens_stays_within_its_target():
+    s = make(max_batch_size=64, max_batch_tokens=256)
+    # A GPU's step: 10 ms + 0.1 ms a row. Within 75% of a 20 ms target (with the margin that stops a cap from
+    # moving at every step: up to 90% of it to grow), at most 35 rows.
+    paced(s, tbt=0.020, line=Line(0.010, 0.0001, 0.0001))
+    tasks = [Decode() for _ in range(64)]
+    for task in tasks:
+        s.add_decoding(task)
+    rows = ran(s, tasks)
+    assert len(rows) == s.cap == 35
+    # The event loop falls behind by 5 ms: 10 ms are left, and the batch shrinks to where the step stays within
+    # 110% of them (the margin again).
+    s.pacing.lag = 0.005
+    assert len(ran(s, tasks)) == 10
+
+
+def test_on_a_cpu_the_batch_stops_at_the_knee_of_its_step_time():
+    s = make(max_batch_size=64, max_batch_tokens=256)
+    # A CPU's step: 2 ms + 1 ms a row. A 50 ms target would allow 35 rows, each stream then waiting 37 ms a
+    # token for little more throughput: the batch stops at six one-row steps (18 ms, 90% of it to grow).
+    paced(s, tbt=0.050, line=Line(0.002, 0.001, 0.0001))
+    tasks = [Decode() for _ in range(30)]
+    for task in tasks:
+        s.add_decoding(task)
+    assert len(ran(s, tasks)) == s.cap == 14
+
+
+def test_prompt_tokens_fill_what_the_target_leaves_beside_the_rows_and_at_least_the_minimum():
+    s = make(segment_len=64, max_batch_size=64, max_batch_tokens=256)
+    line = Line(0.002, 0.001, 0.0001)
+    paced(s, tbt=0.020, line=line, min_chunk=4)
+    rows = [Decode() for _ in range(4)]
+    for task in rows:
+        s.add_decoding(task)
+    s.add_ingesting(Ingest(1000))
+    it = s.schedule().iteration
+    # 20 ms - (2 + 4) ms leaves 14 ms: 140 tokens at 0.1 ms, cut to the segment's 64.
+    assert it.chunks[0][1] == 64
+    line.c = 0.001  # slower prompt tokens: 14 of them fit
+    assert s.schedule().iteration.chunks[0][1] == 14
+    line.c = 0.1  # none fit: the minimum still runs, so that prompts progress
+    assert s.schedule().iteration.chunks[0][1] == 4
+
+
+def test_flex_and_batch_prompts_take_no_more_time_than_the_streams_beside_them_get_back():
+    s = make(segment_len=64, max_batch_size=8, max_batch_tokens=256)
+    line = Line(0.002, 0.001, 0.0001)
+    pacing = paced(s, tbt=0.050, line=line)
+    stream = Decode()
+    s.add_decoding(stream)
+    score = Ingest(100_000, lane=Lane.BATCH)
+    s.add_ingesting(score)
+    took: list[bool] = []
+    for _ in range(12):
+        it = s.schedule().iteration
+        took.append(bool(it.chunks))
+        s.ran(line.iteration(len(it.decode), it.tokens - len(it.decode)))
+    # A 64-token segment costs 6.4 ms beside the stream's 3 ms steps: one segment, then three steps without.
+    assert took == [True, False, False, False] * 3
+    assert pacing.background_allowed(streams=False)  # nothing streams: the batch work runs at full speed

@@ -19,6 +19,7 @@ from ..completions.protocol import (
 from ..shared.chat_template import ChatMessage, ChatTemplate
 from ..shared.limits import MAX_USER_CHARS, MaxTokens, Seed, StopStrings
 from ..shared.request_body import RequestBody
+from ..shared.service_tier import SERVED_TIER, SERVICE_TIER, RequestedTier, ServedTier
 
 DEFAULT_MAX_TOKENS = 256  # a reply, not a document: it usually ends earlier, at the user's next turn
 # What a chat request passes on to its completion as it is.
@@ -34,6 +35,7 @@ _PASSED_ON = {
     "user",
     "frequency_penalty",
     "presence_penalty",
+    "service_tier",
 }
 
 
@@ -66,6 +68,7 @@ class ChatCompletionRequest(RequestBody):
         le=MAX_LOGPROBS,
         description="With logprobs: the likeliest alternatives per token",
     )
+    service_tier: RequestedTier | None = SERVICE_TIER
 
     def to_completion(self, template: ChatTemplate) -> CompletionRequest:
         """The completion of the chat written out with `template` (which stops where the user's next turn would
@@ -119,3 +122,4 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: CompletionUsage
+    service_tier: ServedTier | None = SERVED_TIER

@@ -52,8 +52,9 @@ async def create_chat_completion(
     )
     assert isinstance(completion.prompt, str)
     log_text(sources.settings, "chat prompt", completion.prompt)
-    envelope = Envelope.new("chatcmpl-", sources.model_id)
-    source = completion_source(completion, plan, sources)
+    klass = sources.request_class(completion.service_tier, choices=plan.n, max_tokens=plan.max_tokens)
+    envelope = Envelope.new("chatcmpl-", sources.model_id, klass.tier.value)
+    source = completion_source(completion, plan, sources, klass)
     if body.stream:
         chunk = envelope.chunk("chat.completion.chunk")
         return await event_stream(
@@ -70,7 +71,12 @@ async def create_chat_completion(
         for index, item in finished
     ]
     return ChatCompletion(
-        id=envelope.id, created=envelope.created, model=envelope.model, choices=replies, usage=usage
+        id=envelope.id,
+        created=envelope.created,
+        model=envelope.model,
+        choices=replies,
+        usage=usage,
+        service_tier=envelope.service_tier,
     ).model_dump()
 
 

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
+from ...admission.classes import RequestClass
 from ...engine.state import ModelState
 from ...sessions.events import GenerateResult, TokenEvent
 from ...sessions.service import GenerateOutcome, SessionService
@@ -52,14 +53,15 @@ class Finished:
 
 
 def completion_source(
-    body: CompletionRequest, plan: Plan, sources: Sources
+    body: CompletionRequest, plan: Plan, sources: Sources, klass: RequestClass
 ) -> AsyncGenerator[tuple[int, Piece | Finished], None]:
     """(choice index, Piece) as text is produced, and (choice index, Finished) as each choice ends; time to
-    first token and inter-token latency are observed on the way."""
+    first token and inter-token latency are observed on the way. `klass`: the request's class, for admission."""
     if body.session_id is not None:
-        source = _session_completion(sources.service, sources.tenant, body, plan)
+        source = _session_completion(sources.service, sources.tenant, body, plan, klass)
     else:
-        source = _stateless_completions(sources.stateless, body, plan, sources.prefill(body.memory))
+        prefill = sources.prefill(body.memory, klass)
+        source = _stateless_completions(sources.stateless, body, plan, prefill, klass)
     return timed(source, TokenTiming(sources.metrics), _generated_choice)
 
 
@@ -69,7 +71,7 @@ def _generated_choice(item: tuple[int, Piece | Finished]) -> int | None:
 
 
 async def _stateless_completions(
-    stateless: StatelessService, body: CompletionRequest, plan: Plan, prefill: Prefill
+    stateless: StatelessService, body: CompletionRequest, plan: Plan, prefill: Prefill, klass: RequestClass
 ) -> AsyncGenerator[tuple[int, Any], None]:
     scored = bool(body.echo and body.logprobs is not None)
     prefilled = await _prefill_all(prefill, [ids for _, ids in plan.prompts], scored, plan.top)
@@ -82,6 +84,7 @@ async def _stateless_completions(
                 sampling=plan.sampling[i],
                 stop=plan.stops,
                 top_logprobs=plan.top,
+                klass=klass,
             )
             streams.append(_choice(generation, prompt_text, scores, body, plan))
     async for index, item in merge(streams):
@@ -104,7 +107,7 @@ async def _prefill_all(
 
 
 async def _session_completion(
-    service: SessionService, tenant: str, body: CompletionRequest, plan: Plan
+    service: SessionService, tenant: str, body: CompletionRequest, plan: Plan, klass: RequestClass
 ) -> AsyncGenerator[tuple[int, Any], None]:
     assert body.session_id is not None
     prompt_text, prompt_ids = plan.prompts[0]
@@ -116,6 +119,7 @@ async def _session_completion(
         sampling=plan.sampling[0],
         stop=plan.stops,
         top_logprobs=plan.top,
+        klass=klass,
     )
     scores = PromptScores(prompt_ids, [], None)  # session mode: no prompt log-probs
     async for item in _choice(generation, prompt_text, scores, body, plan):

@@ -18,6 +18,7 @@ from ..shared.limits import (
     TokenIds,
 )
 from ..shared.request_body import RequestBody
+from ..shared.service_tier import SERVED_TIER, SERVICE_TIER, RequestedTier, ServedTier
 from ..shared.serving_info import ServingInfo
 
 MAX_N = 8  # choices per prompt (`n`)
@@ -73,6 +74,7 @@ class CompletionRequest(RequestBody):
         max_length=MAX_MEMORY_ID_CHARS,
         description="Extension: complete the prompt as if this preloaded memory's document came first",
     )
+    service_tier: RequestedTier | None = SERVICE_TIER
 
     def to_sampling_params(self) -> list[SamplingParams]:
         """One set of sampling parameters per choice (`n`); choice i draws from seed + i, when seeded."""
@@ -118,6 +120,7 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: CompletionUsage | None = None
+    service_tier: ServedTier | None = SERVED_TIER
 
 
 class ModelCard(BaseModel):

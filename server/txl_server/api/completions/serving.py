@@ -35,8 +35,9 @@ async def create_completion(body: CompletionRequest, sources: Sources) -> Any:
     plan = Plan.build(body, sources.model_id, sources.service.tokenizer, sources.settings)
     for text, _ in plan.prompts:
         log_text(sources.settings, "completion prompt", text)
-    envelope = Envelope.new("cmpl-", sources.model_id)
-    source = completion_source(body, plan, sources)
+    klass = sources.request_class(body.service_tier, choices=plan.n, max_tokens=plan.max_tokens)
+    envelope = Envelope.new("cmpl-", sources.model_id, klass.tier.value)
+    source = completion_source(body, plan, sources, klass)
     if body.stream:
         chunk = envelope.chunk("text_completion")
         return await event_stream(
@@ -49,6 +50,7 @@ async def create_completion(body: CompletionRequest, sources: Sources) -> Any:
         model=envelope.model,
         choices=[item.choice(index) for index, item in finished],
         usage=usage,
+        service_tier=envelope.service_tier,
     ).model_dump()
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends
 
+from ...admission.classes import RequestClass, request_class
 from ...engine.state import ModelState
 from ...metrics import Metrics
 from ...sessions.service import SessionService
@@ -32,19 +33,26 @@ class Sources:
     metrics: Metrics
     model_id: str
 
-    def prefill(self, memory: str | None) -> Prefill:
+    def request_class(self, service_tier: str | None, *, choices: int, max_tokens: int) -> RequestClass:
+        """The request's class (admission.classes): its tenant and tier, and what it decodes once its prompts
+        are fed (`choices` rows per prompt of up to `max_tokens`), for the estimate of its first token."""
+        klass = request_class(self.tenant, service_tier)
+        klass.decode_rows, klass.decode_tokens = choices, max_tokens
+        return klass
+
+    def prefill(self, memory: str | None, klass: RequestClass) -> Prefill:
         """What a stateless prompt starts from: nothing, or a preloaded memory of the caller's."""
         if memory is None:
             return lambda tokens, logprobs, top: self.stateless.prefill(
-                tokens, owner=self.tenant, logprobs=logprobs, top_logprobs=top
+                tokens, owner=self.tenant, logprobs=logprobs, top_logprobs=top, klass=klass
             )
         memories = self.service.memories
         return lambda tokens, logprobs, top: memories.prefill(
-            self.tenant, memory, tokens, logprobs=logprobs, top_logprobs=top
+            self.tenant, memory, tokens, logprobs=logprobs, top_logprobs=top, klass=klass
         )
 
 
-def completion_sources(
+async def completion_sources(
     tenant: Tenant,
     settings: AppSettings,
     service: Service,

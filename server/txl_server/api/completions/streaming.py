@@ -20,19 +20,27 @@ Chunks = Callable[[int, Piece | Finished], list[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class Envelope:
-    """What names one response, streamed or not: its id, when it was made, by which model."""
+    """What names one response, streamed or not: its id, when it was made, by which model, in which service
+    tier."""
 
     id: str
     created: int
     model: str
+    service_tier: str = "default"
 
     @classmethod
-    def new(cls, prefix: str, model: str) -> Envelope:
-        return cls(prefix + secrets.token_hex(12), int(time.time()), model)
+    def new(cls, prefix: str, model: str, service_tier: str = "default") -> Envelope:
+        return cls(prefix + secrets.token_hex(12), int(time.time()), model, service_tier)
 
     def chunk(self, kind: str) -> dict[str, Any]:
         """The fields every chunk of a streamed response repeats (`kind`: its `object`)."""
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "service_tier": self.service_tier,
+        }
 
 
 async def event_stream(

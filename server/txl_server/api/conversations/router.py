@@ -29,7 +29,7 @@ from .protocol import (
 router = APIRouter(tags=["conversations"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
-def get_conversations(responses: Annotated[Responses, Depends(get_responses)]) -> ConversationService:
+async def get_conversations(responses: Annotated[Responses, Depends(get_responses)]) -> ConversationService:
     return responses.conversations
 
 

@@ -19,6 +19,7 @@ from ...metrics import Metrics
 from ...sessions.background import INTERRUPTED, BackgroundJobs
 from ...sessions.responses import Turn, TurnPlace, TurnStarted
 from ...sessions.step import to_the_end
+from ...telemetry.spans import linked, turn_attributes
 from ..shared import sse
 from ..shared.chat_template import ChatMessage
 from ..shared.error_shapes import INTERNAL_ERROR
@@ -66,7 +67,9 @@ async def start(
     except BaseException:
         await held.aclose()
         raise
-    jobs.start(reply.id, _run(jobs, reply, numbered, turns.run_at(tenant, place, turn), metrics, held))
+    work = _run(jobs, reply, numbered, turns.run_at(tenant, place, turn), metrics, held)
+    conversation_id = body.conversation_id or meta.id
+    jobs.start(reply.id, linked("background response", work, turn_attributes(reply.id, conversation_id)))
     if body.stream:
         return EventStream(follow(jobs, tenant, reply.id, None))
     return JSONResponse(first)

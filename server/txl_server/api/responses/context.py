@@ -30,7 +30,7 @@ class Responses:
         self.jobs = BackgroundJobs(jobs, service.stores.heartbeats, holder=service.replica.id)
 
 
-def get_responses(request: Request, service: Service, settings: AppSettings) -> Responses:
+async def get_responses(request: Request, service: Service, settings: AppSettings) -> Responses:
     """One Responses per running service (a restarted runtime gets a new one)."""
     responses: Responses | None = getattr(request.app.state, "responses", None)
     if responses is None or responses.service is not service:

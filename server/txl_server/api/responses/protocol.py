@@ -13,6 +13,7 @@ from ...errors import InvalidRequest
 from ..shared.chat_template import ChatMessage, Role
 from ..shared.limits import MAX_USER_CHARS, MaxTokens, Seed, StopStrings, Text
 from ..shared.request_body import RequestBody
+from ..shared.service_tier import SERVICE_TIER, RequestedTier, ServedTier
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256  # as chat completions: a reply, not a document
 MAX_INPUT_ITEMS = 256
@@ -106,6 +107,7 @@ class ResponseCreateRequest(RequestBody):
         None, description="Extension: the sampling's seed (the same seed, the same text)"
     )
     stop: StopStrings = Field(None, description="Extension: the reply ends before the first of these")
+    service_tier: RequestedTier | None = SERVICE_TIER
 
     @property
     def conversation_id(self) -> str | None:
@@ -266,7 +268,7 @@ class ResponseObject(BaseModel):
     frequency_penalty: float = 0.0
     reasoning: None = None
     max_tool_calls: None = None
-    service_tier: Literal["default"] = "default"
+    service_tier: ServedTier = "default"
     safety_identifier: None = None
     prompt_cache_key: None = None
 

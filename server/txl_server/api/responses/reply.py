@@ -16,6 +16,7 @@ from ...sessions.responses import ResponseTurns, Turn, TurnStarted
 from ...sessions.service import GenerateOutcome
 from ...sessions.step import to_the_end
 from ...sessions.store.responses import ResponseRecord
+from ...telemetry.spans import annotate_request, usage
 from ..shared import sse
 from ..shared.chat_template import ChatMessage
 from ..shared.openai_errors import openai_body
@@ -91,6 +92,8 @@ class Reply:
         dropped, as chat completions drop it) and its tokens' log-probs (with `include`)."""
         if isinstance(item, GenerateOutcome):
             self.outcome = item
+            started = self.started  # the trace's usage as the response's: cached context counted in
+            annotate_request(usage(started.fed_tokens, started.cached_tokens, item.result.completion_tokens))
             return "", []
         if not isinstance(item, TokenEvent):
             return "", []
@@ -156,6 +159,7 @@ class Reply:
             usage=usage,
             user=body.user,
             top_logprobs=body.top_logprobs or 0,
+            service_tier=self.turn.klass.tier.value if self.turn.klass is not None else "default",
         )
         if status not in ("queued", "in_progress"):
             self._final = response

@@ -10,12 +10,14 @@ from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
 
+from ...admission.classes import request_class
 from ...errors import InvalidRequest, NotFound
 from ...metrics import Metrics
 from ...sessions.events import TokenEvent
 from ...sessions.responses import ResponseTurns, Turn, TurnStarted
 from ...sessions.store.responses import ResponseRecord
 from ...settings import Settings
+from ...telemetry.spans import turn_started
 from ..shared.chat_template import ChatTemplate
 from ..shared.event_stream import EventStream
 from ..shared.limits import check_metadata, check_stop, check_text, check_unicode, max_tokens_of
@@ -75,7 +77,11 @@ async def create_response(
             body.store is not False or conversation is not None,
             body.top_logprobs or (1 if body.logprobs else 0),
             body.truncation == "disabled",
+            # Background responses are batch work: they never delay an interactive first token.
+            klass=request_class(tenant, body.service_tier, batch=bool(body.background)),
         )
+        if turn.klass is not None:
+            turn.klass.decode_rows, turn.klass.decode_tokens = 1, max_tokens
         if conversation is not None:
             place = conversation.place()
         if body.background:
@@ -100,6 +106,7 @@ async def create_response(
             await events.aclose()
             raise
         assert isinstance(started, TurnStarted)
+        turn_started(started.response_id, body.conversation_id or started.session_id)
         reply = Reply(
             body, turn, started, messages, model_id, turns, tenant, conversation=body.conversation_id
         )

@@ -9,6 +9,7 @@ from fastapi import Request
 from pydantic import ValidationError
 from txl.tokenizers import Tokenizer
 
+from ...admission.classes import request_class
 from ...errors import InvalidBody, InvalidRequest
 from ...sessions.service import SessionService
 from ...sessions.stateless import ScoreOutcome, StatelessService
@@ -16,6 +17,11 @@ from ..shared.json_body import utf8_error
 from ..shared.progress import Progress, long_work
 from ..shared.validation import validation_message, validation_status
 from .protocol import ScoreRequest, ScoreResponse
+
+# A document longer than this is batch work (admission.classes): its segments take only what streams leave, and
+# never delay an interactive first token. Shorter ones are scored as interactive requests. (4,096 characters: a
+# few segments of a byte-level model, some hundreds of words.)
+LONG_DOCUMENT_CHARS = 4096
 
 
 async def read(
@@ -41,14 +47,21 @@ async def read(
 
 
 async def score(body: ScoreRequest, tenant: str, stateless: StatelessService, service: SessionService) -> Any:
+    klass = request_class(tenant, batch=len(body.text) > LONG_DOCUMENT_CHARS)
+
     async def scored(progress: Progress | None) -> dict[str, Any]:
         if body.memory is not None:  # after a preloaded memory of the caller's
             outcome = await service.memories.score(
-                tenant, body.memory, body.text, token_logprobs=body.token_logprobs, progress=progress
+                tenant,
+                body.memory,
+                body.text,
+                token_logprobs=body.token_logprobs,
+                progress=progress,
+                klass=klass,
             )
         else:
             outcome = await stateless.score(
-                body.text, owner=tenant, token_logprobs=body.token_logprobs, progress=progress
+                body.text, owner=tenant, token_logprobs=body.token_logprobs, progress=progress, klass=klass
             )
         return _response(outcome, stateless.tokenizer, body.token_logprobs)
 

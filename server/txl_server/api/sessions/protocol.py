@@ -9,6 +9,7 @@ from txl.sampling import SamplingParams
 
 from ..shared.limits import MAX_MEMORY_ID_CHARS, MaxTokens, Seed, StopStrings, Text, TtlSeconds
 from ..shared.request_body import RequestBody
+from ..shared.service_tier import SERVED_TIER, SERVICE_TIER, RequestedTier, ServedTier
 from ..shared.timestamps import Seconds, SecondsUp
 
 STREAM_DESCRIPTION = (
@@ -56,6 +57,7 @@ class SessionCreate(RequestBody):
         max_length=MAX_MEMORY_ID_CHARS,
         description="Start from this preloaded memory (POST /v1/memories): as if its document came before `text`",
     )
+    service_tier: RequestedTier | None = SERVICE_TIER
 
 
 class SessionFork(RequestBody):
@@ -77,12 +79,14 @@ class AppendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: Text = Field(..., min_length=1, description="Text to add to the session")
     stream: StrictBool = Field(False, description=STREAM_DESCRIPTION)
+    service_tier: RequestedTier | None = SERVICE_TIER
 
 
 class AppendResponse(BaseModel):
     session: SessionObject
     tokens: int = Field(..., description="Tokens the text became")
     logprob: float = Field(..., description="Natural-log probability of those tokens given everything before")
+    service_tier: ServedTier | None = SERVED_TIER
 
 
 class GenerateRequest(RequestBody):
@@ -98,6 +102,7 @@ class GenerateRequest(RequestBody):
     stop: StopStrings = Field(None, description="Generation ends before the first of these strings")
     seed: Seed | None = None
     stream: StrictBool = False
+    service_tier: RequestedTier | None = SERVICE_TIER
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -115,6 +120,7 @@ class GenerateResponse(BaseModel):
     finish_reason: Literal["length", "stop"]
     session: SessionObject
     usage: Usage
+    service_tier: ServedTier | None = SERVED_TIER
 
 
 # ---------------------------------------------------------------------------------------------- history

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 
+from ...admission.classes import request_class
 from ...errors import InvalidRequest
 from ...metrics import Metrics
 from ...sessions.events import ProgressEvent
@@ -57,6 +58,7 @@ async def create(
             progress=progress,
             memory=wanted.memory,
             receipt=idempotent.receipt(_session_object),
+            klass=request_class(tenant, wanted.service_tier),
         )
         return _session_object(meta)
 
@@ -149,17 +151,22 @@ async def append(
     body: AppendRequest,
 ) -> Any:
     check_text(settings, body.text, "text")
+    klass = request_class(tenant, body.service_tier)
 
     def answer(outcome: AppendOutcome) -> dict[str, Any]:
         return AppendResponse(
             session=SessionObject.model_validate(outcome.session),
             tokens=outcome.tokens,
             logprob=outcome.logprob,
+            service_tier=klass.tier.value,
         ).model_dump()
 
     async def step(progress: Progress | None) -> dict[str, Any]:
         receipt = idempotent.receipt(answer)
-        return answer(await service.append(tenant, session_id, body.text, progress=progress, receipt=receipt))
+        outcome = await service.append(
+            tenant, session_id, body.text, progress=progress, receipt=receipt, klass=klass
+        )
+        return answer(outcome)
 
     return await long_work(step, stream=body.stream, idempotent=idempotent)
 
@@ -182,6 +189,7 @@ async def generate(
     stops = check_stop(settings, body.stop)
     if (stored := await idempotent.replay()) is not None:
         return EventStream(_replay(stored)) if body.stream else _without_tokens(stored)
+    klass = request_class(tenant, body.service_tier)
     # The tokens as they are generated: the key's record, written by the generation's commit, replays them.
     tokens: list[dict[str, Any]] = []
     source = service.generate(
@@ -192,13 +200,16 @@ async def generate(
         sampling=body.sampling(),
         stop=stops,
         report_progress=body.stream,
-        receipt=idempotent.receipt(lambda outcome: {**_response(outcome), "tokens": tokens}),
+        receipt=idempotent.receipt(
+            lambda outcome: {**_response(outcome, klass.tier.value), "tokens": tokens}
+        ),
+        klass=klass,
     )
     try:
         # Errors before the first event (404, 409, 410, ...) are plain HTTP errors, not a 200 stream.
         first = await anext(source)
         if body.stream:
-            return EventStream(_stream(first, source, idempotent, timing, tokens))
+            return EventStream(_stream(first, source, idempotent, timing, tokens, klass.tier.value))
         item: Any = first
         while not isinstance(item, GenerateOutcome):
             timing.token()
@@ -207,7 +218,7 @@ async def generate(
     except BaseException as exc:
         await idempotent.failed(exc)
         raise
-    response = _response(item)
+    response = _response(item, klass.tier.value)
     await idempotent.succeeded({**response, "tokens": tokens})
     return response
 
@@ -216,13 +227,14 @@ def _token(event: Any) -> dict[str, Any]:
     return {"id": event.id, "text": event.text, "logprob": event.logprob}
 
 
-def _response(outcome: GenerateOutcome) -> dict[str, Any]:
+def _response(outcome: GenerateOutcome, service_tier: str) -> dict[str, Any]:
     result = outcome.result
     return GenerateResponse(
         text=result.text,
         finish_reason=result.finish_reason,
         session=SessionObject.model_validate(outcome.session),
         usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens),
+        service_tier=service_tier,
     ).model_dump()
 
 
@@ -236,6 +248,7 @@ async def _stream(
     call: IdempotentCall,
     timing: TokenTiming,
     tokens: list[dict[str, Any]],
+    service_tier: str,
 ) -> AsyncIterator[str]:
     finished = False
     error: BaseException | None = None
@@ -249,13 +262,16 @@ async def _stream(
                 item = await anext(source)
                 continue
             if isinstance(item, GenerateOutcome):
-                response = _response(item)
+                response = _response(item, service_tier)
                 finished = True
                 await call.succeeded({**response, "tokens": tokens})
                 yield sse.event(
                     {
                         "type": "done",
-                        **{k: response[k] for k in ("finish_reason", "text", "session", "usage")},
+                        **{
+                            k: response[k]
+                            for k in ("finish_reason", "text", "session", "usage", "service_tier")
+                        },
                     }
                 )
                 yield sse.DONE

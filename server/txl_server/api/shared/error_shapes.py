@@ -9,6 +9,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ...admission.retry import header_values
 from ...errors import Conflict, Overloaded, ServiceError, Unavailable
 
 # A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer, which holds it
@@ -20,7 +21,9 @@ INTERNAL_ERROR = {"type": "internal", "message": "internal error", "param": None
 
 def error_response(error: ServiceError) -> JSONResponse:
     headers = {}
-    if isinstance(error, Overloaded | Unavailable):
+    if isinstance(error, Overloaded):
+        headers.update(header_values(error.retry_after))
+    elif isinstance(error, Unavailable):
         headers["Retry-After"] = str(max(1, round(error.retry_after)))
     elif isinstance(error, Conflict):
         headers["Retry-After"] = str(CONFLICT_RETRY_AFTER_SECONDS)
@@ -35,6 +38,7 @@ class ErrorDetail(BaseModel):
         "not_found",
         "conflict",
         "gone",
+        "request_timeout",
         "payload_too_large",
         "overloaded",
         "unavailable",
@@ -56,11 +60,14 @@ _ERRORS = {
     401: "unauthorized: missing or wrong API key",
     404: "not_found: no such session (or another tenant's)",
     409: "conflict: another step on the session is in progress",
+    408: "request_timeout: the body did not arrive whole in time (the connection is closed)",
     410: "gone: the session's memory was dropped",
     413: "payload_too_large",
     422: "invalid_request: the body does not match the schema; idempotency_key_reused: a key sent again with "
     "another body",
-    429: "overloaded: retry after Retry-After seconds",
+    429: "overloaded: refused at once, retry after Retry-After seconds (retry-after-ms: exactly); code: why "
+    "(first_token_target, flex_capacity, server_concurrency, tenant_concurrency, tenant_share, queue_full, "
+    "device_memory_full: docs/api.md)",
     500: "internal",
     503: "unavailable: Redis is unreachable, nothing was changed; (code server_shutting_down): the server is "
     "shutting down",
@@ -75,14 +82,26 @@ RETRY_AFTER: dict[str, Any] = {
 }
 
 
+# A refusal's Retry-After, to the millisecond (OpenAI's SDKs read it before Retry-After).
+RETRY_AFTER_MS: dict[str, Any] = {
+    "retry-after-ms": {
+        "description": "Milliseconds to wait before a retry, computed from the server's queue",
+        "schema": {"type": "integer"},
+        "required": True,
+    }
+}
+
+
 def error_responses(descriptions: dict[int, str], body: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
     """For `APIRouter(responses=...)`: each status with its description and `body`'s schema (and Retry-After
     where every such answer has one)."""
     responses: dict[int | str, dict[str, Any]] = {}
     for status, text in descriptions.items():
         responses[status] = {"model": body, "description": text}
-        if status in (409, 429):
+        if status == 409:
             responses[status]["headers"] = RETRY_AFTER
+        elif status == 429:
+            responses[status]["headers"] = {**RETRY_AFTER, **RETRY_AFTER_MS}
     return responses
 
 

@@ -177,9 +177,11 @@ _ERRORS = {
     404: "invalid_request_error (code model_not_found): an unknown model; (code not_found): an unknown session or "
     "response",
     409: "invalid_request_error (code conflict): another step on the session is in progress",
+    408: "invalid_request_error (code request_timeout): the body did not arrive whole in time",
     410: "invalid_request_error (code gone): the session's memory was dropped",
     413: "invalid_request_error (code payload_too_large)",
-    429: "requests (code overloaded): retry after Retry-After seconds",
+    429: "requests (code: why, e.g. first_token_target, flex_capacity, tenant_share): refused at once, retry "
+    "after Retry-After seconds (retry-after-ms: exactly)",
     500: "server_error (code internal)",
     503: "server_error (code unavailable): Redis is unreachable, nothing was changed; (code server_shutting_down): "
     "the server is shutting down",

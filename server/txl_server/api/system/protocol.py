@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ..shared.serving_info import ServingInfo
 
@@ -18,8 +18,25 @@ class ReadyInfo(BaseModel):
     cuda_graphs: str
 
 
+class AdmissionInfo(BaseModel):
+    """The latency targets requests are admitted to, and the batch as paced now (docs/server.md, "Overload")."""
+
+    ttft_target_seconds: float = Field(
+        ..., description="A request is admitted if its first token can come by then"
+    )
+    tbt_target_seconds: float = Field(..., description="The batch grows only while tokens stay this close")
+    measured: bool = Field(..., description="Measured for this device at start-up (else both set)")
+    row_cap: int = Field(..., description="Decoding rows the batch may hold now")
+    estimate_factor: float = Field(
+        ..., description="First tokens' time as they came over the estimate, lately"
+    )
+    max_concurrent_requests: int
+    max_concurrent_requests_per_tenant: int | None
+
+
 class SystemInfo(BaseModel):
     object: Literal["system"] = "system"
     model: str
     version: str
     serving: ServingInfo
+    admission: AdmissionInfo | None = None

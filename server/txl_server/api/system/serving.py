@@ -10,7 +10,7 @@ from ...errors import Unavailable
 from ...metrics import Metrics
 from ...runtime import Runtime
 from ..shared.serving_info import ServingInfo
-from .protocol import ReadyInfo, SystemInfo
+from .protocol import AdmissionInfo, ReadyInfo, SystemInfo
 
 
 async def ready(runtime: Runtime) -> JSONResponse:
@@ -39,7 +39,25 @@ def system_info(runtime: Runtime, model_id: str) -> SystemInfo:
     report = runtime.device_report()
     if report is None:
         raise Unavailable("the server is starting")
-    return SystemInfo(model=model_id, version=__version__, serving=ServingInfo.of(report))
+    return SystemInfo(
+        model=model_id, version=__version__, serving=ServingInfo.of(report), admission=admission_info(runtime)
+    )
+
+
+def admission_info(runtime: Runtime) -> AdmissionInfo | None:
+    gate = runtime.worker.gate if runtime.worker is not None else None
+    if gate is None:
+        return None
+    settings = runtime.settings
+    return AdmissionInfo(
+        ttft_target_seconds=gate.targets.ttft,
+        tbt_target_seconds=gate.targets.tbt,
+        measured=gate.targets.measured,
+        row_cap=gate.scheduler.cap,
+        estimate_factor=gate.policy.factor,
+        max_concurrent_requests=settings.max_concurrent_requests,
+        max_concurrent_requests_per_tenant=settings.max_concurrent_requests_per_tenant,
+    )
 
 
 def update_gauges(metrics: Metrics, runtime: Runtime) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import Unavailable
+from ...telemetry.spans import traced
 from ..store.blocks import Buffer
 from .backend import Backend, Payload, StoreUnreachable
 from .codec import DamagedBlock, decode, header
@@ -90,6 +91,7 @@ class BlockStore:
         Computes their checksums: call it off the event loop (with the snapshot that made them)."""
         return [(self._key(block_key(i)), [header(d), d]) for i, d in blocks.items()]
 
+    @traced("blocks.write")
     async def write_encoded(self, items: list[tuple[str, Payload]]) -> None:
         """Stores what `encoded` made; returns when all of it is written."""
         if not items:
