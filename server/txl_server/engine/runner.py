@@ -42,6 +42,26 @@ class ModelRunner:
         self.vocab = model.config.vocab_size
         self.graphs = graphs  # decoding-only iterations as CUDA graphs (made on `path`)
 
+    @classmethod
+    def serving(
+        cls,
+        model: TransfoXLLMHeadModel,
+        pool: BlockPool,
+        path: DecodePath,
+        max_batch_size: int,
+        max_positions: int,
+    ) -> ModelRunner:
+        """A worker's runner on `path`, with its decoding graphs where the path names them (on a CPU their static
+        buffers, run eagerly), a runner on the same path without them as their fallback. `max_positions`: the
+        most positions a memory holds between steps."""
+        graphs = None
+        if path.graphs != "off":
+            eager = cls(model, pool, path).decode
+            graphs = DecodeGraphs(
+                model, pool, path, eager=eager, max_batch_size=max_batch_size, max_positions=max_positions
+            )
+        return cls(model, pool, path, graphs)
+
     @property
     def path_now(self) -> DecodePath:
         """The path as it runs now: with graphs "off" where they were turned off since (engine.graphs)."""

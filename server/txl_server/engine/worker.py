@@ -35,7 +35,6 @@ from ..errors import Overloaded, Unavailable
 from . import device_failure
 from .device_failure import is_device_error
 from .gate import DEVICE_MEMORY_FULL, QUEUE_FULL, Gate, GateObserver
-from .graphs import DecodeGraphs
 from .jobs import AdvanceJob, CallJob, DoneEvent, ErrorEvent, GenerateJob, Job, Outbox
 from .launched import Launched
 from .outputs import Outputs
@@ -145,23 +144,14 @@ class Worker:
         self._outbox = Outbox()  # events held back until the worker next computes or waits
 
     def decode_with(self, path: DecodePath) -> None:
-        """Every step runs on `path` (its kernels; its graphs, on a CPU their static buffers, where it names them),
-        once, before the worker starts: engine.selfcheck chooses and checks it at start-up."""
+        """Every step runs on `path` (its kernels, and its graphs where it names them), chosen once, before the
+        worker starts: engine.selfcheck chooses and checks it at start-up."""
         if self._thread is not None or self.runner.graphs is not None:
             raise RuntimeError("the decode path is chosen once, before the worker starts")
-        graphs = None
-        if path.graphs != "off":
-            eager = ModelRunner(self.model, self.pool, path).decode
-            graphs = DecodeGraphs(
-                self.model,
-                self.pool,
-                path,
-                eager=eager,
-                max_batch_size=self.max_batch_size,
-                max_positions=self.max_positions,
-            )
-        self.runner = ModelRunner(self.model, self.pool, path, graphs)
-        self.overlap = self._overlap_wanted and graphs is not None
+        self.runner = ModelRunner.serving(
+            self.model, self.pool, path, self.max_batch_size, self.max_positions
+        )
+        self.overlap = self._overlap_wanted and self.runner.graphs is not None
 
     # ------------------------------------------------------------------ control (event loop side)
 
