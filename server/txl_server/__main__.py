@@ -106,14 +106,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m txl_server") -> i
 
 def _serve(settings: Any, sockets: list[Any]) -> int:
     from .device_check import DeviceUnavailable, check_device
-    from .runtime import (
-        EvictingRedis,
-        UnsupportedDtype,
-        check_dtype,
-        check_redis,
-        load_model,
-    )
+    from .runtime import UnsupportedDtype, check_dtype, load_model
     from .serving import warn_if_open
+    from .session_stores import EvictingRedis, check_redis
     from .sessions.blocks.identity import ForeignBlockStore
 
     try:  # before loading: a GPU that is not there is named as such, not as a model that cannot load

@@ -16,7 +16,6 @@ import os
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import torch
 from redis import asyncio as aioredis
@@ -32,7 +31,7 @@ from .engine.step_times import pace_worker
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
 from .memory_budgets import MemoryBudgets, describe_budgets, memory_budgets
-from .sessions.blocks.identity import check as check_block_store
+from .session_stores import where_sessions_are, where_sessions_were
 from .sessions.blocks.identity import reconcile as reconcile_block_store
 from .sessions.blocks.migration import migrate as migrate_legacy_blocks
 from .sessions.blocks.opening import open_blocks
@@ -46,7 +45,7 @@ from .sessions.service import SessionService
 from .sessions.stateless import StatelessService
 from .sessions.store.connection import connect_redis
 from .sessions.store.plumbing import now
-from .sessions.store.redis_health import EvictingRedis, RedisHealth, eviction_refusal
+from .sessions.store.redis_health import RedisHealth
 from .sessions.store.stores import Stores
 from .settings import Persistence, Settings
 
@@ -232,7 +231,7 @@ class Runtime:
         if self.session_observer is not None:
             stores.sessions.on_unreplicated = self.session_observer.on_unreplicated_commit
         exclusive = self.embedded_redis is not None  # a private Redis has no other replica
-        log.info("%s", self.where_sessions_are())
+        log.info("%s", where_sessions_are(settings, self.embedded_redis, self.blocks))
         try:
             await self._check_store(stores)
             await self._reconcile(stores, exclusive)
@@ -374,7 +373,7 @@ class Runtime:
         if self.embedded_redis is not None:
             await asyncio.to_thread(self.embedded_redis.stop)
         if self.service is not None:
-            log.info("%s", self.where_sessions_were(released))
+            log.info("%s", where_sessions_were(self.settings, self.embedded_redis, released))
 
     async def _release(self, service: SessionService, deadline: float) -> Released | None:
         try:
@@ -432,77 +431,3 @@ class Runtime:
         if stalled > self.settings.worker_stall_seconds:
             return f"no step finished for {stalled:.0f} s with work waiting"
         return None
-
-    # ------------------------------------------------------------------ where sessions are kept
-
-    def where_sessions_are(self) -> str:
-        """One line for the start-up log: where sessions are kept, and what survives a restart."""
-        settings = self.settings
-        survive = {
-            Persistence.ALWAYS: "every step is saved: sessions survive restarts and crashes",
-            Persistence.EVICT: "sessions are saved when evicted and at shutdown: they survive a graceful "
-            "restart, a crash loses those held in memory",
-            Persistence.NONE: "memory stays in this process: sessions do not survive a restart",
-        }[settings.persistence]
-        mode = f"persistence {settings.persistence.value}"
-        if self.embedded_redis is None:
-            return (
-                f"sessions are kept in the Redis at {redacted(settings.redis_url or '')} ({mode}): {survive}"
-            )
-        if self.embedded_redis.ephemeral:
-            return (
-                "sessions are throw-away (--ephemeral): kept in a temporary directory deleted at shutdown, "
-                f"{self.embedded_redis.data_dir}"
-            )
-        return (
-            f"sessions are kept in {self.embedded_redis.data_dir} ({mode}): {survive}; "
-            "--ephemeral (TXL_EPHEMERAL=1) for throw-away ones"
-        )
-
-    def where_sessions_were(self, released: Released | None) -> str:
-        """One line for the shutdown log."""
-        what = ""
-        if released is not None and (released.saved or released.lost):
-            what = f" ({released.saved} saved from memory now, {released.lost} lost)"
-        if self.embedded_redis is None:
-            return (
-                f"stopped; sessions are kept in the Redis at {redacted(self.settings.redis_url or '')}{what}"
-            )
-        if self.embedded_redis.ephemeral:
-            return "stopped; the throw-away sessions were deleted with their temporary directory"
-        return f"stopped; sessions are kept in {self.embedded_redis.data_dir} for the next start{what}"
-
-
-def check_redis(settings: Settings) -> None:
-    """Before the model loads: raises EvictingRedis if the configured Redis evicts keys (and the settings do not
-    accept it), ForeignBlockStore if its sessions keep their memories in a block store of which the configured one
-    holds nothing, so that start-up stops in one line. A Redis that does not answer yet is checked once it
-    does."""
-
-    async def check() -> None:
-        assert settings.redis_url is not None
-        redis = connect_redis(settings, settings.redis_url)
-        try:
-            health = RedisHealth(
-                redis, prefix=settings.redis_prefix, allow_eviction=settings.redis_allow_eviction
-            )
-            info = await health.info()
-            if info.evicting and not settings.redis_allow_eviction:
-                raise EvictingRedis(eviction_refusal(info.maxmemory_policy))
-            await check_block_store(open_blocks(settings, None), health)
-        except Unavailable:
-            pass
-        finally:
-            await redis.aclose()
-
-    if settings.redis_url is not None:
-        asyncio.run(check())
-
-
-def redacted(url: str) -> str:
-    """A Redis URL fit for a log: its password replaced."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
