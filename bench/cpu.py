@@ -8,9 +8,9 @@ step must read (every weight it uses once, the rows' memories, the positional ta
 a 512 MiB buffer, or its FLOPs over this CPU's best matmul rate (torch's or oneDNN's, 2048 x 2048), whichever
 is larger.
 
-Each model runs in a subprocess per source tree: this one, with its linear kernels chosen by measurement, and with
-every layer on one kernel wherever it can run (torch's plain one, oneDNN's packed one, the native loop for up to
-16 rows), interleaved step by step; and the tree before kernels were chosen (`BEFORE`, oneDNN's `mkldnn_linear`
+Each model runs in a subprocess per source tree: this one, on the C kernels' decode path with its linear kernels
+chosen by measurement, and with every layer on one kernel wherever it can run (torch's, oneDNN's packed one, the
+C loop for up to 16 rows), interleaved step by step; and the tree before kernels were chosen (`BEFORE`, oneDNN's `mkldnn_linear`
 everywhere). The speed-up over the tree before compares two processes that measure one variant each, the
 chosen kernels here and `BEFORE`'s, one after the other: interleaving measures four copies of every weight in
 one process, and would cost the chosen one caches that `BEFORE`, alone, keeps. On a CPU with AVX-512 the
@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from txl_server.check.benchmark_docs import Section, machine
 
 from .common import ROOT, export_revision
 
-ROW_BUCKETS = (1, 4, 16, 64, 256)  # txl.kernels.linear_choice's, which a tree before it has not
+ROW_BUCKETS = (1, 4, 16, 64, 256)  # txl.kernels.cpu.linear_choice's, which a tree before it has not
 
 BEFORE = "1ffa65d"  # the last commit before linear kernels were chosen by measurement
 SIMULATED_AVX2 = {
@@ -46,7 +45,7 @@ SIMULATED_AVX2 = {
     "TXL_CPU_KERNEL_ISA": "avx2",  # our C kernels built without AVX-512
 }
 BATCHES = (1, 8, 64)
-VARIANTS = ("chosen", "plain", "onednn", "native")  # "before" runs in its own tree
+VARIANTS = ("chosen", "torch", "onednn", "c")  # linear kernels; "before" runs in its own tree
 SEGMENT = 128
 BUNDLED = ROOT / "server" / "txl_server" / "default_model"
 NATIVE_MARK = "Measured natively"
@@ -129,7 +128,7 @@ def _matmul_peak(dtype: torch.dtype, n: int) -> float:
 
 
 def _floors(spec: dict) -> dict:
-    from txl.kernels import linear
+    from txl.kernels.cpu import linear
 
     out: dict[str, dict] = {}
     for threads in spec["threads"]:
@@ -209,24 +208,25 @@ def _costs(model, workload: Workload) -> dict[str, dict[str, float]]:
 
 
 def _measure(spec: dict) -> dict:
-    try:
-        from txl.kernels.allocator import keep_freed_memory
-    except ImportError:  # a tree from before it: its allocator as it was
-        pass
-    else:
-        keep_freed_memory()  # as the server does on a CPU
     workload = Workload(**spec["workload"])
-    model = _model(workload)
     variants = spec["variants"]
-    if variants == ["before"]:  # a tree of its own, from before the linear kernels: nothing to prefer
-        linear = None
+    if variants == ["before"]:  # a tree of its own, from before the linear kernels and the decode path
+        try:
+            from txl.kernels.allocator import keep_freed_memory
+        except ImportError:  # a tree from before it: its allocator as it was
+            pass
+        else:
+            keep_freed_memory()  # as the server does on a CPU
+        paths: dict[str, dict] = {"before": {}}  # keyword arguments of every call: none there
     else:
-        from txl.kernels import linear
+        from txl.kernels import DecodePath, fastest
+        from txl.kernels.cpu import linear
+        from txl.kernels.cpu.allocator import keep_freed_memory
 
-    def within(variant: str):
-        if linear is None:
-            return nullcontext()
-        return linear.prefer(variant if variant != "chosen" else None)
+        keep_freed_memory()
+        chosen = fastest("cpu")  # the C kernels, each linear layer taking the fastest kernel measured
+        paths = {v: {"path": chosen if v == "chosen" else DecodePath.c(linear=(v,))} for v in variants}
+    model = _model(workload)
 
     quick = spec["quick"]
     results: dict[str, dict] = {}
@@ -241,9 +241,8 @@ def _measure(spec: dict) -> dict:
                 tokens = torch.randint(0, vocab, (batch, 1))
 
                 def decode(variant: str, state=state, tokens=tokens) -> None:
-                    with within(variant):
-                        hidden, state["memory"] = model(tokens, state["memory"])
-                        model.log_probs(hidden[:, -1])
+                    hidden, state["memory"] = model(tokens, state["memory"], **paths[variant])
+                    model.log_probs(hidden[:, -1], **paths[variant])
 
                 best = _best({v: (lambda v=v, d=decode: d(v)) for v in variants}, threads, reps, budget)
                 for variant, seconds in best.items():
@@ -253,8 +252,7 @@ def _measure(spec: dict) -> dict:
             segment = torch.randint(0, vocab, (1, SEGMENT))
 
             def prefill(variant: str, segment=segment, start=start) -> None:
-                with within(variant):
-                    model(segment, start)
+                model(segment, start, **paths[variant])
 
             best = _best({v: (lambda v=v: prefill(v)) for v in variants}, threads, reps, budget)
             for variant, seconds in best.items():
@@ -458,16 +456,16 @@ def class_section(run: ClassRun) -> Section:
                 )
     section.table(
         f"Linear kernels compared, ms per step (before: `{BEFORE}`, oneDNN's `mkldnn_linear` everywhere, in a "
-        f"process of its own; plain, oneDNN, native and chosen interleaved in one process; chosen, alone: in a "
+        f"process of its own; torch, oneDNN, C and chosen interleaved in one process; chosen, alone: in a "
         f"process of its own, for the speed-up over before)",
         [
             "workload",
             "step",
             "threads",
             "before",
-            "plain",
+            "torch",
             "oneDNN",
-            "native",
+            "C",
             "chosen",
             "chosen, alone",
             "speed-up",

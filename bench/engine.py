@@ -143,7 +143,12 @@ def run_model(
 
     async def main() -> list[RunStats]:
         worker = Worker(
-            model, tokenizer, segment_len=model.config.segment_len, max_batch_size=64, max_queued=4096
+            model,
+            tokenizer,
+            segment_len=model.config.segment_len,
+            max_batch_size=64,
+            max_queued=4096,
+            path=txl.fastest(model.device),  # as a server's start-up chooses where its checks pass
         )
         worker.start()
         try:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 import txl
-from txl.kernels import kernel_name
+from txl.kernels import fastest
 from txl.sampling import SamplingParams
 from txl_server.check.benchmark_docs import Section
 from txl_server.check.floor import bytes_per_token, copy_bandwidth
@@ -77,18 +77,20 @@ def decode_rate(model: txl.TransfoXLLMHeadModel, rows: int, sizes: Sizes, graphs
     layout = model.memory_layout()
     blocks = rows * (sizes.mem // 16 + 4) + 64
     pool = txl.BlockPool(layout, blocks=blocks, growable=False)
+    path = fastest(layout.device)  # as a server's start-up chooses where its checks pass
     decode_graphs = None
     if graphs:
+        path = dataclasses.replace(path, graphs="cuda" if layout.device.type == "cuda" else "static")
         decode_graphs = DecodeGraphs(
             model,
             pool,
-            eager=ModelRunner(model, pool).decode,
+            path,
+            eager=ModelRunner(model, pool, path).decode,
             max_batch_size=rows,
             max_positions=sizes.mem,
-            capture=layout.device.type == "cuda",
         )
         decode_graphs.capture_all()  # as at a server's start-up: nothing is captured while serving
-    runner = ModelRunner(model, pool, decode_graphs)
+    runner = ModelRunner(model, pool, path, decode_graphs)
     current = _rows(model, pool, rows, sizes.mem)
 
     def step() -> None:
@@ -112,7 +114,9 @@ def scoring_rate(model: txl.TransfoXLLMHeadModel, sizes: Sizes) -> float:
     document = torch.randint(0, 20000, (sizes.document,), generator=torch.Generator().manual_seed(0)).tolist()
 
     async def main() -> float:
-        worker = Worker(model, WordIds(), segment_len=128, max_batch_size=64, max_queued=64)
+        worker = Worker(
+            model, WordIds(), segment_len=128, max_batch_size=64, max_queued=64, path=fastest(model.device)
+        )
         worker.start()
         try:
             empty = worker.empty_state(sizes.mem)
@@ -133,7 +137,7 @@ def kernel_counts(model: txl.TransfoXLLMHeadModel, rows: int, mem: int) -> list[
 
     layout = model.memory_layout()
     pool = txl.BlockPool(layout, blocks=rows * (mem // 16 + 4) + 64, growable=False)
-    runner = ModelRunner(model, pool)
+    runner = ModelRunner(model, pool, fastest(layout.device))
     current = _rows(model, pool, rows, mem)
     runner.run(current, [])  # warm: compiled, tables made
     current = _rows(model, pool, rows, mem)
@@ -173,7 +177,7 @@ def measure(
 
     bandwidth = copy_bandwidth(device, 2048)  # 2 GiB
     section.note(
-        f"Device: {name}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s; attention kernel: {kernel_name(device)}."
+        f"Device: {name}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s; decode path: {fastest(device).describe()}."
     )
     kernels = gpu_micro.linear_cases(device, torch.bfloat16) + gpu_micro.attention_cases(
         device, torch.bfloat16

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import torch
 import txl
-from txl.kernels import triton_attention, triton_layer_norm, triton_rows_linear
+from txl.kernels.triton import attention as triton_attention
+from txl.kernels.triton import layer_norm as triton_layer_norm
+from txl.kernels.triton import rows_linear as triton_rows_linear
 from txl_server.check.benchmark_docs import Section
 
 BANDWIDTH = 4.3e12  # bytes/s: a device-to-device copy on this workplace's H200, read + written

@@ -16,9 +16,10 @@ from types import ModuleType
 
 import torch
 from txl import sampling
-from txl.kernels import triton_decode, triton_report
+from txl.kernels.triton import decode as triton_decode
 from txl_server.check.benchmark_docs import Section
 
+from . import triton_report
 from .common import ROOT
 
 BEFORE = (
@@ -190,7 +191,7 @@ def run(*, quick: bool = False) -> Section | None:
     old_sampling = _module_at(BEFORE, "model/txl/sampling.py", "txl_sampling_before", keep)
     section.note(
         f"Before: commit {BEFORE} (read from git in the same run). Kernels are compiled ahead of time with Triton's "
-        "own LLVM and ptxas, no GPU (`txl.kernels.triton_report`); registers, spills and shared memory are ptxas's "
+        "own LLVM and ptxas, no GPU (`bench/triton_report.py`); registers, spills and shared memory are ptxas's "
         "figures, for one thread. The split decode kernel reads the same bytes as before; what changes is how many "
         "programs share them: one per (row, head) left an H100's 132 SMs mostly idle at small batches."
     )

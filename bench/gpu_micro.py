@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 from txl.kernels.decode_rows import GivenRows
-from txl.kernels.triton_attention import decode_attention, tile_and_warps
-from txl.kernels.triton_decode import LaunchPlan
-from txl.kernels.triton_rows_linear import rows_linear
+from txl.kernels.triton.attention import decode_attention, tile_and_warps
+from txl.kernels.triton.decode import LaunchPlan
+from txl.kernels.triton.rows_linear import rows_linear
 
 WT103 = dict(d_model=1024, heads=16, d_head=64, d_inner=4096, mem=1600, block_size=16)
 LINEAR_ROWS = (1, 16, 64)

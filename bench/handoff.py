@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from txl import peak_positions
-from txl.kernels import linear
+from txl.kernels.cpu import linear
 from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 from txl_server.check.benchmark_docs import Section

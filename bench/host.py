@@ -33,10 +33,11 @@ ROUNDS = 3
 STEPS = 80  # the first 10 dropped, the median of the rest
 
 # Runs in a process of its own, on either tree: their DecodeGraphs differ in how the positional table is sized
-# (max_mem_len before, max_positions since) and whether they are given their eager path (`eager`, now, where the
-# rows are a module of their own).
+# (max_mem_len before, max_positions since), whether they are given their eager path (`eager`, where the rows are
+# a module of their own) and their decode path (now: the fastest on this CPU, which the tree before took by
+# default).
 _PROBE = """
-import json, statistics, sys, time
+import dataclasses, json, statistics, sys, time
 import torch, txl
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as G
@@ -57,13 +58,18 @@ MEM, STEPS = 64, {steps}
 def host_ms(batch):
     model = tiny_model(seed=1, mem_len=MEM)
     pool = txl.BlockPool(model.memory_layout(), block_size=16, blocks=batch * 12 + 64, growable=False)
-    given = dict(max_batch_size=64, capture=False)
-    if hasattr(ModelRunner, "decode"):  # this tree: the graphs are given their eager path
-        given["eager"] = ModelRunner(model, pool).decode
-    try:
-        graphs = G.DecodeGraphs(model, pool, max_positions=MEM + 7, **given)
-    except TypeError:  # the tree before: the table sized by the memory alone
-        graphs = G.DecodeGraphs(model, pool, max_mem_len=MEM, **given)
+    if hasattr(txl, "fastest"):  # this tree: the graphs and their eager path on a decode path
+        path = dataclasses.replace(txl.fastest("cpu"), graphs="static")
+        eager = ModelRunner(model, pool, path).decode
+        graphs = G.DecodeGraphs(model, pool, path, eager=eager, max_batch_size=64, max_positions=MEM + 7)
+    else:
+        given = dict(max_batch_size=64, capture=False)
+        if hasattr(ModelRunner, "decode"):  # a tree where the graphs are given their eager path
+            given["eager"] = ModelRunner(model, pool).decode
+        try:
+            graphs = G.DecodeGraphs(model, pool, max_positions=MEM + 7, **given)
+        except TypeError:  # the tree before: the table sized by the memory alone
+            graphs = G.DecodeGraphs(model, pool, max_mem_len=MEM, **given)
     rows = []
     with torch.inference_mode():
         for i in range(batch):

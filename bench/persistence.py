@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import redis as redis_sync
-from txl.kernels.linear import cpu_runs_bfloat16
+from txl.kernels.cpu.linear import cpu_runs_bfloat16
 from txl_server.check.benchmark_docs import Section
 from txl_server.runtime import Runtime
 from txl_server.sessions.redis_server import EmbeddedRedis, free_port

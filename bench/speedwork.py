@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from txl.kernels.linear import cpu_runs_bfloat16
+from txl.kernels.cpu.linear import cpu_runs_bfloat16
 from txl_server.check.benchmark_docs import Section
 
 from .common import ROOT

@@ -1,10 +1,13 @@
 """txl: a Transformer-XL library for exact, cached, incremental inference (and training).
 
+import txl
 from txl import load_pretrained
 model = load_pretrained("path/to/model_dir")           # HF format: config.json + model.safetensors
 memory = model.empty_memory()                            # holds nothing yet
 hidden, memory = model(tokens, memory)                   # tokens [B, T]; memory in, new memory out
 log_probs = model.log_probs(hidden[:, -1])               # [B, vocab], float32
+path = txl.fastest(model.device)                         # the C or Triton kernels (default: torch's, the reference)
+hidden, memory = model(tokens, memory, path=path)
 
 The top level reads like the paper (Dai et al., 2019), small parts first: `config`; the layers `positional`
 (relative positional embedding), `attention` (relative partial-learnable attention), `feedforward`, `adaptive`
@@ -16,8 +19,9 @@ How the model serves sits in two sub-packages below those parts (they import non
 and training in one above them:
 - `paged`: paged memory (the block pool, a sequence's rows of it) and the machinery of one step over it (step
   plans, decoding plans for many rows, host-to-device staging, the fused native decode step);
-- `kernels`: the C and Triton kernels with their wrappers, their build, which kernel attention and each linear
-  layer take (the linear layers' choice measured on the machine), and the C allocator's settings for a CPU;
+- `kernels`: the decode path (`DecodePath`: which kernel each part of a step takes, one value passed down to every
+  call), the C kernels (`kernels/cpu`: their build, the linear layers' choice measured on the machine, the C
+  allocator's settings) and the Triton kernels (`kernels/triton`);
 - `training`: training and evaluating a byte-level model, and its corpus.
 """
 
@@ -33,6 +37,7 @@ from .checkpoint import (
     save_pretrained,
 )
 from .config import TxlConfig, UnsupportedConfigError
+from .kernels import REFERENCE, DecodePath, fastest
 from .memory import HiddenMemory, Memory, peak_positions
 from .model import TransfoXLLMHeadModel, TransfoXLModel
 from .paged.layout import MemoryLayout
@@ -42,9 +47,11 @@ from .window import WindowRule
 __version__ = "0.1.0"
 
 __all__ = [
+    "REFERENCE",
     "BlockPool",
     "CheckpointError",
     "CorruptCheckpointError",
+    "DecodePath",
     "HiddenMemory",
     "Memory",
     "MemoryLayout",
@@ -59,6 +66,7 @@ __all__ = [
     "WindowRule",
     "__version__",
     "build_model",
+    "fastest",
     "load_pretrained",
     "peak_positions",
     "read_config",

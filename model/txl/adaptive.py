@@ -18,8 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from .config import TxlConfig
-from .kernels import triton_chosen, triton_embedding, triton_softmax
-from .kernels.linear import packed_linear
+from .kernels import REFERENCE, DecodePath
+from .kernels.cpu.linear import packed_linear
+from .kernels.triton import embedding as triton_embedding
+from .kernels.triton import softmax as triton_softmax
 
 
 class AdaptiveEmbedding(nn.Module):
@@ -42,16 +44,18 @@ class AdaptiveEmbedding(nn.Module):
                 self.emb_layers.append(nn.Embedding(size, dim))
                 self.emb_projs.append(nn.Parameter(torch.zeros(self.d_proj, dim)))
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """tokens [...] -> [..., d_model], scaled by sqrt(d_model)."""
+    def forward(self, tokens: Tensor, path: DecodePath = REFERENCE) -> Tensor:
+        """tokens [...] -> [..., d_model], scaled by sqrt(d_model); through one Triton kernel where `path` says so
+        (txl.kernels.path)."""
+        triton = path.embedding == "triton"
         if self.div_val == 1:
             embed = self.emb_layers[0](tokens)
             if self.d_proj != self.d_embed:
                 embed = nn.functional.linear(embed, self.emb_projs[0])
-        elif tokens.device.type == "cpu" and not triton_chosen(tokens.device):
+        elif tokens.device.type == "cpu" and not triton:
             embed = self._by_cluster(tokens.reshape(-1)).view(*tokens.shape, self.d_proj)
         else:
-            if triton_chosen(tokens.device) and not torch.is_grad_enabled():
+            if triton and not torch.is_grad_enabled():
                 scaled = triton_embedding.adaptive_embedding(
                     tokens.reshape(-1),
                     [cast(nn.Embedding, layer).weight for layer in self.emb_layers],
@@ -136,37 +140,56 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         layer = cast(nn.Linear, self.out_layers[i])
         return layer.weight, layer.bias, proj
 
-    def _logits(self, hidden: Tensor, weight: Tensor, bias: Tensor, proj: Tensor | None, slot: str) -> Tensor:
+    def _linear(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None, slot: str, kernels: tuple[str, ...]
+    ) -> Tensor:
+        return packed_linear(x, weight, bias, self, f"_packed_{slot}", kernels=kernels)
+
+    def _logits(
+        self,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor,
+        proj: Tensor | None,
+        slot: str,
+        kernels: tuple[str, ...],
+    ) -> Tensor:
         if proj is not None:
-            hidden = packed_linear(hidden, proj.t(), None, self, f"_packed_{slot}_proj")  # [N, d_i]
-        return packed_linear(hidden, weight, bias, self, f"_packed_{slot}")
+            hidden = self._linear(hidden, proj.t(), None, f"{slot}_proj", kernels)  # [N, d_i]
+        return self._linear(hidden, weight, bias, slot, kernels)
 
-    def _head_log_probs(self, hidden: Tensor) -> Tensor:
-        """[N, shortlist + n_clusters] float32: head words, then one entry per tail cluster."""
+    def _head_logits(self, hidden: Tensor, kernels: tuple[str, ...]) -> tuple[Tensor, Tensor | None]:
+        """The head words' logits [N, shortlist] and the tail clusters' [N, n_clusters] (None without them)."""
         weight, bias, proj = self._cluster_params(0)
+        projected = self._linear(hidden, proj.t(), None, "head_proj", kernels) if proj is not None else hidden
+        words = self._linear(projected, weight, bias, "head", kernels)  # [N, shortlist]
         if self.n_clusters == 0:
-            return torch.log_softmax(self._logits(hidden, weight, bias, proj, "head").float(), dim=-1)
-        projected = (
-            packed_linear(hidden, proj.t(), None, self, "_packed_head_proj") if proj is not None else hidden
-        )
-        words = packed_linear(projected, weight, bias, self, "_packed_head")  # [N, shortlist]
-        clusters = packed_linear(projected, self.cluster_weight, self.cluster_bias, self, "_packed_clusters")
-        return torch.log_softmax(torch.cat([words, clusters], dim=-1).float(), dim=-1)
+            return words, None
+        return words, self._linear(projected, self.cluster_weight, self.cluster_bias, "clusters", kernels)
 
-    def _tail_log_probs(self, hidden: Tensor, i: int) -> Tensor:
+    def _head_log_probs(self, hidden: Tensor, kernels: tuple[str, ...]) -> Tensor:
+        """[N, shortlist + n_clusters] float32: head words, then one entry per tail cluster."""
+        words, clusters = self._head_logits(hidden, kernels)
+        logits = words if clusters is None else torch.cat([words, clusters], dim=-1)
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def _tail_log_probs(self, hidden: Tensor, i: int, kernels: tuple[str, ...]) -> Tensor:
         """[N, n_i] float32: log p(word | cluster i)."""
         weight, bias, proj = self._cluster_params(i)
-        return torch.log_softmax(self._logits(hidden, weight, bias, proj, f"tail{i}").float(), dim=-1)
+        return torch.log_softmax(
+            self._logits(hidden, weight, bias, proj, f"tail{i}", kernels).float(), dim=-1
+        )
 
     # ------------------------------------------------------------------ public
 
-    def log_probs(self, hidden: Tensor) -> Tensor:
-        """hidden [N, d_model] -> [N, vocab_size] float32 log-probabilities (for sampling)."""
-        if triton_chosen(hidden.device) and not torch.is_grad_enabled():
-            fused = self._triton_log_probs(hidden)
+    def log_probs(self, hidden: Tensor, path: DecodePath = REFERENCE) -> Tensor:
+        """hidden [N, d_model] -> [N, vocab_size] float32 log-probabilities (for sampling); after the products,
+        through two Triton kernels where `path` says so (txl.kernels.path)."""
+        if path.softmax == "triton" and not torch.is_grad_enabled():
+            fused = self._triton_log_probs(hidden, path.linear)
             if fused is not None:
                 return fused
-        head = self._head_log_probs(hidden)
+        head = self._head_log_probs(hidden, path.linear)
         if self.n_clusters == 0:
             return head
         out = hidden.new_empty(hidden.size(0), self.n_token, dtype=torch.float32)
@@ -174,34 +197,30 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         for i in range(1, self.n_clusters + 1):
             lo, hi = self.cutoff_ends[i], self.cutoff_ends[i + 1]
             cluster = head[:, self.shortlist_size + i - 1, None]  # [N, 1] log p(cluster i)
-            out[:, lo:hi] = cluster + self._tail_log_probs(hidden, i)
+            out[:, lo:hi] = cluster + self._tail_log_probs(hidden, i, path.linear)
         return out
 
-    def _triton_log_probs(self, hidden: Tensor) -> Tensor | None:
-        """`log_probs` through the Triton kernels (txl.kernels.triton_softmax): the logits from the same products as
-        the torch path's, then two kernels for everything after them; None where they do not apply."""
-        weight, bias, proj = self._cluster_params(0)
-        projected = (
-            packed_linear(hidden, proj.t(), None, self, "_packed_head_proj") if proj is not None else hidden
-        )
-        logits = [packed_linear(projected, weight, bias, self, "_packed_head")]  # [N, shortlist]
-        clusters = None
-        if self.n_clusters:
-            clusters = packed_linear(
-                projected, self.cluster_weight, self.cluster_bias, self, "_packed_clusters"
-            )
+    def _triton_log_probs(self, hidden: Tensor, kernels: tuple[str, ...]) -> Tensor | None:
+        """`log_probs` through the Triton kernels (txl.kernels.triton.softmax): the logits from the same products
+        as the torch path's, then two kernels for everything after them; None where they do not apply."""
+        words, clusters = self._head_logits(hidden, kernels)
+        logits = [words]  # [N, shortlist], then [N, n_i] per tail cluster
         for i in range(1, self.n_clusters + 1):
-            logits.append(self._logits(hidden, *self._cluster_params(i), f"tail{i}"))  # [N, n_i]
+            logits.append(self._logits(hidden, *self._cluster_params(i), f"tail{i}", kernels))
         return triton_softmax.adaptive_log_probs(logits, clusters)
 
     def target_log_probs(
-        self, hidden: Tensor, targets: Tensor, host_targets: Sequence[int] | None = None
+        self,
+        hidden: Tensor,
+        targets: Tensor,
+        host_targets: Sequence[int] | None = None,
+        path: DecodePath = REFERENCE,
     ) -> Tensor:
         """hidden [N, d_model], targets [N] -> [N] float32 log p(target), evaluating only the clusters needed.
 
         `host_targets`: the same ids on the host, if the caller has them: which rows fall in which cluster is
-        then found there, with no synchronisation with the device."""
-        head = self._head_log_probs(hidden)
+        then found there, with no synchronisation with the device. `path`: which kernels the linear layers take."""
+        head = self._head_log_probs(hidden, path.linear)
         if self.n_clusters == 0:
             return head.gather(1, targets[:, None]).squeeze(1)
         # Head words first (a tail target's entry is overwritten below).
@@ -218,7 +237,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 idx = ((targets >= lo) & (targets < hi)).nonzero().squeeze(1)
                 if idx.numel() == 0:
                     continue
-            tail = self._tail_log_probs(hidden.index_select(0, idx), i)  # [n, n_i]
+            tail = self._tail_log_probs(hidden.index_select(0, idx), i, path.linear)  # [n, n_i]
             word = tail.gather(1, (targets.index_select(0, idx) - lo)[:, None]).squeeze(1)
             out = out.index_copy(0, idx, head[idx, self.shortlist_size + i - 1] + word)
         return out

@@ -21,8 +21,8 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from .kernels import DecodeKernel, decode_kernel, prefill_kernel
-from .kernels.linear import linear
+from .kernels import REFERENCE, DecodePath, attention_kernel, prefill_kernel
+from .kernels.cpu.linear import linear
 from .paged.step import GroupedStep, GroupIndices, QueryGroup
 
 # project_kv(hidden [B, L, D]) -> (keys, values), each [B, H, L, Dh]: a layer's projection of memory hidden states.
@@ -171,28 +171,46 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
         k, v = kv.view(batch, length, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
+    def decode_tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(W_qkv, W_o, LayerNorm gain, LayerNorm shift, u, v): what a fused decoding step reads
+        (txl.paged.layer_weights). From the modules' registries, by name: what attribute access reads, at a small
+        part of its cost (a CPU step asks every layer, to see whether one changed)."""
+        modules, own = self._modules, self._parameters
+        norm = modules["layer_norm"]._parameters  # type: ignore[union-attr]
+        return (  # type: ignore[return-value]
+            modules["qkv_net"]._parameters["weight"],  # type: ignore[union-attr]
+            modules["o_net"]._parameters["weight"],  # type: ignore[union-attr]
+            norm["weight"],
+            norm["bias"],
+            own["r_w_bias"],
+            own["r_r_bias"],
+        )
+
     def _queries(self, q: Tensor) -> tuple[Tensor, Tensor]:
         """q [..., H, Dh] -> (q + u) * scale, (q + v) * scale: the scale is applied to the queries once, since
         (q + u)s . k = s((q + u) . k), and likewise for v."""
         return (q + self.r_w_bias) * self.scale, (q + self.r_r_bias) * self.scale
 
-    def _output(self, x: Tensor, attn_vec: Tensor) -> Tensor:
+    def _output(self, x: Tensor, attn_vec: Tensor, path: DecodePath) -> Tensor:
         """attn_vec [..., H*Dh] -> output projection, residual, LayerNorm (post-norm) -> [..., D]."""
-        out = self.drop(linear(attn_vec, self.o_net))
+        out = self.drop(linear(attn_vec, self.o_net, path.linear))
         if self.pre_lnorm:
             return x + out
         return self.layer_norm(x + out)
 
     # ------------------------------------------------------------------ paged memory (inference)
 
-    def forward_paged(self, x: Tensor, step: GroupedStep, layer: int, pos_table: Tensor) -> Tensor:
+    def forward_paged(
+        self, x: Tensor, step: GroupedStep, layer: int, pos_table: Tensor, path: DecodePath
+    ) -> Tensor:
         """x [N, D]: this layer's input at every new position of the step's rows -> [N, D].
 
-        pos_table: this layer's positional keys [H, P', Dh] for distances P'-1..0 (P' >= step.n_pos).
+        pos_table: this layer's positional keys [H, P', Dh] for distances P'-1..0 (P' >= step.n_pos); `path`:
+        which kernels its attention and linear layers take (txl.kernels.path).
         """
         n_tokens = x.size(0)
         h = self.layer_norm(x) if self.pre_lnorm else x
-        qkv = linear(h, self.qkv_net).view(n_tokens, 3, self.n_head, self.d_head)
+        qkv = linear(h, self.qkv_net, path.linear).view(n_tokens, 3, self.n_head, self.d_head)
         q, k, v = qkv.unbind(1)  # each [N, H, Dh]
         step.write(layer, k, v, x)
         q_content, q_position = self._queries(q)
@@ -206,6 +224,7 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
                 step.pool.keys[layer],
                 step.pool.values[layer],
                 positions,
+                path,
             )
             for g, group in enumerate(step.groups)
         ]
@@ -215,19 +234,24 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
             attn_vec = torch.empty_like(q)  # [N, H, Dh]
             for group, out in zip(step.groups, outs, strict=True):
                 attn_vec.index_copy_(0, group.token_index, out)
-        return self._output(x, attn_vec.reshape(n_tokens, self.n_head * self.d_head))
+        return self._output(x, attn_vec.reshape(n_tokens, self.n_head * self.d_head), path)
 
     # ------------------------------------------------------------------ dense memory (training)
 
     def forward(
-        self, x: Tensor, groups: Sequence[AttentionGroup], layer: int, pos_table: Tensor | None = None
+        self,
+        x: Tensor,
+        groups: Sequence[AttentionGroup],
+        layer: int,
+        pos_table: Tensor | None = None,
+        path: DecodePath = REFERENCE,
     ) -> Tensor:
         """x [B, T, D] (this layer's input) -> [B, T, D], over dense hidden-state memories (training, and HF's
         form). pos_table: this layer's positional keys [H, N, Dh] for distances N-1..0 (inference), or None
-        (training: each group carries R to project)."""
+        (training: each group carries R to project); `path`: which kernels its linear layers take."""
         batch, qlen, _ = x.shape
         h = self.layer_norm(x) if self.pre_lnorm else x
-        qkv = linear(h, self.qkv_net).view(batch, qlen, 3, self.n_head, self.d_head)
+        qkv = linear(h, self.qkv_net, path.linear).view(batch, qlen, 3, self.n_head, self.d_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, Dh]
         q_content = (q + self.r_w_bias[:, None, :]) * self.scale  # [B, H, T, Dh]
         q_position = (q + self.r_r_bias[:, None, :]) * self.scale
@@ -261,12 +285,7 @@ class RelPartialLearnableMultiHeadAttn(nn.Module):
             parts.append(torch.bmm(prob, values.flatten(0, 1)).view(b, heads, qlen, d_head))  # [b, H, T, Dh]
         attn_vec = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [B, H, T, Dh]
         attn_vec = attn_vec.transpose(1, 2).reshape(batch, qlen, self.n_head * self.d_head)
-        return self._output(x, attn_vec)
-
-
-def _decode_kernel(queries: int, keys: Tensor) -> DecodeKernel | None:
-    """A native kernel where one applies: one query per row (see txl.kernels)."""
-    return decode_kernel(keys) if queries == 1 else None
+        return self._output(x, attn_vec, path)
 
 
 def group_attention(
@@ -277,8 +296,10 @@ def group_attention(
     keys: Tensor,
     values: Tensor,
     positions: Tensor,
+    path: DecodePath,
 ) -> Tensor:
-    """Attention of one query group over its rows' blocks (the reference computation, plain torch).
+    """Attention of one query group over its rows' blocks: through the kernel `path` names where one applies
+    (decoding: one query per row; a prompt segment: several), else the reference computation, plain torch.
 
     q_content, q_position [N, H, Dh] (scaled, biased); keys, values: this layer's pool [H, blocks, bs, Dh];
     positions [H, P, Dh] (distances P-1..0); `indices()` the group's index tensors (derived by the step once per
@@ -290,14 +311,14 @@ def group_attention(
     def rows_first(q: Tensor) -> Tensor:  # [N, H, Dh] -> [H, B*T, Dh] for this group's queries
         return q.index_select(0, group.token_index).transpose(0, 1)
 
-    kernel = _decode_kernel(qlen, keys)
+    kernel = attention_kernel(path, keys) if qlen == 1 else None
     if kernel is not None:
         # BD for every distance: [H, B, P]; the kernel picks each key's.
         by_distance = torch.bmm(rows_first(q_position), _dense_if_half_on_cpu(positions).transpose(1, 2))
         query = q_content.index_select(0, group.token_index).float()  # [B, H, Dh]
         out = kernel(query, by_distance.float(), keys, values, group)
         return out.to(keys.dtype)
-    prefill = prefill_kernel(keys, q_content)
+    prefill = prefill_kernel(path, keys, q_content) if qlen > 1 else None
     if prefill is not None:
         return prefill(q_content, q_position, keys, values, positions, group, qlen)
     index = indices()

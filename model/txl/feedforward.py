@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import Tensor, nn
 
-from .kernels.linear import linear
+from .kernels import REFERENCE, DecodePath
+from .kernels.cpu.linear import linear
+
+# HF's names for the feed-forward's two linear layers in `CoreNet` (the ReLU and dropouts between them count).
+INNER, OUTER = "0", "3"
 
 
 class PositionwiseFF(nn.Module):
@@ -23,15 +29,40 @@ class PositionwiseFF(nn.Module):
         self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_epsilon)
         self.pre_lnorm = pre_lnorm
 
-    def core(self, x: Tensor) -> Tensor:
+    @property
+    def inner(self) -> nn.Linear:
+        """The first linear layer, d_model -> d_inner (a ReLU after it)."""
+        return cast(nn.Linear, self.CoreNet[int(INNER)])
+
+    @property
+    def outer(self) -> nn.Linear:
+        """The second linear layer, d_inner -> d_model."""
+        return cast(nn.Linear, self.CoreNet[int(OUTER)])
+
+    def decode_tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(inner weight, inner bias, outer weight, outer bias, LayerNorm gain, LayerNorm shift): what a fused
+        decoding step reads (txl.paged.layer_weights). From the modules' registries, by name: what attribute
+        access reads, at a small part of its cost (a CPU step asks every layer, to see whether one changed)."""
+        layers = self._modules["CoreNet"]._modules  # type: ignore[union-attr]
+        inner, outer = layers[INNER]._parameters, layers[OUTER]._parameters  # type: ignore[union-attr]
+        norm = self._modules["layer_norm"]._parameters  # type: ignore[union-attr]
+        return (  # type: ignore[return-value]
+            inner["weight"],
+            inner["bias"],
+            outer["weight"],
+            outer["bias"],
+            norm["weight"],
+            norm["bias"],
+        )
+
+    def core(self, x: Tensor, path: DecodePath = REFERENCE) -> Tensor:
         if self.training:
             return self.CoreNet(x)
-        inner, outer = self.CoreNet[0], self.CoreNet[3]
-        assert isinstance(inner, nn.Linear) and isinstance(outer, nn.Linear)
-        return linear(linear(x, inner, relu=True), outer)  # dropout is the identity at inference
+        # dropout is the identity at inference
+        return linear(linear(x, self.inner, path.linear, relu=True), self.outer, path.linear)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x [B, T, D] -> [B, T, D]."""
+    def forward(self, x: Tensor, path: DecodePath = REFERENCE) -> Tensor:
+        """x [B, T, D] -> [B, T, D]; `path`: which kernels its linear layers take (txl.kernels.path)."""
         if self.pre_lnorm:
-            return x + self.core(self.layer_norm(x))
-        return self.layer_norm(x + self.core(x))
+            return x + self.core(self.layer_norm(x), path)
+        return self.layer_norm(x + self.core(x, path))

@@ -21,8 +21,10 @@ from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .attention import AttentionGroup, RelPartialLearnableMultiHeadAttn
 from .config import TxlConfig
 from .feedforward import PositionwiseFF
+from .kernels import REFERENCE, DecodePath
 from .memory import HiddenMemory, Memory
 from .paged import fused_decode, gpu_decode
+from .paged.layer_weights import LayerWeights
 from .paged.layout import MemoryLayout
 from .paged.pool import BlockPool, Reservation, default_pool
 from .paged.rows import PagedRow
@@ -58,12 +60,32 @@ class RelPartialLearnableDecoderLayer(nn.Module):
         )
 
     def forward(
-        self, x: Tensor, groups: Sequence[AttentionGroup], layer: int, pos_table: Tensor | None
+        self,
+        x: Tensor,
+        groups: Sequence[AttentionGroup],
+        layer: int,
+        pos_table: Tensor | None,
+        path: DecodePath = REFERENCE,
     ) -> Tensor:
-        return self.pos_ff(self.dec_attn(x, groups, layer, pos_table))
+        return self.pos_ff(self.dec_attn(x, groups, layer, pos_table, path), path)
 
-    def forward_paged(self, x: Tensor, step: GroupedStep, layer: int, pos_table: Tensor) -> Tensor:
-        return self.pos_ff(self.dec_attn.forward_paged(x, step, layer, pos_table))
+    def forward_paged(
+        self, x: Tensor, step: GroupedStep, layer: int, pos_table: Tensor, path: DecodePath
+    ) -> Tensor:
+        return self.pos_ff(self.dec_attn.forward_paged(x, step, layer, pos_table, path), path)
+
+    def decode_weights(self) -> LayerWeights:
+        """This layer's tensors and constants as a fused decoding step reads them (txl.paged.layer_weights)."""
+        attn = cast(RelPartialLearnableMultiHeadAttn, self._modules["dec_attn"])  # as `self.dec_attn`, faster
+        ff = cast(PositionwiseFF, self._modules["pos_ff"])
+        qkv, out, norm1, norm1_bias, u, v = attn.decode_tensors()
+        inner, inner_bias, outer, outer_bias, norm2, norm2_bias = ff.decode_tensors()
+        eps1 = cast(nn.LayerNorm, attn._modules["layer_norm"]).eps
+        eps2 = cast(nn.LayerNorm, ff._modules["layer_norm"]).eps
+        return LayerWeights(
+            qkv, out, inner, inner_bias, outer, outer_bias, norm1, norm1_bias, norm2, norm2_bias, u, v,
+            eps1, eps2, attn.scale, attn.pre_lnorm,
+        )  # fmt: skip
 
 
 class TransfoXLModel(nn.Module):
@@ -125,8 +147,11 @@ class TransfoXLModel(nn.Module):
             self._pos_table_key = key
         return self._pos_table
 
-    def forward(self, tokens: Tensor, memories: Sequence[AnyMemory]) -> tuple[Tensor, list[AnyMemory]]:
-        """tokens [B, T]; memories: one per group of rows, in row order, batch sizes summing to B.
+    def forward(
+        self, tokens: Tensor, memories: Sequence[AnyMemory], path: DecodePath = REFERENCE
+    ) -> tuple[Tensor, list[AnyMemory]]:
+        """tokens [B, T]; memories: one per group of rows, in row order, batch sizes summing to B; `path`: which
+        kernels the step takes (txl.kernels.path; the reference, torch's operations, by default).
 
         Returns the last layer's output [B, T, D] and the new memories (same order). The given memories are
         not modified.
@@ -139,21 +164,23 @@ class TransfoXLModel(nn.Module):
         if qlen == 0:
             raise ValueError("a step needs at least one token")
         if all(isinstance(m, Memory) for m in memories):
-            return self._forward_paged(tokens, cast(Sequence[Memory], memories))
+            return self._forward_paged(tokens, cast(Sequence[Memory], memories), path)
         if not all(isinstance(m, HiddenMemory) for m in memories):
             raise TypeError(
                 "one step takes either paged memories (Memory) or hidden-state memories, not both"
             )
-        return self._forward_dense(tokens, cast(Sequence[HiddenMemory], memories))
+        return self._forward_dense(tokens, cast(Sequence[HiddenMemory], memories), path)
 
-    def _forward_paged(self, tokens: Tensor, memories: Sequence[Memory]) -> tuple[Tensor, list[AnyMemory]]:
+    def _forward_paged(
+        self, tokens: Tensor, memories: Sequence[Memory], path: DecodePath
+    ) -> tuple[Tensor, list[AnyMemory]]:
         pool = memories[0].pool
         if any(m.pool is not pool for m in memories):
             raise ValueError("memories stepped together must live in one pool")
         rows = [row for m in memories for row in m.rows]
         rules = [m.rule(self.config.same_length) for m in memories for _ in m.rows]
         batch, qlen = tokens.shape
-        hidden, results = self.forward_rows(tokens.reshape(-1), [qlen] * batch, rows, rules, pool)
+        hidden, results = self.forward_rows(tokens.reshape(-1), [qlen] * batch, rows, rules, pool, path=path)
         out: list[AnyMemory] = []
         for m in memories:
             out.append(m.like(results[: m.batch_size]))
@@ -169,16 +196,19 @@ class TransfoXLModel(nn.Module):
         rules: Sequence[WindowRule],
         pool: BlockPool,
         reservation: Reservation | None = None,
+        *,
+        path: DecodePath = REFERENCE,
     ) -> tuple[Tensor, list[PagedRow]]:
         """One forward over rows of a pool: row r feeds queries[r] tokens (packed in `tokens` [N], row by row)
-        after its memory `rows[r]`, its queries' windows and what it keeps given by rules[r] (txl.window).
+        after its memory `rows[r]`, its queries' windows and what it keeps given by rules[r] (txl.window),
+        through the kernels `path` names.
 
         Returns the last layer's output [N, D] and each row's memory after the step. Inference only.
         """
         if pool.layout != self.memory_layout():
             raise ValueError(f"the memory pool holds {pool.layout}, the model needs {self.memory_layout()}")
         step = PagedStep(pool, rows, queries, rules, reservation=reservation)
-        return self.forward_step(tokens, step), step.results
+        return self.forward_step(tokens, step, path=path), step.results
 
     @torch.no_grad()
     def forward_step(
@@ -188,35 +218,36 @@ class TransfoXLModel(nn.Module):
         tables: Sequence[Tensor] | None = None,
         *,
         out: Tensor | None = None,
+        path: DecodePath = REFERENCE,
     ) -> Tensor:
-        """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed).
+        """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed), through the
+        kernels `path` names: its fused layers where they apply (txl.paged.gpu_decode, txl.paged.fused_decode),
+        else layer by layer.
 
         `tables`: per layer, positional keys covering at least `step.n_pos` distances (default: the model's own
         table); a captured graph passes the tables it captured, which it keeps alive. `out` [N, D]: where the
         output goes (a graph's static buffer; the GPU's fused body writes it there from its last kernel)."""
         step.begin()
-        hidden = self.drop(self.word_emb(tokens))  # [N, D]
+        hidden = self.drop(self.word_emb(tokens, path))  # [N, D]
         if tables is None:
             tables = self.positional_tables(step.n_pos)
-        layers = cast(Sequence[nn.Module], self.layers)
-        if gpu_decode.applies(layers, step, self.training):
+        layers = cast(Sequence[RelPartialLearnableDecoderLayer], self.layers)
+        if gpu_decode.applies(path, layers, step, self.training):
             return gpu_decode.forward(layers, step, hidden, tables, out=out)
-        fused = fused_decode.applies(layers, step, self.training)
+        fused = fused_decode.applies(path, layers, step, self.training)
         if fused is not None:
             hidden = fused_decode.forward(fused, cast(PagedStep, step), hidden, tables)
         else:
-            for i, layer in enumerate(self.layers):
-                hidden = cast(RelPartialLearnableDecoderLayer, layer).forward_paged(
-                    hidden, step, i, tables[i]
-                )
+            for i, layer in enumerate(layers):
+                hidden = layer.forward_paged(hidden, step, i, tables[i], path)
         return hidden if out is None else out.copy_(hidden)
 
     def _forward_dense(
-        self, tokens: Tensor, memories: Sequence[HiddenMemory]
+        self, tokens: Tensor, memories: Sequence[HiddenMemory], path: DecodePath
     ) -> tuple[Tensor, list[AnyMemory]]:
         """Hidden-state memories: training (gradients through the memory's projections) and HF's form."""
         qlen = tokens.size(1)
-        hidden = self.drop(self.word_emb(tokens))  # [B, T, D]
+        hidden = self.drop(self.word_emb(tokens, path))  # [B, T, D]
         # Training re-projects R every step (gradients reach r_net); inference reads the cached table.
         project_positions = self.training and torch.is_grad_enabled()
         groups = []
@@ -243,7 +274,7 @@ class TransfoXLModel(nn.Module):
         if not project_positions:
             tables = list(self.positional_tables(kmax))
         for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, groups, i, tables[i])
+            hidden = layer(hidden, groups, i, tables[i], path)
         hidden = self.drop(hidden)
         return hidden, [g.writer.finish() for g in groups]  # type: ignore[attr-defined]
 
@@ -367,32 +398,43 @@ class TransfoXLLMHeadModel(nn.Module):
     # ------------------------------------------------------------------ stepping
 
     @overload
-    def forward(self, tokens: Tensor, memory: Memory) -> tuple[Tensor, Memory]: ...
+    def forward(self, tokens: Tensor, memory: Memory, *, path: DecodePath = ...) -> tuple[Tensor, Memory]: ...
     @overload
-    def forward(self, tokens: Tensor, memory: HiddenMemory) -> tuple[Tensor, HiddenMemory]: ...
+    def forward(
+        self, tokens: Tensor, memory: HiddenMemory, *, path: DecodePath = ...
+    ) -> tuple[Tensor, HiddenMemory]: ...
     @overload
-    def forward(self, tokens: Tensor, memory: Sequence[AnyMemory]) -> tuple[Tensor, list[AnyMemory]]: ...
+    def forward(
+        self, tokens: Tensor, memory: Sequence[AnyMemory], *, path: DecodePath = ...
+    ) -> tuple[Tensor, list[AnyMemory]]: ...
 
-    def forward(self, tokens, memory):
+    def forward(self, tokens, memory, *, path=REFERENCE):
         """`hidden, new_memory = model(tokens, memory)`: tokens [B, T] -> last hidden states [B, T, D].
 
         `memory` is one memory for the whole batch, or a list of memories (groups of rows, in order) when rows
         hold different lengths; the result mirrors it. Feed hidden states to `log_probs` or `target_log_probs`.
+        `path`: which kernels compute the step (txl.kernels.path): by default torch's operations, the reference;
+        `txl.kernels.fastest(device)` is the fastest this machine runs.
         """
         if isinstance(memory, (Memory, HiddenMemory)):
-            hidden, (new_memory,) = self.transformer(tokens, [memory])
+            hidden, (new_memory,) = self.transformer(tokens, [memory], path)
             return hidden, new_memory
-        return self.transformer(tokens, list(memory))
+        return self.transformer(tokens, list(memory), path)
 
-    def log_probs(self, hidden: Tensor) -> Tensor:
+    def log_probs(self, hidden: Tensor, path: DecodePath = REFERENCE) -> Tensor:
         """hidden [..., D] -> [..., vocab] float32 log-probabilities of the next token."""
         flat = hidden.reshape(-1, hidden.size(-1))
-        return self.crit.log_probs(flat).view(*hidden.shape[:-1], -1)
+        return self.crit.log_probs(flat, path).view(*hidden.shape[:-1], -1)
 
     def target_log_probs(
-        self, hidden: Tensor, targets: Tensor, host_targets: Sequence[int] | None = None
+        self,
+        hidden: Tensor,
+        targets: Tensor,
+        host_targets: Sequence[int] | None = None,
+        *,
+        path: DecodePath = REFERENCE,
     ) -> Tensor:
         """hidden [..., D], targets [...] -> [...] float32 log p(target); never builds the full distribution.
         `host_targets` (the flat ids, on the host) spares the device a synchronisation."""
         flat = hidden.reshape(-1, hidden.size(-1))
-        return self.crit.target_log_probs(flat, targets.reshape(-1), host_targets).view(targets.shape)
+        return self.crit.target_log_probs(flat, targets.reshape(-1), host_targets, path).view(targets.shape)

@@ -11,7 +11,7 @@ Three ways to the same threshold, all exact:
 - off the CPU, a search of a fixed number of passes over every row, with no host decision, so that a CUDA graph
   captures it (`threshold_search`, on keys: each float32 logit's bits as an int32, ordered as the floats are):
   torch weighs one pivot a pass (32 passes); where decoding takes the Triton kernels, sampling runs the same
-  search with 16 pivots a pass (8 passes, one launch each: `txl.kernels.triton_sampling`).
+  search with 16 pivots a pass (8 passes, one launch each: `txl.kernels.triton.sampling`).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def searched_nucleus_thresholds(
 ) -> Tensor:
     """The threshold search on every row, one pivot a pass (32 passes): [N, V] logits, [N, 1] their logsumexp,
     [N] top_p -> [N, 1]. (Where decoding takes the Triton kernels, sampling runs its own search, 16 pivots a pass:
-    `txl.kernels.triton_sampling`.)"""
+    `txl.kernels.triton.sampling`.)"""
     keys = float_keys(logits)  # [N, V]
     probs = torch.exp(logits - normaliser)  # [N, V]
     zero = torch.zeros((), device=logits.device)
@@ -185,7 +185,7 @@ def search_passes(ways: int) -> int:
 
 
 # Keys: the sign-magnitude bits of a float32 as an int32, negatives' magnitude flipped, so that they order as the
-# floats do. The Triton kernel computes the same keys (kernels/triton_sampling.py).
+# floats do. The Triton kernel computes the same keys (kernels/triton/sampling.py).
 _MAGNITUDE = 0x7FFFFFFF
 NEG_INF_KEY = -1 - 0x7F800000  # the key of -inf, below every other float's
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .kernels import triton_chosen, triton_sampling
+from .kernels import REFERENCE, DecodePath
+from .kernels.triton import sampling as triton_sampling
 from .nucleus import nucleus_thresholds
 
 
@@ -229,13 +230,14 @@ def keep_thresholds(logits: Tensor, rows: RowParams) -> Tensor:
     return threshold
 
 
-def sample_rows(log_probs: Tensor, rows: RowParams, readback: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def sample_rows(
+    log_probs: Tensor, rows: RowParams, readback: Tensor | None = None, *, path: DecodePath = REFERENCE
+) -> tuple[Tensor, Tensor]:
     """[N, V] float32 log-probs -> (token ids [N] long, the model's log-prob of each [N] float32), on the same
     device, with no host synchronisation (but for CPU top-p, where the host decides what to search). `readback`
     [N, 2] float64: each row's token and log-prob are also written there (what a decoding graph copies to the
-    host). Where decoding takes the Triton kernels (`txl.kernels.triton_chosen`), in a fixed few launches
-    (`txl.kernels.triton_sampling`)."""
-    if triton_chosen(log_probs.device):  # the counter hash too, inside the kernel
+    host). Where `path` names Triton's sampler, in a fixed few launches (`txl.kernels.triton.sampling`)."""
+    if path.sampler == "triton":  # the counter hash too, inside the kernel
         return triton_sampling.sample(
             log_probs,
             rows.temperature,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .kernels import REFERENCE, DecodePath
 from .memory import Memory
 from .model import TransfoXLLMHeadModel
 
@@ -65,13 +66,15 @@ def advance(
     tokens: Tensor,
     memory: Memory,
     last_hidden: Tensor | None,
+    path: DecodePath = REFERENCE,
 ) -> tuple[Tensor, Memory, Tensor]:
-    """tokens [T] after `memory` -> (log p of each token [T] (NaN where nothing predicts it), memory, last hidden [D])."""
-    hidden, new_memory = model(tokens[None, :], memory)  # [1, T, D]
+    """tokens [T] after `memory` -> (log p of each token [T] (NaN where nothing predicts it), memory, last hidden [D]),
+    through the kernels `path` names (txl.kernels.path)."""
+    hidden, new_memory = model(tokens[None, :], memory, path=path)  # [1, T, D]
     hidden = hidden[0]
     ids = tokens.tolist()
     predictors, targets = shifted(hidden, ids, last_hidden)
-    logprobs = model.target_log_probs(predictors, tokens.new_tensor(targets), targets)
+    logprobs = model.target_log_probs(predictors, tokens.new_tensor(targets), targets, path=path)
     if last_hidden is None:
         logprobs = torch.cat([logprobs.new_full((1,), math.nan), logprobs])
     return logprobs, new_memory, hidden[-1].clone()
@@ -87,8 +90,10 @@ def score_tokens(
     last_hidden: Tensor | None = None,
     token_logprobs: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    path: DecodePath = REFERENCE,
 ) -> ScoreResult:
-    """Scores `tokens` segment by segment; `progress(done, total)` is called after each segment."""
+    """Scores `tokens` segment by segment (through the kernels `path` names); `progress(done, total)` is called
+    after each segment."""
     ids = torch.as_tensor(tokens, dtype=torch.long, device=model.device)
     segment_len = segment_len or model.config.segment_len
     if memory is None:
@@ -98,7 +103,7 @@ def score_tokens(
     per_token: list[float] | None = [] if token_logprobs else None
     for start in range(0, ids.numel(), segment_len):
         chunk = ids[start : start + segment_len]
-        logprobs, memory, last_hidden = advance(model, chunk, memory, last_hidden)
+        logprobs, memory, last_hidden = advance(model, chunk, memory, last_hidden, path)
         valid = logprobs[~torch.isnan(logprobs)]
         total += float(valid.double().sum())
         scored += valid.numel()

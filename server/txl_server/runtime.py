@@ -20,12 +20,13 @@ from typing import Any
 import torch
 from redis import asyncio as aioredis
 from txl import BlockPool, TransfoXLLMHeadModel, load_pretrained
-from txl.kernels import linear
-from txl.kernels.allocator import keep_freed_memory
+from txl.kernels.cpu import linear
+from txl.kernels.cpu.allocator import keep_freed_memory
 from txl.tokenizers import Tokenizer, load_tokenizer
 
+from .engine.decode_path import CheckedPath, PathSettings
 from .engine.device_report import DeviceReport, describe
-from .engine.selfcheck import ServingPath, graphs_setting, prepare
+from .engine.selfcheck import prepare
 from .engine.step_times import pace_worker
 from .engine.worker import Worker, WorkerObserver
 from .errors import Unavailable
@@ -137,7 +138,7 @@ def make_worker(
     budgets: MemoryBudgets | None = None,
 ) -> Worker:
     """The device worker the settings describe, its pool allocated for `budgets` (default: those the settings
-    give for the model; not started, not yet checked)."""
+    give for the model; not started; on the reference path until `prepare_worker` chooses its own)."""
     model, tokenizer, _ = loaded
     if budgets is None:
         budgets = memory_budgets(settings, model)
@@ -151,7 +152,6 @@ def make_worker(
         max_batch_tokens=max_batch_tokens,
         max_queued=settings.max_queued_jobs,
         pool=device_pool(model, settings, budgets, max_batch_tokens=max_batch_tokens),
-        graphs=graphs_setting(settings.cuda_graphs, model.device)[0],
         max_mem_len=settings.mem_lens(model.config.mem_len)[1],
         observer=observer,
         overlap=settings.overlap is not False,  # with graphs (the worker ignores it without)
@@ -159,15 +159,11 @@ def make_worker(
     )
 
 
-def prepare_worker(settings: Settings, worker: Worker) -> ServingPath:
-    """Start-up on the device, before the worker starts: the attention kernel chosen and checked, every decoding
-    graph captured and checked against the eager path (engine.selfcheck); what fails is turned off."""
-    return prepare(
-        worker,
-        max_mem_len=settings.mem_lens(worker.model.config.mem_len)[1],
-        triton=settings.triton_kernels,
-        graphs_reason=graphs_setting(settings.cuda_graphs, worker.model.device)[1],
-    )
+def prepare_worker(settings: Settings, worker: Worker) -> CheckedPath:
+    """Start-up on the device, before the worker starts: the decode path chosen and checked, every decoding graph
+    captured and checked against the eager path (engine.selfcheck); what fails is turned off."""
+    max_mem_len = settings.mem_lens(worker.model.config.mem_len)[1]
+    return prepare(worker, PathSettings.of(settings), max_mem_len=max_mem_len)
 
 
 class Runtime:
@@ -189,7 +185,7 @@ class Runtime:
         self.worker: Worker | None = None
         self.service: SessionService | None = None
         self.stateless: StatelessService | None = None
-        self.serving: ServingPath | None = None
+        self.serving: CheckedPath | None = None
         self.budgets: MemoryBudgets | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None

@@ -56,9 +56,14 @@ class Settings(BaseSettings):
     # Decoding iterations as CUDA graphs; default: on with a CUDA device. (On a CPU: the graphs' static
     # buffers, run eagerly; for tests.)
     cuda_graphs: bool | None = None
-    # The Triton decoding kernel on CUDA (TXL_TRITON_KERNELS=0: the torch path). Either way, the kernel in use is
-    # checked against the torch path at start-up, and one that fails is not used.
+    # The decode path (engine/decode_path.py): Triton's kernels on CUDA (TXL_TRITON_KERNELS=0: torch's), the C
+    # kernels on a CPU (TXL_CPU_KERNELS=0: torch's), and the kernels a CPU's linear layers take ("measured": for
+    # each layer shape the fastest of torch's, oneDNN's and the C loop, timed once on this machine; or one of
+    # them wherever it runs). Whatever the path, it is checked against its torch variant at start-up, and kernels
+    # that fail are not used.
     triton_kernels: bool = True
+    cpu_kernels: bool = True
+    linear_kernel: Literal["measured", "torch", "onednn", "c"] = "measured"
     segment_len: int | None = Field(
         None, ge=1, le=4096
     )  # ingestion chunk; default: the model's tgt_len, else 128

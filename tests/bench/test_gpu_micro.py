@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from txl.kernels import triton_common
+from txl.kernels.triton import common as triton_common
 
 from tests.helpers.interpreted import run_interpreted
 

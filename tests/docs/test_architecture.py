@@ -1,5 +1,7 @@
-"""docs/architecture.md follows a request through the code by module path: every path it names exists, and every
-module of the request path (route to kernel) is named, so the page cannot drift from the tree unnoticed."""
+"""docs/architecture.md follows a request through the code by module path: every path it names exists, every module
+of the request path (route to kernel) is named, and its walk through a GPU decoding step names every module the
+step crosses, from the worker to each Triton kernel, in order, and every Triton kernel there is, so the page
+cannot drift from the tree unnoticed."""
 
 from __future__ import annotations
 
@@ -30,6 +32,42 @@ REQUEST_PATH = [
 ]
 
 
+# The GPU decoding step's walk-through, and the modules a decoding iteration crosses in its reading order.
+GPU_STEP = "## The GPU decode step, end to end"
+DECODE_PATH = [
+    "engine/worker.py",
+    "engine/runner.py",
+    "engine/graphs.py",
+    "txl/paged/decode_plan.py",
+    "txl/paged/step.py",
+    "txl/paged/staging.py",
+    "engine/launched.py",
+    "txl/adaptive.py",
+    "txl/kernels/triton/softmax.py",
+    "txl/sampling.py",
+    "txl/kernels/triton/sampling.py",
+    "txl/model.py",
+    "txl/kernels/triton/embedding.py",
+    "txl/paged/gpu_decode.py",
+    "txl/paged/layer_weights.py",
+    "txl/kernels/triton/attention.py",
+    "txl/kernels/decode_rows.py",
+    "txl/kernels/triton/rows_linear.py",
+    "txl/kernels/triton/layer_norm.py",
+    "txl/kernels/triton/common.py",
+    "txl/kernels/triton/decode.py",
+    "engine/selfcheck.py",
+]
+TRITON_KERNELS = REPO / "model" / "txl" / "kernels" / "triton"
+
+
+def section(text: str, title: str) -> str:
+    """The page's section under `title`, up to the next one."""
+    start = text.index(title)
+    end = text.find("\n## ", start + len(title))
+    return text[start : end if end != -1 else len(text)]
+
+
 def named_paths(text: str) -> set[str]:
     """Paths with a folder in them, as the page writes them (`engine/worker.py`, `txl/kernels/`); not a URL's
     (`/v1/sessions/...`)."""
@@ -49,3 +87,26 @@ def test_the_page_names_every_module_of_the_request_path_in_order():
     text = PAGE.read_text()
     positions = [text.find(path) for path in REQUEST_PATH]
     assert -1 not in positions, [p for p, at in zip(REQUEST_PATH, positions, strict=True) if at == -1]
+
+
+def test_the_gpu_decode_step_names_every_module_it_crosses_in_order():
+    walk = section(PAGE.read_text(), GPU_STEP)
+    positions = [walk.find(path) for path in DECODE_PATH]
+    assert -1 not in positions, [p for p, at in zip(DECODE_PATH, positions, strict=True) if at == -1]
+    assert positions == sorted(positions), [p for _, p in sorted(zip(positions, DECODE_PATH, strict=True))]
+
+
+def test_every_triton_kernel_is_in_the_gpu_decode_step():
+    """A kernel added to txl/kernels/triton/ fails here until the walk-through says what it reads and writes."""
+    walk = section(PAGE.read_text(), GPU_STEP)
+    kernels = sorted(
+        f"txl/kernels/triton/{p.name}" for p in TRITON_KERNELS.glob("*.py") if p.name != "__init__.py"
+    )
+    assert kernels, "no Triton kernels found"
+    assert not [k for k in kernels if k not in walk], [k for k in kernels if k not in walk]
+
+
+def test_the_page_names_where_the_decode_path_is_chosen():
+    text = PAGE.read_text()
+    for path in ("txl/kernels/path.py", "engine/decode_path.py", "engine/selfcheck.py", "txl/kernels/cpu/"):
+        assert path in text, path

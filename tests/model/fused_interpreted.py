@@ -22,9 +22,13 @@ import sys
 
 import torch
 import txl
-from txl.kernels import prefer, triton_attention, triton_embedding, triton_rows_linear, triton_sampling
-from txl.kernels.triton_decode import LaunchPlan, plan_launch
-from txl.kernels.triton_rows_linear import RowsPlan
+from txl.kernels import REFERENCE, DecodePath
+from txl.kernels.triton import attention as triton_attention
+from txl.kernels.triton import embedding as triton_embedding
+from txl.kernels.triton import rows_linear as triton_rows_linear
+from txl.kernels.triton import sampling as triton_sampling
+from txl.kernels.triton.decode import LaunchPlan, plan_launch
+from txl.kernels.triton.rows_linear import RowsPlan
 from txl.sampling import RowParams, SamplingParams, sample_rows
 
 from tests.helpers.tiny_models import tiny_model
@@ -32,6 +36,8 @@ from tests.helpers.tiny_models import tiny_model
 from .decode_cases import Case, dense_reference, random_case
 from .test_kernels import _decode_both_ways
 from .test_sampling import _rows_of_every_kind, _sorted_thresholds
+
+TRITON = DecodePath.triton()  # every part of a decoding step as Triton kernels
 
 
 def _rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -161,10 +167,8 @@ def adaptive() -> dict[str, object]:
         m = model.to(dtype)
         hidden = torch.randn(3, 48, generator=torch.Generator().manual_seed(1)).to(dtype)
         with torch.inference_mode():
-            with prefer("torch"):
-                expected, embedded = m.log_probs(hidden), m.transformer.word_emb(tokens)
-            with prefer("triton"):
-                got, fused = m.log_probs(hidden), m.transformer.word_emb(tokens)
+            expected, embedded = m.log_probs(hidden, REFERENCE), m.transformer.word_emb(tokens, REFERENCE)
+            got, fused = m.log_probs(hidden, TRITON), m.transformer.word_emb(tokens, TRITON)
         emb = m.transformer.word_emb
         direct = triton_embedding.adaptive_embedding(
             tokens,
@@ -216,11 +220,9 @@ def sampling() -> dict[str, object]:
             seeds = [2**62 + 977 * k * (draw + 1) - (2**63 if k % 2 else 0) for k in range(n)]
             rows = RowParams.build([p] * n, seeds, [5 * k + i for k in range(n)], log_probs.size(1), "cpu")
             readback = torch.zeros(n, 2, dtype=torch.float64)
-            with prefer("torch"):
-                expected, _ = sample_rows(log_probs, rows)
-            with prefer("triton"):
-                tokens, logprobs = sample_rows(log_probs, rows, readback)
-                hashed, _ = sample_rows(log_probs, dataclasses.replace(rows, uniform=None))
+            expected, _ = sample_rows(log_probs, rows, path=REFERENCE)
+            tokens, logprobs = sample_rows(log_probs, rows, readback, path=TRITON)
+            hashed, _ = sample_rows(log_probs, dataclasses.replace(rows, uniform=None), path=TRITON)
             assert readback[:, 0].tolist() == tokens.tolist() and readback[:, 1].tolist() == logprobs.tolist()
             assert torch.equal(logprobs, log_probs.gather(1, tokens[:, None])[:, 0])
             compared += n
@@ -232,10 +234,8 @@ def sampling() -> dict[str, object]:
     edge[1] = float("nan")
     rows = RowParams.build([SamplingParams(temperature=0.9)] * 2, [0, 0], [0, 0], 4, "cpu")
     rows = dataclasses.replace(rows, uniform=torch.tensor([1 - 2**-53, 0.5], dtype=torch.float64))
-    with prefer("triton"):
-        edge_tokens, edge_logprobs = sample_rows(edge, rows)
-    with prefer("torch"):
-        torch_edge_tokens, _ = sample_rows(edge, rows)
+    edge_tokens, edge_logprobs = sample_rows(edge, rows, path=TRITON)
+    torch_edge_tokens, _ = sample_rows(edge, rows, path=REFERENCE)
     return {
         "thresholds": thresholds,
         "compared": compared,
@@ -253,15 +253,21 @@ def model() -> dict[str, object]:
     errors = {}
     for same_length in (False, True):
         m = tiny_model(seed=24, mem_len=150, same_length=same_length, clamp_len=40)
-        with prefer("triton"):
-            got, expected = _decode_both_ways(m, [0, 1, 3, 4, 5, 70, 200], mem_len=150, block_size=4, steps=2)
+        lengths = [0, 1, 3, 4, 5, 70, 200]
+        got, expected = _decode_both_ways(m, lengths, mem_len=150, block_size=4, steps=2, path=TRITON)
         errors[f"float32 same_length={same_length}"] = float((got - expected).abs().max())
     lengths = [0, 3, 50]
-    exact, _ = _decode_both_ways(tiny_model(seed=22, mem_len=40), lengths, mem_len=40, block_size=4, steps=2)
-    with prefer("triton"):
-        got, expected = _decode_both_ways(
-            tiny_model(seed=22, mem_len=40).to(torch.bfloat16), lengths, mem_len=40, block_size=4, steps=2
-        )
+    exact, _ = _decode_both_ways(
+        tiny_model(seed=22, mem_len=40), lengths, mem_len=40, block_size=4, steps=2, path=REFERENCE
+    )
+    got, expected = _decode_both_ways(
+        tiny_model(seed=22, mem_len=40).to(torch.bfloat16),
+        lengths,
+        mem_len=40,
+        block_size=4,
+        steps=2,
+        path=TRITON,
+    )
     return {
         "float32": errors,
         "bfloat16_fused_error": float((got.float() - exact).abs().mean()),

@@ -23,8 +23,9 @@ from collections.abc import Callable
 
 import torch
 from triton.runtime import interpreter
-from txl.kernels import triton_rows_linear, triton_sampling
-from txl.kernels.triton_rows_linear import RowsPlan
+from txl.kernels.triton import rows_linear as triton_rows_linear
+from txl.kernels.triton import sampling as triton_sampling
+from txl.kernels.triton.rows_linear import RowsPlan
 
 
 def loads_per_launch(call: Callable[[], object]) -> list[dict[str, int]]:

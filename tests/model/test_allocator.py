@@ -1,4 +1,4 @@
-"""txl.kernels.allocator.keep_freed_memory: a freed multi-megabyte tensor's pages serve the next one (no new page faults)."""
+"""txl.kernels.cpu.allocator.keep_freed_memory: a freed multi-megabyte tensor's pages serve the next one (no new page faults)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 PROBE = """
 import json, resource, torch
-from txl.kernels.allocator import keep_freed_memory
+from txl.kernels.cpu.allocator import keep_freed_memory
 
 def faults_per_round():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -8,13 +8,12 @@ goes) and its memory after the step, every block's reference count and mark.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 
 import numpy as np
 import pytest
-from txl.kernels.plan_marks import cpu_plan_marks
+from txl.kernels.cpu.plan_marks import cpu_plan_marks
 from txl.paged import decode_plan
 from txl.paged.decode_plan import DecodePlan, plan_decode
 from txl.paged.pool import BlockPool, BlockTable
@@ -44,7 +43,7 @@ def _state(pool: BlockPool, ids: np.ndarray) -> list[tuple[int, int]]:
 
 @pytest.fixture(params=[True, False], ids=["native", "arrays"])
 def native(request, monkeypatch) -> bool:
-    """Rows placed by kernels/plan_marks.c (where a C compiler exists), and by numpy's array operations."""
+    """Rows placed by kernels/cpu/plan_marks.c (where a C compiler exists), and by numpy's array operations."""
     if request.param and cpu_plan_marks() is None:
         pytest.skip("no C compiler: plan_marks.c cannot be built")
     monkeypatch.setattr(decode_plan, "NATIVE", request.param)
@@ -54,7 +53,7 @@ def native(request, monkeypatch) -> bool:
 def test_the_native_call_is_built_where_a_c_compiler_is():
     assert (cpu_plan_marks() is not None) == (
         shutil.which("cc") is not None or shutil.which("gcc") is not None
-    ) or os.environ.get("TXL_CPU_KERNELS") == "0"
+    )
 
 
 @pytest.mark.parametrize("seed", range(12))

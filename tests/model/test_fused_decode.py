@@ -1,16 +1,16 @@
 """A decoding step through one native call per layer (txl.paged.fused_decode) equals the layer-by-layer path, writes the
-pool alike, and is taken exactly where it applies."""
+pool alike, and is taken exactly where its decode path names it and it applies."""
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 
 import pytest
 import torch
 import txl
 from torch import nn
-from txl.kernels import linear, reference_path
-from txl.kernels.decode_layer import cpu_decode_layer
+from txl.kernels import REFERENCE, DecodePath
+from txl.kernels.cpu.decode_layer import cpu_decode_layer
 from txl.paged import fused_decode
 
 from tests.helpers.tiny_models import tiny_model
@@ -18,6 +18,8 @@ from tests.helpers.tiny_models import tiny_model
 needs_kernel = pytest.mark.skipif(
     cpu_decode_layer() is None, reason="no C compiler here: the native decode layer could not be built"
 )
+FUSED = DecodePath.c()  # the C kernels: the fused layer where it applies
+LAYER_BY_LAYER = dataclasses.replace(FUSED, layers="torch")  # the same kernels, layer by layer
 
 
 def _history(model, pool, lengths, generator):
@@ -41,11 +43,11 @@ def _decode(model, lengths, *, fused, block_size, keep_hidden, steps=4, seed=0):
     memories.append(memories[0])  # a fork: both rows continue the same memory
     tokens = torch.arange(len(memories))[:, None] % model.config.vocab_size
     out = []
-    context = contextlib.nullcontext() if fused else fused_decode.disabled()
-    with torch.inference_mode(), context:
+    path = FUSED if fused else LAYER_BY_LAYER
+    with torch.inference_mode():
         for _ in range(steps):
-            hidden, memories = model(tokens, memories)
-            log_probs = model.log_probs(hidden[:, -1])
+            hidden, memories = model(tokens, memories, path=path)
+            log_probs = model.log_probs(hidden[:, -1], path)
             out.append(log_probs)
             tokens = log_probs.argmax(-1, keepdim=True)
     return torch.stack(out, 1), [m.to_tensors() for m in memories]
@@ -95,7 +97,7 @@ def test_fused_decoding_after_a_weight_is_replaced_reads_the_new_one():
     assert (got - before).abs().max() > 1e-2
 
 
-def _takes_fused(monkeypatch, model, tokens, memory, context=None) -> bool:
+def _takes_fused(monkeypatch, model, tokens, memory, path=FUSED) -> bool:
     calls = []
     original = fused_decode.forward
 
@@ -104,8 +106,8 @@ def _takes_fused(monkeypatch, model, tokens, memory, context=None) -> bool:
         return original(*args)
 
     monkeypatch.setattr(fused_decode, "forward", counted)
-    with torch.inference_mode(), context if context is not None else contextlib.nullcontext():
-        model(tokens, memory)
+    with torch.inference_mode():
+        model(tokens, memory, path=path)
     return bool(calls)
 
 
@@ -132,14 +134,15 @@ def _check_where_it_applies(monkeypatch):
     one = torch.zeros(rows, 1, dtype=torch.long)
     memory = model.empty_memory(rows, pool=pool)
     assert _takes_fused(monkeypatch, model, one, memory)
-    assert _takes_fused(monkeypatch, model, one, memory, linear.prefer("native"))
-    # Not: more rows, prompt segments, another kernel asked for, the torch attention path, switched off.
+    assert _takes_fused(monkeypatch, model, one, memory, DecodePath.c(linear=("c",)))
+    # Not: more rows, prompt segments, a path that does not name it (another linear kernel asked for: its
+    # products are the C loop's; the reference; the C kernels layer by layer).
     wide = model.empty_memory(rows + 1, pool=pool)
     assert not _takes_fused(monkeypatch, model, torch.zeros(rows + 1, 1, dtype=torch.long), wide)
     assert not _takes_fused(monkeypatch, model, torch.zeros(rows, 2, dtype=torch.long), memory)
-    assert not _takes_fused(monkeypatch, model, one, memory, linear.prefer("plain"))
-    assert not _takes_fused(monkeypatch, model, one, memory, reference_path())
-    assert not _takes_fused(monkeypatch, model, one, memory, fused_decode.disabled())
+    assert not _takes_fused(monkeypatch, model, one, memory, DecodePath.c(linear=("torch",)))
+    assert not _takes_fused(monkeypatch, model, one, memory, REFERENCE)
+    assert not _takes_fused(monkeypatch, model, one, memory, LAYER_BY_LAYER)
     # Not when the rows' products outgrow the weight reads (MAX_WORK multiply-adds a layer).
     size = fused_decode._fused_layer(model.transformer.layers[0]).size
     monkeypatch.setattr(fused_decode, "MAX_WORK", size * (rows - 1))
@@ -173,7 +176,7 @@ def test_fused_decoding_on_torchs_threads_gives_the_bits_of_one_thread(monkeypat
     try:
         torch.set_num_threads(1)
         with torch.inference_mode():
-            model(torch.tensor([[3], [1], [4], [1], [5], [9]]), memories)
+            model(torch.tensor([[3], [1], [4], [1], [5], [9]]), memories, path=FUSED)
         assert len(calls) == 1  # the step took the native call
         fused, step, hidden, tables = calls[0]
         expected = original(fused, step, hidden.clone(), tables)

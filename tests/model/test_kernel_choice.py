@@ -11,9 +11,10 @@ import json
 
 import pytest
 import torch
-from txl.kernels import linear
-from txl.kernels.linear_choice import (
+from txl.kernels.cpu import linear
+from txl.kernels.cpu.linear_choice import (
     FORMAT,
+    KERNELS,
     ROUNDS,
     Entry,
     KernelChoices,
@@ -29,13 +30,13 @@ AVX2 = Machine(
 )
 AVX512 = dataclasses.replace(AVX2, vector="AVX512 avx2 avx512f avx512_bf16", bfloat16=True)
 needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="this torch has no oneDNN")
-needs_native = pytest.mark.skipif(
-    linear.cpu_rows_linear() is None, reason="no C compiler here: the native kernel could not be built"
+needs_c = pytest.mark.skipif(
+    linear.cpu_rows_linear() is None, reason="no C compiler here: the C kernel could not be built"
 )
 
 
 class FakeTimer:
-    """Seconds per call, as on the EPYCs these figures come from: the native kernel wins at one row, oneDNN's
+    """Seconds per call, as on the EPYCs these figures come from: the C kernel wins at one row, oneDNN's
     fixed cost per call loses at a few rows and wins from more on; every question asked is recorded."""
 
     def __init__(self, onednn_wins_from_rows: int = 4) -> None:
@@ -46,9 +47,9 @@ class FakeTimer:
         self.asked.append(entry)
         plain = 1e-5 * entry.rows
         seconds = {
-            "plain": plain,
+            "torch": plain,
             "onednn": plain * (0.5 if entry.rows >= self.wins_from else 2.0),
-            "native": plain * (0.3 if entry.rows == 1 else 3.0),
+            "c": plain * (0.3 if entry.rows == 1 else 3.0),
         }
         return {name: seconds[name] for name in candidates}
 
@@ -58,22 +59,22 @@ class Spy:
 
     def __init__(self, monkeypatch) -> None:
         self.calls: list[tuple[str, int, torch.dtype]] = []
-        onednn, native, plain = linear._onednn, linear._native, torch.nn.functional.linear
+        onednn, c, plain = linear._onednn, linear._c, torch.nn.functional.linear
 
         def spied_onednn(x, packed, bias, activation="none"):
             self.calls.append(("onednn", x.numel() // x.size(-1), x.dtype))
             return onednn(x, packed, bias, activation)
 
-        def spied_native(x, weight, bias):
-            self.calls.append(("native", x.numel() // x.size(-1), x.dtype))
-            return native(x, weight, bias)
+        def spied_c(x, weight, bias):
+            self.calls.append(("c", x.numel() // x.size(-1), x.dtype))
+            return c(x, weight, bias)
 
         def spied_plain(x, weight, bias=None):
-            self.calls.append(("plain", x.numel() // x.size(-1), x.dtype))
+            self.calls.append(("torch", x.numel() // x.size(-1), x.dtype))
             return plain(x, weight, bias)
 
         monkeypatch.setattr(linear, "_onednn", spied_onednn)
-        monkeypatch.setattr(linear, "_native", spied_native)
+        monkeypatch.setattr(linear, "_c", spied_c)
         monkeypatch.setattr(linear.nn.functional, "linear", spied_plain)
 
     @property
@@ -85,7 +86,7 @@ def on_machine(
     monkeypatch, machine: Machine, directory, timer=None, *, compiler: bool = True
 ) -> KernelChoices:
     """This process behaves as `machine`: its bfloat16 support, its cache file, and whether it has a C compiler
-    (without one, no native kernel)."""
+    (without one, no C kernel)."""
     choices = KernelChoices(machine, directory, timer=timer or FakeTimer())
     monkeypatch.setattr(linear, "cpu_runs_bfloat16", lambda: machine.bfloat16)
     monkeypatch.setattr(linear, "kernel_choices", lambda: choices)
@@ -94,9 +95,12 @@ def on_machine(
     return choices
 
 
-def run_layer(layer: torch.nn.Linear, rows: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def run_layer(
+    layer: torch.nn.Linear, rows: int, dtype: torch.dtype = torch.float32, kernels: tuple[str, ...] = KERNELS
+) -> torch.Tensor:
+    """The layer over `rows` rows, its kernel the fastest of `kernels` (a decode path's `linear`)."""
     with torch.inference_mode():
-        return linear.linear(torch.randn(rows, layer.in_features).to(dtype), layer)
+        return linear.linear(torch.randn(rows, layer.in_features).to(dtype), layer, kernels)
 
 
 def test_rows_fall_in_the_nearest_measured_bucket():
@@ -115,7 +119,7 @@ def test_rows_fall_in_the_nearest_measured_bucket():
 
 
 @needs_onednn
-@needs_native
+@needs_c
 def test_each_rows_bucket_takes_the_faster_kernel_and_is_measured_once(monkeypatch, tmp_path):
     timer = FakeTimer(onednn_wins_from_rows=16)
     on_machine(monkeypatch, AVX512, tmp_path, timer)
@@ -123,7 +127,7 @@ def test_each_rows_bucket_takes_the_faster_kernel_and_is_measured_once(monkeypat
     layer = torch.nn.Linear(32, 48)
     for rows in (1, 1, 3, 20, 20, 130):
         run_layer(layer, rows)
-    assert spy.kernels == ["native", "native", "plain", "onednn", "onednn", "onednn"]
+    assert spy.kernels == ["c", "c", "torch", "onednn", "onednn", "onednn"]
     assert [(e.rows, e.out_features, e.in_features) for e in timer.asked] == [
         (1, 48, 32),
         (4, 48, 32),
@@ -140,11 +144,11 @@ def test_without_a_c_compiler_the_choice_is_between_torchs_kernels(monkeypatch, 
     layer = torch.nn.Linear(32, 48)
     for rows in (1, 20):
         run_layer(layer, rows)
-    assert spy.kernels == ["plain", "onednn"]
+    assert spy.kernels == ["torch", "onednn"]
 
 
-@needs_native
-def test_the_native_kernel_is_a_candidate_for_a_few_rows_only(monkeypatch, tmp_path):
+@needs_c
+def test_the_c_kernel_is_a_candidate_for_a_few_rows_only(monkeypatch, tmp_path):
     asked: list[tuple[int, tuple[str, ...]]] = []
 
     def timer(entry, candidates):
@@ -156,10 +160,10 @@ def test_the_native_kernel_is_a_candidate_for_a_few_rows_only(monkeypatch, tmp_p
         run_layer(torch.nn.Linear(32, 48), rows)
     with_onednn = ("onednn",) if linear.onednn_available() else ()
     assert asked == [
-        (1, ("plain", *with_onednn, "native")),
-        (4, ("plain", *with_onednn, "native")),
-        (16, ("plain", *with_onednn, "native")),
-        (64, ("plain", *with_onednn)),
+        (1, ("torch", *with_onednn, "c")),
+        (4, ("torch", *with_onednn, "c")),
+        (16, ("torch", *with_onednn, "c")),
+        (64, ("torch", *with_onednn)),
     ]
 
 
@@ -182,7 +186,7 @@ def test_avx2_without_native_bfloat16_never_times_onednn_in_bfloat16(monkeypatch
     for rows in (1, 64):
         run_layer(layer, rows, torch.bfloat16)
     assert timer.asked == []  # one candidate: nothing to measure
-    assert spy.kernels == ["plain", "plain"]
+    assert spy.kernels == ["torch", "torch"]
     run_layer(torch.nn.Linear(32, 48), 64)  # float32 still has oneDNN there
     assert [e.dtype for e in timer.asked] == [torch.float32]
     assert spy.kernels[-1] == "onednn"
@@ -207,7 +211,7 @@ def test_choices_are_saved_and_a_later_process_on_the_same_machine_reuses_them(m
     run_layer(torch.nn.Linear(32, 48), 64)
     (saved,) = tmp_path.glob("linear-*.json")
     choices = json.loads(saved.read_text())["choices"]
-    assert choices == {_key(1): "plain", _key(64): "onednn"}
+    assert choices == {_key(1): "torch", _key(64): "onednn"}
 
     later = FakeTimer()
     on_machine(monkeypatch, AVX512, tmp_path, later, compiler=False)
@@ -238,7 +242,7 @@ def test_another_machine_or_thread_count_measures_afresh(monkeypatch, tmp_path):
     assert [e.threads for e in more_threads.asked] == [threads + 1]
 
 
-def _key(rows: int, among: str = "plain/onednn") -> str:
+def _key(rows: int, among: str = "torch/onednn") -> str:
     """A cache entry's key: a 32 -> 48 float32 layer at this thread count, chosen among `among`."""
     return f"48x32 float32 rows={rows} threads={torch.get_num_threads()} of {among}"
 
@@ -253,15 +257,15 @@ def _cache_file(fmt: object, machine: str, choices: object) -> str:
     [
         lambda key: "{not json",
         lambda key: "[1, 2]",
-        lambda key: _cache_file(99, AVX512.key, {key: "plain"}),  # another format
-        lambda key: _cache_file(FORMAT, AVX2.key, {key: "plain"}),  # another machine's, under this one's name
-        lambda key: _cache_file(FORMAT, AVX512.key, [key, "plain"]),
+        lambda key: _cache_file(99, AVX512.key, {key: "torch"}),  # another format
+        lambda key: _cache_file(FORMAT, AVX2.key, {key: "torch"}),  # another machine's, under this one's name
+        lambda key: _cache_file(FORMAT, AVX512.key, [key, "torch"]),
     ],
 )
 def test_a_corrupt_or_foreign_cache_file_is_ignored_and_replaced(monkeypatch, tmp_path, content):
     key = _key(64)
     path = tmp_path / AVX512.file_name
-    path.write_text(content(key))  # each would say "plain" if it were believed
+    path.write_text(content(key))  # each would say "torch" if it were believed
     timer = on_machine(monkeypatch, AVX512, tmp_path, compiler=False).timer
     run_layer(torch.nn.Linear(32, 48), 64)
     assert len(timer.asked) == 1
@@ -281,18 +285,18 @@ def test_unknown_kernels_in_the_cache_are_ignored_entry_by_entry(monkeypatch, tm
 
 
 @needs_onednn
-@needs_native
+@needs_c
 def test_a_choice_made_among_fewer_kernels_is_measured_again_when_another_appears(monkeypatch, tmp_path):
-    """A C compiler installed since: the native kernel is a candidate now, and the old entry does not hide it."""
+    """A C compiler installed since: the C kernel is a candidate now, and the old entry does not hide it."""
     on_machine(monkeypatch, AVX512, tmp_path, compiler=False)
     run_layer(torch.nn.Linear(32, 48), 1)
     monkeypatch.undo()  # the compiler arrives
     timer = on_machine(monkeypatch, AVX512, tmp_path).timer
     spy = Spy(monkeypatch)
     run_layer(torch.nn.Linear(32, 48), 1)
-    assert [e.rows for e in timer.asked] == [1] and spy.kernels == ["native"]
+    assert [e.rows for e in timer.asked] == [1] and spy.kernels == ["c"]
     choices = json.loads((tmp_path / AVX512.file_name).read_text())["choices"]
-    assert choices == {_key(1): "plain", _key(1, "plain/onednn/native"): "native"}
+    assert choices == {_key(1): "torch", _key(1, "torch/onednn/c"): "c"}
 
 
 def test_an_unwritable_cache_directory_costs_only_a_measurement(monkeypatch, tmp_path):
@@ -300,27 +304,40 @@ def test_an_unwritable_cache_directory_costs_only_a_measurement(monkeypatch, tmp
     blocker.write_text("")
     choices = KernelChoices(AVX512, blocker / "cache", timer=FakeTimer())
     entry = Entry(48, 32, torch.float32, 64, 1)
-    assert choices.choose(entry, {"plain": lambda: None, "onednn": lambda: None}) == "onednn"
+    assert choices.choose(entry, {"torch": lambda: None, "onednn": lambda: None}) == "onednn"
 
 
-def test_plain_is_kept_unless_another_kernel_is_clearly_faster(tmp_path):
+def test_torchs_kernel_is_kept_unless_another_is_clearly_faster(tmp_path):
     entry = Entry(48, 32, torch.float32, 64, 1)
-    runs = {"plain": lambda: None, "onednn": lambda: None}
-    close = KernelChoices(AVX512, tmp_path, timer=lambda e, c: {"plain": 1.0, "onednn": 0.97})
-    assert close.choose(entry, runs) == "plain"
-    clear = KernelChoices(AVX2, tmp_path, timer=lambda e, c: {"plain": 1.0, "onednn": 0.9})
+    runs = {"torch": lambda: None, "onednn": lambda: None}
+    close = KernelChoices(AVX512, tmp_path, timer=lambda e, c: {"torch": 1.0, "onednn": 0.97})
+    assert close.choose(entry, runs) == "torch"
+    clear = KernelChoices(AVX2, tmp_path, timer=lambda e, c: {"torch": 1.0, "onednn": 0.9})
     assert clear.choose(entry, runs) == "onednn"
 
 
-def test_a_forced_kernel_is_taken_without_measuring(tmp_path):
-    def never(entry, candidates):
-        raise AssertionError("measured")
+@needs_onednn
+@needs_c
+def test_a_path_allowing_fewer_kernels_measures_among_them_and_one_kernel_is_taken_unmeasured(
+    monkeypatch, tmp_path
+):
+    """TXL_LINEAR_KERNEL or TXL_CPU_KERNELS=0 allow fewer kernels (the decode path's `linear`): the choice is
+    among them, kept apart from the choice among all; one kernel runs wherever it can, without measuring."""
+    asked: list[tuple[str, ...]] = []
 
-    entry = Entry(48, 32, torch.float32, 64, 1)
-    forced = KernelChoices(AVX512, tmp_path, timer=never, forced="plain")
-    assert forced.choose(entry, {"plain": lambda: None, "onednn": lambda: None}) == "plain"
-    with pytest.raises(ValueError, match="unknown linear kernel"):
-        KernelChoices(AVX512, tmp_path, forced="fastest")
+    def timer(entry, candidates):
+        asked.append(tuple(candidates))
+        return {name: {"torch": 3.0, "onednn": 2.0, "c": 1.0}[name] for name in candidates}
+
+    on_machine(monkeypatch, AVX512, tmp_path, timer)
+    spy = Spy(monkeypatch)
+    layer = torch.nn.Linear(32, 48)
+    run_layer(layer, 1)
+    run_layer(layer, 1, kernels=("torch", "onednn"))
+    run_layer(layer, 1, kernels=("c",))
+    run_layer(layer, 1, kernels=("torch",))
+    assert asked == [("torch", "onednn", "c"), ("torch", "onednn")]
+    assert spy.kernels == ["c", "onednn", "c", "torch"]
 
 
 def test_this_machine_names_its_vector_units_as_torch_dispatches_them():
@@ -332,10 +349,10 @@ def test_this_machine_names_its_vector_units_as_torch_dispatches_them():
 
 def test_measuring_interleaves_rounds_after_a_warm_up_run_each():
     calls: list[str] = []
-    runs = {"plain": lambda: calls.append("plain"), "native": lambda: calls.append("native")}
+    runs = {"torch": lambda: calls.append("torch"), "c": lambda: calls.append("c")}
     seconds = measure(Entry(48, 32, torch.float32, 1, 1), runs)
-    assert calls == ["plain", "native"] * (1 + ROUNDS)
-    assert set(seconds) == {"plain", "native"} and all(0 <= s < 0.01 for s in seconds.values())
+    assert calls == ["torch", "c"] * (1 + ROUNDS)
+    assert set(seconds) == {"torch", "c"} and all(0 <= s < 0.01 for s in seconds.values())
     assert last_level_cache_bytes() >= 2**20
 
 
@@ -368,7 +385,7 @@ def test_processes_measuring_one_entry_at_once_agree_on_its_kernel(tmp_path):
     import time
 
     entry = Entry(48, 32, torch.float32, 1, 1)
-    candidates = {"plain": lambda: None, "native": lambda: None}
+    candidates = {"torch": lambda: None, "c": lambda: None}
     asked: list[str] = []
     first_measuring = threading.Event()
 
@@ -381,13 +398,13 @@ def test_processes_measuring_one_entry_at_once_agree_on_its_kernel(tmp_path):
 
         return timer
 
-    first = KernelChoices(AVX2, tmp_path, timer=timer_preferring("native"))
-    second = KernelChoices(AVX2, tmp_path, timer=timer_preferring("plain"))
+    first = KernelChoices(AVX2, tmp_path, timer=timer_preferring("c"))
+    second = KernelChoices(AVX2, tmp_path, timer=timer_preferring("torch"))
     chosen: dict[str, str] = {}
     thread = threading.Thread(target=lambda: chosen.update(first=first.choose(entry, candidates)))
     thread.start()
     first_measuring.wait(5)
     chosen["second"] = second.choose(entry, candidates)
     thread.join()
-    assert chosen == {"first": "native", "second": "native"}
-    assert asked == ["native"]  # measured once, on the machine
+    assert chosen == {"first": "c", "second": "c"}
+    assert asked == ["c"]  # measured once, on the machine

@@ -7,9 +7,11 @@ import random
 import pytest
 import torch
 import txl
-from txl.kernels import cpu_paged_decode, prefer, reference_path, rows_linear
-from txl.kernels.build import build_library, openmp_runtimes
-from txl.kernels.rows_linear import cpu_rows_linear
+from txl.kernels import REFERENCE, DecodePath
+from txl.kernels.cpu import rows_linear
+from txl.kernels.cpu.build import build_library, openmp_runtimes
+from txl.kernels.cpu.paged_decode import cpu_paged_decode
+from txl.kernels.cpu.rows_linear import cpu_rows_linear
 
 from tests.helpers.tiny_models import tiny_model
 
@@ -20,7 +22,12 @@ needs_cpu_kernel = pytest.mark.skipif(
 )
 
 
-def _decode_both_ways(model, lengths, *, mem_len, block_size, steps=3):
+# The C kernel for decoding attention, all else torch's: the kernel alone against the reference.
+C_ATTENTION = DecodePath(attention="c")
+
+
+def _decode_both_ways(model, lengths, *, mem_len, block_size, steps=3, path=C_ATTENTION):
+    """Log-probs of `steps` decoding steps from memories of `lengths`, on `path` and on the reference."""
     pool = txl.BlockPool(model.memory_layout(), block_size=block_size)
     generator = torch.Generator().manual_seed(sum(lengths))
     memories = []
@@ -31,16 +38,12 @@ def _decode_both_ways(model, lengths, *, mem_len, block_size, steps=3):
                 _, memory = model(torch.randint(0, 64, (1, n), generator=generator).to(model.device), memory)
             memories.append(memory)
         outputs = {}
-        for name, path in (("kernel", None), ("reference", reference_path)):
+        for name, taken in (("kernel", path), ("reference", REFERENCE)):
             current, out = list(memories), []
             for t in range(steps):
                 tokens = torch.full((len(lengths), 1), 3 + t, device=model.device)
-                if path is None:
-                    hidden, current = model(tokens, current)
-                else:
-                    with path():
-                        hidden, current = model(tokens, current)
-                out.append(model.log_probs(hidden))
+                hidden, current = model(tokens, current, path=taken)
+                out.append(model.log_probs(hidden, taken))
             outputs[name] = torch.cat(out, dim=1)
     return outputs["kernel"], outputs["reference"]
 
@@ -127,8 +130,9 @@ def test_cpu_decode_kernel_splits_rows_across_threads():
 def test_triton_decode_kernel_on_cuda_equals_the_torch_path():
     model = tiny_model(seed=25, mem_len=40, same_length=True).cuda()
     lengths = [0, 5, 40, 100]
-    with prefer("triton"):
-        got, expected = _decode_both_ways(model, lengths, mem_len=40, block_size=16)
+    got, expected = _decode_both_ways(
+        model, lengths, mem_len=40, block_size=16, path=DecodePath(attention="triton")
+    )
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
 
 

@@ -1,9 +1,9 @@
-"""A prompt segment's attention in one native call per layer (txl.kernels.prefill_attention) equals the torch path: alone,
-on random rows against a float64 reference, and inside the model; and it is taken exactly where it applies."""
+"""A prompt segment's attention in one native call per layer (txl.kernels.cpu.prefill_attention) equals the torch path:
+alone, on random rows against a float64 reference, and inside the model; and it is taken exactly where its decode
+path names it and it applies."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
@@ -16,20 +16,22 @@ import pytest
 import torch
 import txl
 from torch import Tensor
-from txl.kernels import prefill_attention, prefill_kernel, reference_path
-from txl.kernels.build import openmp_runtimes
-from txl.kernels.prefill_attention import cpu_prefill_attention
+from txl.kernels import REFERENCE, DecodePath, prefill_kernel
+from txl.kernels.cpu import prefill_attention
+from txl.kernels.cpu.build import openmp_runtimes
+from txl.kernels.cpu.prefill_attention import cpu_prefill_attention
 
 from tests.helpers.tiny_models import tiny_model
 
 needs_kernel = pytest.mark.skipif(
     cpu_prefill_attention() is None, reason="no C compiler here: the prefill attention could not be built"
 )
+C_PREFILL = DecodePath(prefill="c")  # the C kernel for prompt segments, all else torch's
 
 
 @dataclass(frozen=True)
 class Rows:
-    """A `txl.kernels.prefill_attention.PrefillRows`."""
+    """A `txl.kernels.cpu.prefill_attention.PrefillRows`."""
 
     token_index: Tensor  # [B*T]
     table: Tensor  # [B, S]
@@ -142,21 +144,21 @@ def _feed(model, lengths, segments, *, block_size, threads=None):
     """Log-probs of every new position, from memories of `lengths`, fed `segments` (tokens per row per step)
     with the kernel and along the torch path; and the pools' keys afterwards."""
     results = []
-    for path in (contextlib.nullcontext, reference_path):
+    for path in (C_PREFILL, REFERENCE):
         pool = txl.BlockPool(model.memory_layout(), block_size=block_size)
         generator = torch.Generator().manual_seed(sum(lengths))
         out = []
-        with torch.inference_mode(), path():
+        with torch.inference_mode():
             memories = []
             for n in lengths:
                 memory = model.empty_memory(1, pool=pool)
                 if n:
-                    _, memory = model(torch.randint(0, 64, (1, n), generator=generator), memory)
+                    _, memory = model(torch.randint(0, 64, (1, n), generator=generator), memory, path=path)
                 memories.append(memory)
             for width in segments:
                 tokens = torch.randint(0, 64, (len(lengths), width), generator=generator)
-                hidden, memories = model(tokens, memories)
-                out.append(model.log_probs(hidden).flatten(1))
+                hidden, memories = model(tokens, memories, path=path)
+                out.append(model.log_probs(hidden, path).flatten(1))
         results.append((torch.cat(out, 1), [m.to_tensors() for m in memories]))
     return results
 
@@ -185,7 +187,7 @@ def test_prompt_segments_through_the_kernel_equal_the_torch_path(overrides, bloc
             torch.testing.assert_close(tensor, expected_memory[name], rtol=0, atol=1e-5)
 
 
-def _takes_kernel(monkeypatch, model, tokens, memory, context) -> bool:
+def _takes_kernel(monkeypatch, model, tokens, memory, context, path=C_PREFILL) -> bool:
     calls = []
     original = prefill_attention.PrefillAttentionKernel.__call__
 
@@ -195,7 +197,7 @@ def _takes_kernel(monkeypatch, model, tokens, memory, context) -> bool:
 
     monkeypatch.setattr(prefill_attention.PrefillAttentionKernel, "__call__", counted)
     with context:
-        model(tokens, memory)
+        model(tokens, memory, path=path)
     monkeypatch.undo()
     return bool(calls)
 
@@ -207,18 +209,23 @@ def test_the_kernel_is_taken_exactly_where_it_applies(monkeypatch):
     memory = model.empty_memory(2, pool=txl.BlockPool(model.memory_layout(), block_size=4))
     assert _takes_kernel(monkeypatch, model, segment, memory, torch.inference_mode())
     assert _takes_kernel(monkeypatch, model, segment, memory, torch.no_grad())
-    # Not: decoding (its own kernels), the torch path asked for, bfloat16.
+    assert _takes_kernel(monkeypatch, model, segment, memory, torch.no_grad(), DecodePath.c())
+    # Not: decoding (its own kernels), a path that does not name it (the reference; the C decoding kernels
+    # alone), bfloat16.
     assert not _takes_kernel(monkeypatch, model, token, memory, torch.inference_mode())
-    assert not _takes_kernel(monkeypatch, model, segment, memory, reference_path())
+    assert not _takes_kernel(monkeypatch, model, segment, memory, torch.no_grad(), REFERENCE)
+    only_decoding = DecodePath(attention="c", layers="c", linear=("c",))
+    assert not _takes_kernel(monkeypatch, model, segment, memory, torch.no_grad(), only_decoding)
     half = tiny_model(seed=43).to(torch.bfloat16)
     assert not _takes_kernel(monkeypatch, half, segment, half.empty_memory(2), torch.inference_mode())
     # Nor while autograd records (the paged forward never does; the pass writes in place, unseen by autograd).
     keys = memory.pool.keys[0]
     query = torch.zeros(2, 5, 8, requires_grad=True)
-    assert prefill_kernel(keys, query.detach()) is not None
-    assert prefill_kernel(keys, query) is None
+    assert prefill_kernel(C_PREFILL, keys, query.detach()) is not None
+    assert prefill_kernel(C_PREFILL, keys, query) is None
+    assert prefill_kernel(REFERENCE, keys, query.detach()) is None
     with torch.no_grad():
-        assert prefill_kernel(keys, query) is not None
+        assert prefill_kernel(C_PREFILL, keys, query) is not None
 
 
 def test_the_kernels_built_for_avx2_alone_meet_the_same_contracts(tmp_path):

@@ -4,7 +4,8 @@ without a GPU, and fit in registers."""
 from __future__ import annotations
 
 import pytest
-from txl.kernels import triton_report
+
+from bench import triton_report
 
 _missing = triton_report.toolchain_missing()
 pytestmark = pytest.mark.skipif(_missing is not None, reason=f"cannot compile ahead of time: {_missing}")

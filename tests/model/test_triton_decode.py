@@ -9,8 +9,8 @@ import random
 
 import pytest
 import torch
-from txl.kernels import triton_decode
-from txl.kernels.triton_decode import PARTITION_KEYS, plan_launch, supports_block_size
+from txl.kernels.triton import decode as triton_decode
+from txl.kernels.triton.decode import PARTITION_KEYS, plan_launch, supports_block_size
 
 from tests.helpers.interpreted import run_interpreted
 

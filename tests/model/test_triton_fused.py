@@ -8,7 +8,10 @@ import json
 
 import pytest
 import torch
-from txl.kernels import triton_attention, triton_common, triton_layer_norm, triton_rows_linear
+from txl.kernels.triton import attention as triton_attention
+from txl.kernels.triton import common as triton_common
+from txl.kernels.triton import layer_norm as triton_layer_norm
+from txl.kernels.triton import rows_linear as triton_rows_linear
 
 from tests.helpers.interpreted import run_interpreted
 
@@ -107,13 +110,15 @@ def test_the_fused_kernels_do_not_specialise_on_what_changes_from_step_to_step()
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_model_decodes_through_the_fused_body_on_cuda():
-    from txl.kernels import prefer
+    from txl.kernels import DecodePath
 
     from tests.helpers.tiny_models import tiny_model
 
     from .test_kernels import _decode_both_ways
 
     model = tiny_model(seed=24, mem_len=150, clamp_len=40).cuda()
-    with prefer("triton"):
-        got, expected = _decode_both_ways(model, [0, 1, 3, 4, 5, 70, 200], mem_len=150, block_size=4, steps=2)
+    lengths = [0, 1, 3, 4, 5, 70, 200]
+    got, expected = _decode_both_ways(
+        model, lengths, mem_len=150, block_size=4, steps=2, path=DecodePath.triton()
+    )
     assert float((got - expected).abs().max()) < 1e-4

@@ -8,17 +8,18 @@ import warnings
 
 import pytest
 import torch
-from txl.kernels import triton_common, triton_report, triton_rows_linear
+from txl.kernels.triton import common as triton_common
+from txl.kernels.triton import rows_linear as triton_rows_linear
 from txl.sampling import SamplingParams
 
-from tests.server.engine.dispatch_counts import wt103_iteration
+from bench import triton_report
+from tests.server.engine.dispatch_counts import TRITON, wt103_iteration
 
 needs_triton = pytest.mark.skipif(triton_common.triton is None, reason="triton is not installed")
 
 
 def _served_row_linears(monkeypatch, batch: int) -> list[dict[str, object]]:
     """The compile-time constants of every row-linear launch of a wt103 decoding step of `batch` rows."""
-    monkeypatch.setattr(triton_common, "available", lambda device: True)
     launched = []
     real = triton_common.launch
 
@@ -28,7 +29,7 @@ def _served_row_linears(monkeypatch, batch: int) -> list[dict[str, object]]:
         return real(kernel, grid, *args, **constants)
 
     monkeypatch.setattr(triton_common, "launch", launch)
-    wt103_iteration(batch, SamplingParams(temperature=0), "triton", n_layer=1)
+    wt103_iteration(batch, SamplingParams(temperature=0), TRITON, n_layer=1)
     return launched
 
 

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 from txl import nucleus
-from txl.kernels import triton_common, triton_sampling
+from txl.kernels.triton import common as triton_common
+from txl.kernels.triton import sampling as triton_sampling
 
 from tests.helpers.interpreted import run_interpreted
 

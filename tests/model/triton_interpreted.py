@@ -3,8 +3,8 @@
     python -m tests.model.triton_interpreted model [same_length]   # decoding with the kernel against the torch path
     python -m tests.model.triton_interpreted contract SEED           # random kernel inputs against float64
 
-`model` decodes with a tiny model through the Triton kernel, layer by layer (`txl.paged.gpu_decode.disabled()`:
-the fused body has tests of its own, fused_interpreted.py), and through the torch path and reports the largest
+`model` decodes with a tiny model through the Triton kernel, layer by layer (a decode path whose layers are
+torch's: the fused body has tests of its own, fused_interpreted.py), and through the torch path and reports the largest
 difference of the log-probabilities. `contract` calls the kernel on random rows (every pool dtype, several block
 sizes including one that is not a power of two, split and single-pass launches) and reports, per dtype, the
 largest difference from the dense float64 computation, and the devices the launches were guarded with.
@@ -13,15 +13,16 @@ largest difference from the dense float64 computation, and the devices the launc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 import sys
 from collections.abc import Iterator
 
 import torch
-from txl.kernels import prefer, triton_decode
-from txl.kernels.triton_decode import LaunchPlan, plan_launch, tile_keys
-from txl.paged import gpu_decode
+from txl.kernels import DecodePath
+from txl.kernels.triton import decode as triton_decode
+from txl.kernels.triton.decode import LaunchPlan, plan_launch, tile_keys
 
 from tests.helpers.tiny_models import tiny_model
 
@@ -34,9 +35,10 @@ def model(same_length: bool) -> dict[str, object]:
     # (2 heads leave a GPU's SMs idle), so the combining kernel runs too.
     model = tiny_model(seed=24, mem_len=150, same_length=same_length, clamp_len=40)
     # The "kernel" side, layer by layer (the fused body has tests of its own: fused_interpreted.py); the
-    # reference side forces the torch path itself.
-    with prefer("triton"), gpu_decode.disabled():
-        got, expected = _decode_both_ways(model, [0, 1, 3, 4, 5, 70, 200], mem_len=150, block_size=4, steps=2)
+    # reference side is the torch path.
+    path = dataclasses.replace(DecodePath.triton(), layers="torch")
+    lengths = [0, 1, 3, 4, 5, 70, 200]
+    got, expected = _decode_both_ways(model, lengths, mem_len=150, block_size=4, steps=2, path=path)
     return {"max_error": float((got - expected).abs().max())}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from txl.kernels import linear
+from txl.kernels.cpu import linear
 from txl_server.__main__ import main, ready_message
 from txl_server.runtime import Runtime, UnsupportedDtype, check_dtype
 from txl_server.sessions.redis_server import free_port

@@ -8,5 +8,7 @@
   live in buffers that never move, for CUDA graphs (`StaticDecodeStep`).
 - `decode_plan`: a decoding step's rows planned together, with array operations (`plan_decode`).
 - `staging`: a step's small inputs sent from the host to the device in one copy.
+- `layer_weights`: what a fused decoding step reads of a decoder layer, by name (`LayerWeights`).
 - `fused_decode`: a decoding step on the CPU through one native call per layer.
+- `gpu_decode`: a decoding step on a GPU through five Triton launches per layer.
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels.plan_marks import Marks, RowEnds, cpu_plan_marks
+from ..kernels.cpu.plan_marks import Marks, RowEnds, cpu_plan_marks
 from .pool import BlockPool, BlockTable
 from .rows import PagedRow, RowStep, plan_row
 
@@ -83,7 +83,7 @@ class DecodePlan:
 
 
 def _marks(bs: int, rows: RowEnds, filled: np.ndarray, keeps: np.ndarray) -> Marks:
-    """Where each row's new position goes, as array operations (the contract of kernels/plan_marks.c, which
+    """Where each row's new position goes, as array operations (the contract of kernels/cpu/plan_marks.c, which
     does it in one call where it can be built); `filled` is the pool's marks, under its lock."""
     starts, lengths, widths, lasts, fed = rows
     ends = starts + lengths
@@ -119,7 +119,7 @@ def _marks(bs: int, rows: RowEnds, filled: np.ndarray, keeps: np.ndarray) -> Mar
 
 
 # Where each row's new position goes is decided in one native call where it can be built
-# (kernels/plan_marks.c), else by `_marks`; tests turn it off to run both.
+# (kernels/cpu/plan_marks.c), else by `_marks`; tests turn it off to run both.
 NATIVE = True
 
 # Up to this many rows a step is planned row by row (`plan_row`): array operations cost a few microseconds each

@@ -1,101 +1,51 @@
 """Decoding steps on a GPU through five launches per layer, where the layer-by-layer path takes about thirty:
 
     qkv = x @ W_qkv^T                                     torch's product
-    a   = attention(qkv)                                  txl.kernels.triton_attention (biases, positions, new
+    a   = attention(qkv)                                  txl.kernels.triton.attention (biases, positions, new
                                                           keys and values, partitions combined)
-    h   = LayerNorm(x + a @ W_o^T)                        txl.kernels.triton_rows_linear
+    h   = LayerNorm(x + a @ W_o^T)                        txl.kernels.triton.rows_linear
     f   = h @ W_1^T                                       torch's product (bias and ReLU applied by the next)
-    x'  = LayerNorm(h + relu(f + b_1) @ W_2^T + b_2)      txl.kernels.triton_rows_linear
+    x'  = LayerNorm(h + relu(f + b_1) @ W_2^T + b_2)      txl.kernels.triton.rows_linear (its LayerNorm above a
+                                                          few rows: txl.kernels.triton.layer_norm)
 
-It takes a step when decoding takes the Triton kernels (`txl.kernels.triton_chosen`: on CUDA by default, anywhere
-under `prefer("triton")` where Triton runs), the step feeds one token per row (one query group: a decoding
-iteration, eager or a graph's static buffers), the layers are post-norm (the paper's and wt103's), the pool keeps
-no layer inputs, and for inference. Everything else takes the layer-by-layer path (`disabled()` forces it). Both read the same weights,
-pool and positional tables and write the pool alike; they agree to rounding (the fused kernels sum in another
-order and round less often), which the start-up check measures (`txl_server.engine.selfcheck`).
+It takes a step when its decode path names it (`DecodePath.layers == "triton"`, txl.kernels.path: on a GPU, or
+a CPU under Triton's interpreter), the step feeds one token per row (one query group: a decoding iteration, eager
+or a graph's static buffers), the layers are post-norm (the paper's and wt103's), the pool keeps no layer inputs,
+and for inference. Everything else takes the layer-by-layer path. Both read the same weights (by name:
+`decode_weights`, txl.paged.layer_weights), pool and positional tables and write the pool alike; they agree to
+rounding (the fused kernels sum in another order and round less often), which the start-up check measures
+(`txl_server.engine.selfcheck`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..kernels import triton_chosen
+from ..kernels import DecodePath
 from ..kernels.decode_rows import GivenRows
-from ..kernels.scoped import scoped
-from ..kernels.triton_attention import decode_attention, tile_and_warps
-from ..kernels.triton_decode import LaunchPlan
-from ..kernels.triton_rows_linear import rows_linear
+from ..kernels.triton.attention import decode_attention, tile_and_warps
+from ..kernels.triton.decode import LaunchPlan
+from ..kernels.triton.rows_linear import rows_linear
+from .layer_weights import DecoderLayer
 from .pool import BlockPool
 from .step import GroupedStep
 
-_enabled: ContextVar[bool] = ContextVar("txl_gpu_decode", default=True)
 
-
-def disabled() -> contextlib.AbstractContextManager[None]:
-    """Inside this block, decoding steps take the layer-by-layer path (with `triton_decode`'s attention where
-    Triton is chosen): tests and benchmarks compare the two."""
-    return scoped(_enabled, False)
-
-
-@dataclass(frozen=True)
-class _Layer:
-    """What the five launches read of a decoder layer (txl.model's, HF's module names)."""
-
-    qkv: Tensor  # [3*H*Dh, D]
-    u: Tensor  # [H, Dh] r_w_bias
-    v: Tensor  # [H, Dh] r_r_bias
-    scale: float
-    out: Tensor  # [D, H*Dh]
-    norm1: tuple[Tensor, Tensor, float]
-    inner: Tensor  # [D_inner, D]
-    inner_bias: Tensor  # [D_inner]
-    outer: Tensor  # [D, D_inner]
-    outer_bias: Tensor  # [D]
-    norm2: tuple[Tensor, Tensor, float]
-
-    @classmethod
-    def of(cls, layer: nn.Module) -> _Layer:
-        attn, ff = cast(Any, layer.dec_attn), cast(Any, layer.pos_ff)  # the paper's modules, by their names
-        inner, outer = cast(nn.Linear, ff.CoreNet[0]), cast(nn.Linear, ff.CoreNet[3])
-        ln1, ln2 = cast(nn.LayerNorm, attn.layer_norm), cast(nn.LayerNorm, ff.layer_norm)
-        return cls(
-            attn.qkv_net.weight,
-            attn.r_w_bias,
-            attn.r_r_bias,
-            float(attn.scale),
-            attn.o_net.weight,
-            (ln1.weight, ln1.bias, ln1.eps),
-            inner.weight,
-            inner.bias,
-            outer.weight,
-            outer.bias,
-            (ln2.weight, ln2.bias, ln2.eps),
-        )
-
-
-def applies(layers: Sequence[nn.Module], step: GroupedStep, training: bool) -> bool:
-    """Whether a decoding step takes the fused kernels (see the module's docstring)."""
-    if (
-        not _enabled.get()
-        or training
-        or torch.is_grad_enabled()
-        or not triton_chosen(step.pool.layout.device)
-    ):
+def applies(path: DecodePath, layers: Sequence[DecoderLayer], step: GroupedStep, training: bool) -> bool:
+    """Whether a decoding step takes the fused kernels on `path` (see the module's docstring)."""
+    if path.layers != "triton" or training or torch.is_grad_enabled():
         return False
     if len(step.groups) != 1 or step.groups[0].queries != 1 or step.pool.hidden is not None:
         return False
-    return all(not cast(nn.Module, layer.dec_attn).pre_lnorm for layer in layers)
+    return all(not layer.decode_weights().pre_lnorm for layer in layers)
 
 
 def forward(
-    layers: Sequence[nn.Module],
+    layers: Sequence[DecoderLayer],
     step: GroupedStep,
     hidden: Tensor,
     tables: Sequence[Tensor],
@@ -108,7 +58,7 @@ def forward(
     pool, group = step.pool, step.groups[0]
     x = hidden
     for i, module in enumerate(layers):
-        layer = _Layer.of(module)
+        layer = module.decode_weights()
         qkv = torch.mm(x, layer.qkv.t())  # [N, 3*H*Dh]
         attended = decode_attention(
             qkv,
@@ -123,7 +73,9 @@ def forward(
             scale=layer.scale,
             n_pos=step.n_pos,
         )  # [N, H*Dh]
-        h = rows_linear(attended, layer.out, residual=x, norm=layer.norm1)  # [N, D]
+        h = rows_linear(
+            attended, layer.out, residual=x, norm=(layer.norm1, layer.norm1_bias, layer.eps1)
+        )  # [N, D]
         inner = torch.mm(h, layer.inner.t())  # [N, D_inner], its bias and ReLU applied as the next reads it
         x = rows_linear(
             inner,
@@ -131,7 +83,7 @@ def forward(
             layer.outer_bias,
             relu_input=layer.inner_bias,
             residual=h,
-            norm=layer.norm2,
+            norm=(layer.norm2, layer.norm2_bias, layer.eps2),
             out=out if i == len(layers) - 1 else None,
         )
     return x
@@ -142,21 +94,22 @@ WARM_UP_ROWS = (1, 17, 33)
 
 
 @torch.no_grad()
-def warm_up(model: Any, pool: BlockPool) -> None:
-    """Compiles, at start-up, every variant the fused body launches for `model` over `pool` (a CUDA graph
-    captures no compilation, and none should happen while sessions wait): the row linears at every tile of rows,
-    the attention split and in one pass (over a scratch pool of three blocks), the embedding and the log-softmax.
-    `model`: a `txl.TransfoXLLMHeadModel`."""
+def warm_up(model: Any, pool: BlockPool, path: DecodePath) -> None:
+    """Compiles, at start-up, every variant the fused body launches for `model` over `pool` on `path` (a CUDA
+    graph captures no compilation, and none should happen while sessions wait): the row linears at every tile of
+    rows, the attention split and in one pass (over a scratch pool of three blocks), the embedding and the
+    log-softmax. `model`: a `txl.TransfoXLLMHeadModel`."""
     layout = pool.layout
     device, dtype = layout.device, layout.dtype
-    layer = _Layer.of(model.transformer.layers[0])
+    layer = model.transformer.layers[0].decode_weights()
     width, inner = layer.out.size(0), layer.inner.size(0)
+    norm1, norm2 = (layer.norm1, layer.norm1_bias, layer.eps1), (layer.norm2, layer.norm2_bias, layer.eps2)
     for rows in WARM_UP_ROWS:
         x = torch.zeros((rows, width), dtype=dtype, device=device)
         rows_linear(torch.zeros((rows, layer.out.size(1)), dtype=dtype, device=device), layer.out, residual=x,
-                    norm=layer.norm1)  # fmt: skip
+                    norm=norm1)  # fmt: skip
         rows_linear(torch.zeros((rows, inner), dtype=dtype, device=device), layer.outer, layer.outer_bias,
-                    relu_input=layer.inner_bias, residual=x, norm=layer.norm2)  # fmt: skip
+                    relu_input=layer.inner_bias, residual=x, norm=norm2)  # fmt: skip
     heads, d_head, block_size = layout.n_head, layout.d_head, pool.block_size
     scratch = torch.zeros((heads, 3, block_size, d_head), dtype=dtype, device=device)
 
@@ -171,5 +124,5 @@ def warm_up(model: Any, pool: BlockPool) -> None:
     for plan in (LaunchPlan(tile, tile, 2), LaunchPlan(tile, 2 * tile, 1)):
         decode_attention(qkv, layer.u, layer.v, positions, scratch, scratch.clone(), row, index(2), index(0),
                          scale=layer.scale, n_pos=2, plan=plan)  # fmt: skip
-    model.transformer.word_emb(torch.zeros(1, dtype=torch.long, device=device))
-    model.log_probs(torch.zeros((1, width), dtype=dtype, device=device))
+    model.transformer.word_emb(torch.zeros(1, dtype=torch.long, device=device), path)
+    model.log_probs(torch.zeros((1, width), dtype=dtype, device=device), path)

@@ -28,6 +28,7 @@ import torch
 
 from ..checkpoint import load_pretrained, save_pretrained
 from ..config import TxlConfig
+from ..kernels import fastest
 from ..memory import HiddenMemory
 from ..model import TransfoXLLMHeadModel
 from ..scoring import score_tokens
@@ -134,7 +135,8 @@ def evaluate_bpb(model: TransfoXLLMHeadModel, data: torch.Tensor, *, mem_len: in
     """Bits per byte of `data` (every byte after the first), scored with a memory of `mem_len`."""
     was_training = model.training
     model.eval()
-    result = score_tokens(model, data.long(), mem_len=mem_len, segment_len=segment_len)
+    path = fastest(model.device)  # the kernels this machine runs
+    result = score_tokens(model, data.long(), mem_len=mem_len, segment_len=segment_len, path=path)
     model.train(was_training)
     return result.bits_per(result.scored)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..engine.comparison import Comparison
+from ..engine.decode_path import CheckedPath
 from ..engine.device_report import DeviceReport
-from ..engine.selfcheck import ServingPath
 from .parity import Parity
 from .speed import Speed
 
@@ -51,9 +51,10 @@ class CheckReport:
 # ---------------------------------------------------------------------------------------------- lines
 
 
-def describe_device(report: CheckReport, path: ServingPath, seconds: float) -> None:
+def describe_device(report: CheckReport, path: CheckedPath, seconds: float) -> None:
     d = report.device
     report.add("device", f"{d.device} ({d.device_name}), {d.dtype}")
+    report.add("decode path", path.path.describe())
     attention = d.attention + (f" ({d.attention_reason})" if d.attention_reason else "")
     report.add("attention", attention)
     for check in path.checks:

@@ -1,16 +1,18 @@
-"""What serves, as it stands now: the device, the dtype, the attention kernel and the graphs the start-up checks
-left on (and why not), the memory pool and the budgets of session memory, the window grid. `GET /v1/system`,
+"""What serves, as it stands now: the device, the dtype, the decode path the start-up checks left (every part of
+it: the attention kernel, the fused layers, the linear kernels, the embedding, log-softmax and sampler, the graphs;
+and why not faster), the memory pool and the budgets of session memory, the window grid. `GET /v1/system`,
 `/ready`, `/v1/models` and `python -m txl_server check` report it."""
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from dataclasses import dataclass
 
 import torch
 
 from ..memory_budgets import MemoryBudgets
-from .selfcheck import ServingPath
+from .decode_path import CheckedPath
 from .worker import Worker
 
 
@@ -32,13 +34,28 @@ class WindowReport:
 
 
 @dataclass(frozen=True)
+class PathReport:
+    """The decode path that serves (`txl.kernels.DecodePath`), every part in its own words."""
+
+    attention: str  # "triton" | "c" | "torch"
+    prefill: str  # "c" | "torch"
+    layers: str  # "triton" | "c" | "torch" (layer by layer)
+    linear: list[str]  # one kernel, or those each layer shape takes the fastest of
+    embedding: str  # "triton" | "torch"
+    softmax: str
+    sampler: str
+    graphs: str  # "cuda" | "static" | "off"
+
+
+@dataclass(frozen=True)
 class DeviceReport:
     """What serves, as it stands now (the graphs may have been turned off since start-up)."""
 
     device: str
     device_name: str
     dtype: str
-    attention: str  # "triton" | "c" | "torch"
+    decode_path: PathReport
+    attention: str  # the decode path's attention: "triton" | "c" | "torch"
     attention_reason: str | None
     cuda_graphs: str  # "on" | "off"
     cuda_graphs_reason: str | None  # why off; on a CPU, that the buffers run eagerly
@@ -50,13 +67,14 @@ class DeviceReport:
 
 
 def describe(
-    worker: Worker, path: ServingPath, *, mem_len: int, max_mem_len: int, budgets: MemoryBudgets
+    worker: Worker, checked: CheckedPath, *, mem_len: int, max_mem_len: int, budgets: MemoryBudgets
 ) -> DeviceReport:
     pool, model = worker.pool, worker.model
     graphs = worker.runner.graphs
+    path = worker.runner.path_now
     on = graphs is not None and graphs.off is None
     if graphs is None:
-        reason = path.graphs_reason
+        reason = checked.graphs_reason
     elif graphs.off is not None:
         reason = graphs.off
     else:
@@ -68,8 +86,9 @@ def describe(
         device=str(device),
         device_name=device_name(device),
         dtype=str(model.dtype).removeprefix("torch."),
+        decode_path=PathReport(**{**dataclasses.asdict(path), "linear": list(path.linear)}),
         attention=path.attention,
-        attention_reason=path.attention_reason,
+        attention_reason=checked.attention_reason,
         cuda_graphs="on" if on else "off",
         cuda_graphs_reason=reason,
         graphs=graphs.built if graphs is not None and on else 0,

@@ -16,8 +16,9 @@ replays each against the eager path before the server says it is ready): batch-s
 larger top-k, rows asking for top log-probs, iterations feeding prompt segments, rows longer than the buffers)
 run eagerly (`ModelRunner`), and a failure turns the graphs off for good (`turn_off`), never retried.
 
-On a CPU the same buffers run eagerly (`capture=False`: "capturing" builds the static steps), which is how the
-tests check this path where no GPU is present.
+On a CPU the same buffers run eagerly (a decode path's graphs "static": "capturing" builds the static steps), which
+is how the tests check this path where no GPU is present. The body takes the kernels of the decode path the graphs
+are made on (`txl.kernels.DecodePath`), the one the eager runner has.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
+from txl.kernels import DecodePath
 from txl.paged.decode_plan import RowArrays, plan_decode
 from txl.paged.pool import BlockTable
 from txl.paged.rows import resting_blocks
@@ -191,20 +193,24 @@ class DecodeGraphs:
         self,
         model: TransfoXLLMHeadModel,
         pool: BlockPool,
+        path: DecodePath,
         *,
         eager: EagerDecode,
         max_batch_size: int,
         max_positions: int,
-        capture: bool,
     ) -> None:
-        """`eager`: the eager path, which runs an iteration whose graph was turned off while it was planned;
-        `max_positions`: the most positions a memory holds between steps (its window rule's `max_positions` at
-        the server's largest mem_len); rows beyond it run eagerly."""
+        """`path`: the kernels the graphs' body takes, and whether they are captured (`graphs` "cuda") or their
+        static buffers run eagerly ("static"); `eager`: the eager path, which runs an iteration whose graph was
+        turned off while it was planned; `max_positions`: the most positions a memory holds between steps (its
+        window rule's `max_positions` at the server's largest mem_len); rows beyond it run eagerly."""
+        if path.graphs == "off":
+            raise ValueError("a decode path with graphs off gets no graphs")
         self.model = model
         self.pool = pool
+        self.path = path
         self.device = pool.layout.device
         self.eager = eager
-        self.capture = capture
+        self.capture = path.graphs == "cuda"
         self.sizes = buckets(max_batch_size)
         self.vocab = model.config.vocab_size
         # A row attends over at most its memory and its new token: blocks and distances to cover.
@@ -213,11 +219,11 @@ class DecodeGraphs:
         self._scratch = BlockTable(pool, pool.allocate(1), owned=True)
         self._graphs: dict[GraphKey, _Graph] = {}
         self._generation = pool.generation
-        self._memory_pool = torch.cuda.graph_pool_handle() if capture else None
+        self._memory_pool = torch.cuda.graph_pool_handle() if self.capture else None
         # Why the graphs are off, once they are (a failed capture or check): set once, never retried.
         self.off: str | None = None
         # Tokens and log-probs read back through page-locked buffers, two in turn (`_read_back`).
-        self.readbacks = ReadBackTurns(self.sizes[-1], pinned=capture)
+        self.readbacks = ReadBackTurns(self.sizes[-1], pinned=self.capture)
         # The new hidden states of the last iteration: all rows' [n, D], and each row's view of it.
         self._last_hidden: tuple[Tensor, tuple[Tensor, ...]] | None = None
         # The memories the last iteration left, weakly (a finished row's blocks are not kept), with its numbers.
@@ -399,10 +405,14 @@ class DecodeGraphs:
         # tensors, and these stay valid (and allocated) for as long as the graph is.
         tables = list(self.model.transformer.positional_tables(self.n_pos))
 
+        path = self.path
+
         def body() -> None:
-            log_probs = self.model.log_probs(hidden_in)  # [B, V]
-            tokens, _ = sample_rows(log_probs, sampling.rows_params(max_top_k, any_top_p), readback)
-            self.model.transformer.forward_step(tokens, step, tables, out=hidden_out)  # [B, D]
+            log_probs = self.model.log_probs(hidden_in, path)  # [B, V]
+            tokens, _ = sample_rows(
+                log_probs, sampling.rows_params(max_top_k, any_top_p), readback, path=path
+            )
+            self.model.transformer.forward_step(tokens, step, tables, out=hidden_out, path=path)  # [B, D]
 
         replay: Callable[[], None] = body
         if self.capture:

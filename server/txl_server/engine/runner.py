@@ -1,4 +1,6 @@
-"""Runs one iteration on the device: sampling for the decoding rows, one forward over every row, scoring.
+"""Runs one iteration on the device: sampling for the decoding rows, one forward over every row, scoring, through
+the kernels of its decode path (`txl.kernels.DecodePath`, chosen at start-up by `engine.selfcheck`), which it
+passes to every call that computes.
 
 Decoding rows sample their next token from the hidden state their last step left (on the device: parameters
 and seeds go in as tensors), and that token is fed in the same forward as the ingesting rows' segments. Scoring
@@ -9,12 +11,14 @@ distribution crosses only for rows that asked for top log-probs).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
+from txl.kernels import REFERENCE, DecodePath
 from txl.sampling import RowParams, sample_rows
 from txl.scoring import shifted
 
@@ -25,13 +29,45 @@ from .rows import ChunkOut, ChunkRow, DecodeOut, DecodeRow, TopLogprobs
 
 class ModelRunner:
     def __init__(
-        self, model: TransfoXLLMHeadModel, pool: BlockPool, graphs: DecodeGraphs | None = None
+        self,
+        model: TransfoXLLMHeadModel,
+        pool: BlockPool,
+        path: DecodePath = REFERENCE,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
+        self.path = path  # which kernels every step takes
         self.device = pool.layout.device
         self.vocab = model.config.vocab_size
-        self.graphs = graphs  # decoding-only iterations as CUDA graphs
+        self.graphs = graphs  # decoding-only iterations as CUDA graphs (made on `path`)
+
+    @classmethod
+    def serving(
+        cls,
+        model: TransfoXLLMHeadModel,
+        pool: BlockPool,
+        path: DecodePath,
+        max_batch_size: int,
+        max_positions: int,
+    ) -> ModelRunner:
+        """A worker's runner on `path`, with its decoding graphs where the path names them (on a CPU their static
+        buffers, run eagerly), a runner on the same path without them as their fallback. `max_positions`: the
+        most positions a memory holds between steps."""
+        graphs = None
+        if path.graphs != "off":
+            eager = cls(model, pool, path).decode
+            graphs = DecodeGraphs(
+                model, pool, path, eager=eager, max_batch_size=max_batch_size, max_positions=max_positions
+            )
+        return cls(model, pool, path, graphs)
+
+    @property
+    def path_now(self) -> DecodePath:
+        """The path as it runs now: with graphs "off" where they were turned off since (engine.graphs)."""
+        if self.path.graphs != "off" and (self.graphs is None or self.graphs.off is not None):
+            return dataclasses.replace(self.path, graphs="off")
+        return self.path
 
     def can_launch(self, decode: Sequence[DecodeRow]) -> bool:
         """Whether these decoding rows can be sent without waiting for them (as a graph: `launch`)."""
@@ -61,8 +97,9 @@ class ModelRunner:
         rows = [r.memory for r in decode] + [c.memory for c in chunks]
         queries = [1] * len(decode) + [len(c.tokens) for c in chunks]
         same_length = model.config.same_length
+        rules = [m.rule(same_length) for m in rows]
         hidden, results = model.transformer.forward_rows(
-            tokens, queries, [m.rows[0] for m in rows], [m.rule(same_length) for m in rows], self.pool
+            tokens, queries, [m.rows[0] for m in rows], rules, self.pool, path=self.path
         )  # [N, D]
         offsets = np.cumsum([0, *queries])
         last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]
@@ -79,7 +116,7 @@ class ModelRunner:
 
     def _sample(self, decode: Sequence[DecodeRow]) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
         hidden = torch.stack([r.last_hidden for r in decode])  # [Nd, D]
-        log_probs = self.model.log_probs(hidden)  # [Nd, V] float32
+        log_probs = self.model.log_probs(hidden, self.path)  # [Nd, V] float32
         params = RowParams.build(
             [r.params for r in decode],
             [r.seed for r in decode],
@@ -87,7 +124,7 @@ class ModelRunner:
             self.vocab,
             self.device,
         )
-        tokens, logprobs = sample_rows(log_probs, params)
+        tokens, logprobs = sample_rows(log_probs, params, path=self.path)
         want = max(r.top_logprobs for r in decode)
         top = torch.topk(log_probs, min(want, self.vocab), dim=-1) if want else None
         return tokens, logprobs, (top.values, top.indices) if top is not None else None
@@ -137,12 +174,14 @@ class ModelRunner:
             flat_targets = torch.tensor(targets, dtype=torch.long, device=self.device)
             want = max(chunks[i].top_logprobs for i in scored)
             if want:
-                full = self.model.log_probs(flat_predictors)  # [M, V]: needed for the alternatives anyway
+                full = self.model.log_probs(flat_predictors, self.path)  # [M, V]: needed for the alternatives
                 values = full.gather(1, flat_targets[:, None])[:, 0]
                 top = torch.topk(full, min(want, self.vocab), dim=-1)
                 top_values, top_ids = top.values.tolist(), top.indices.tolist()
             else:
-                values = self.model.target_log_probs(flat_predictors, flat_targets, targets)  # [M]
+                values = self.model.target_log_probs(
+                    flat_predictors, flat_targets, targets, path=self.path
+                )  # [M]
             cursor = 0
             for i, span in zip(scored, spans, strict=True):
                 part = values[cursor : cursor + span]

@@ -1,23 +1,23 @@
-"""Start-up on the device: the decoding attention kernel and the decoding graphs, each checked against the plain
-eager path before the server says it is ready.
+"""Start-up on the device: the decode path chosen and checked, its decoding graphs captured and checked, each
+against the plain eager path, before the server says it is ready.
 
 A GPU path that is wrong is worse than a slow one: it answers every request with plausible garbage. So before
 the worker starts (and so before `/ready` answers), on dummy rows of random tokens in the server's own pool:
 
-1. the native decoding kernel (Triton on CUDA; on a CPU the C kernel, and for a few rows the whole layer in
-   one native call, `txl.paged.fused_decode`, which the check's 4 rows take) decodes a step that the torch path also
-   decodes, and a scored prompt segment follows (on a CPU through the native prefill kernel, which the same
-   choice turns on); if it raises, or its tokens, log-probs or hidden states differ, it is logged once and the
-   next one is tried (the torch path is the reference and always stands);
-2. every decoding graph the server will use is captured (on a CPU: its static buffers built), with the kernel
-   chosen in 1, and replayed once with its outputs poisoned (NaN, token -1) beforehand, against the eager path.
-   A capture that raises, or a replay that differs, turns the graphs off for good, logged once: decoding then
-   runs eagerly. Never a failed request, never a capture retried.
+1. each candidate path (`engine.decode_path`: Triton's kernels, then on a CPU the C kernels, whose fused layer
+   the check's 4 rows take) decodes a step that its torch variant also decodes, and a scored prompt segment
+   follows (on a CPU through the C prefill kernel, which the C path names too); if it raises, or its tokens,
+   log-probs or hidden states differ, it is logged once and the next one is tried (the torch path is the
+   reference and always stands); the first that matches is handed to the worker (`Worker.decode_with`);
+2. every decoding graph the server will use is captured (on a CPU: its static buffers built), on that path, and
+   replayed once with its outputs poisoned (NaN, token -1) beforehand, against the eager path. A capture that
+   raises, or a replay that differs, turns the graphs off for good, logged once: decoding then runs eagerly.
+   Never a failed request, never a capture retried.
 
-What was chosen, and why, is a `ServingPath` (reported with the pool and the window grid by
-`engine.device_report`). A device error on the way (a CUDA error that
-poisons the context: the device then runs nothing more, `engine.device_failure`) sets the worker's `device_error`,
-so that `/ready` fails; an error the device runs on after only turns off the piece that raised it.
+What was chosen, and why, is a `CheckedPath` (`engine.decode_path`; logged in one line, and reported with the pool
+and the window grid by `engine.device_report`). A device error on the way (a CUDA error that poisons the context:
+the device then runs nothing more, `engine.device_failure`) sets the worker's `device_error`, so that `/ready`
+fails; an error the device runs on after only turns off the piece that raised it.
 """
 
 from __future__ import annotations
@@ -27,19 +27,21 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 from txl import BlockPool, TransfoXLLMHeadModel
-from txl.kernels import decode_kernel, prefer, reference_path, triton_decode, triton_sampling
-from txl.kernels.linear_choice import ROW_BUCKETS
-from txl.paged import fused_decode, gpu_decode
+from txl.kernels import DecodePath
+from txl.kernels.cpu.linear_choice import ROW_BUCKETS
+from txl.kernels.triton import decode as triton_decode
+from txl.kernels.triton import sampling as triton_sampling
+from txl.paged import gpu_decode
 from txl.sampling import SamplingParams
 from txl.window import WindowRule
 
 from .comparison import Comparison, Float32Step, compare_paths, first_line
+from .decode_path import CheckedPath, PathSettings, candidates, graphs_setting
 from .device_failure import device_works, is_device_error
 from .graphs import DecodeGraphs, GraphKey
 from .rows import ChunkRow, DecodeOut, DecodeRow
@@ -48,33 +50,8 @@ from .worker import Worker
 
 log = logging.getLogger(__name__)
 
-# Native decoding kernels in the order they are preferred (txl.kernels names), and the names reported.
-NATIVE_KERNELS = ("triton", "cpu")
-REPORTED = {"triton": "triton", "cpu": "c", "torch": "torch"}
 # The top-k of the kernel check's first row (the others: a quarter of it, or none).
 KERNEL_CHECK_TOP_K = 64
-
-
-@dataclass
-class ServingPath:
-    """What decoding runs on, chosen at start-up, and why it is not faster where it is not."""
-
-    attention: str  # "triton" | "c" | "torch"
-    attention_reason: str | None = None  # why not a native kernel before it
-    graphs_reason: str | None = None  # why there are no graphs (unset: see the graphs' own `off`)
-    checks: list[Comparison] = field(default_factory=list)  # everything compared at start-up
-
-    @property
-    def failures(self) -> list[Comparison]:
-        return [c for c in self.checks if not c.ok]
-
-
-def graphs_setting(cuda_graphs: bool | None, device: torch.device) -> tuple[bool, str | None]:
-    """Whether the worker gets decoding graphs (TXL_CUDA_GRAPHS; default: on CUDA), and why not."""
-    if cuda_graphs is None:
-        wanted = device.type == "cuda"
-        return wanted, None if wanted else f"not a CUDA device ({device.type})"
-    return cuda_graphs, None if cuda_graphs else "switched off (TXL_CUDA_GRAPHS=0)"
 
 
 class DeviceFailed(Exception):
@@ -86,114 +63,100 @@ def _raise_if_device_failed(worker: Worker, device_error: bool, what: str | None
         raise DeviceFailed(what)
 
 
-def prepare(
-    worker: Worker,
-    *,
-    max_mem_len: int,
-    triton: bool = True,
-    graphs_reason: str | None = None,
-    seed: int = 0,
-) -> ServingPath:
-    """Chooses and checks the attention kernel, captures and checks the graphs (before `worker.start()`).
-    `max_mem_len`: the largest mem_len a session may have; `triton`: TXL_TRITON_KERNELS; `graphs_reason`: why
-    the worker has no graphs (`graphs_setting`)."""
-    path = ServingPath("torch", graphs_reason=graphs_reason)
+def prepare(worker: Worker, settings: PathSettings, *, max_mem_len: int, seed: int = 0) -> CheckedPath:
+    """Chooses and checks the decode path, hands it to the worker, captures and checks its graphs (before
+    `worker.start()`); logs the path in one line. `max_mem_len`: the largest mem_len a session may have."""
+    device = worker.pool.layout.device
+    offered = candidates(device, settings)
+    _, graphs_reason = graphs_setting(settings.cuda_graphs, device)
+    checked = CheckedPath(offered.paths[-1], attention_reason=offered.skipped, graphs_reason=graphs_reason)
     try:
         with torch.inference_mode():
-            _check(path, worker, max_mem_len, triton, seed)
+            _check(checked, worker, offered.paths, max_mem_len, seed)
     except DeviceFailed as failed:  # nothing further can be trusted: /ready fails
         _device_failed(worker, str(failed))
     except Exception as exc:
-        if not is_device_error(exc) or device_works(worker.pool.layout.device):
+        if not is_device_error(exc) or device_works(device):
             raise
         _device_failed(worker, first_line(exc))
-    return path
-
-
-def _check(path: ServingPath, worker: Worker, max_mem_len: int, triton: bool, seed: int) -> None:
+    checked.path = worker.runner.path_now
     graphs = worker.runner.graphs
+    if graphs is not None and graphs.off is not None:
+        checked.graphs_reason = graphs.off
+    log.info("%s", checked.line())
+    return checked
+
+
+def _check(
+    checked: CheckedPath, worker: Worker, paths: list[DecodePath], max_mem_len: int, seed: int
+) -> None:
     if worker.pool.layout.device.type == "cpu":
-        _choose_linear_kernels(worker, max_mem_len)
-    # Rows enough for the largest graph (a few for the kernel alone).
-    rows = _dummy_rows(worker, max_mem_len, max(4, graphs.sizes[-1] if graphs is not None else 0), seed)
+        _choose_linear_kernels(worker, paths[-1], max_mem_len)
+    # Rows enough for the largest graph (a few for the kernels alone).
+    graphs = paths[-1].graphs != "off"
+    rows = _dummy_rows(worker, max_mem_len, max(4, worker.max_batch_size if graphs else 0), seed)
     exact = Float32Model(worker.model)
-    _choose_attention(path, worker, rows[:4], exact, triton=triton)
-    worker.attention = _kernel_of(path.attention)
-    if graphs is not None:
-        with prefer(worker.attention):
-            _capture_and_check(path, worker, graphs, rows, exact)
+    worker.decode_with(_choose_kernels(checked, worker, paths, rows[:4], exact))
+    if worker.runner.graphs is not None:
+        _capture_and_check(checked, worker, worker.runner.graphs, rows, exact)
 
 
-def _choose_linear_kernels(worker: Worker, mem_len: int) -> None:
+def _choose_linear_kernels(worker: Worker, path: DecodePath, mem_len: int) -> None:
     """On a CPU each linear layer's kernel is chosen by timing the candidates the first time a shape and row
-    count meets it (txl.kernels.linear; remembered on disk per machine). One forward per measured row count now, so
-    that a new machine measures before the server says it is ready, not inside its first users' requests
-    (about a second for the bundled model, once). Layer by layer: a step of a few decoding rows takes one native
-    call per layer (txl.paged.fused_decode) instead, but falls back to these kernels wherever that call does not
-    apply (e.g. the C attention kernel failed its check)."""
+    count meets it (txl.kernels.cpu.linear; remembered on disk per machine). One forward per measured row count
+    now, so that a new machine measures before the server says it is ready, not inside its first users' requests
+    (about a second for the bundled model, once). Layer by layer (`path` is the torch path, with the linear
+    kernels every candidate has): a step of a few decoding rows takes one native call per layer on the C path
+    (txl.paged.fused_decode) instead, but falls back to these kernels wherever that call does not apply."""
+    if len(path.linear) < 2:
+        return  # one kernel: nothing to measure
     model, pool = worker.model, worker.pool
     started = time.perf_counter()
     for rows in ROW_BUCKETS:
         tokens = torch.zeros(1, rows, dtype=torch.long, device=pool.layout.device)
-        with fused_decode.disabled():
-            model(tokens, model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid))
+        model(tokens, model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid), path=path)
     log.info("linear kernels for every row count ready in %.2f s", time.perf_counter() - started)
 
 
-# ---------------------------------------------------------------------------------------------- attention
+# ---------------------------------------------------------------------------------------------- kernels
 
 
-def _kernel_of(reported: str) -> str:
-    return next(name for name, shown in REPORTED.items() if shown == reported)
-
-
-def _available(name: str, pool: BlockPool) -> bool:
-    with prefer(name):
-        return decode_kernel(pool.keys[0]) is not None
-
-
-def _choose_attention(
-    path: ServingPath, worker: Worker, rows: list[DecodeRow], exact: Float32Model, *, triton: bool
-) -> None:
-    """The first native kernel that matches the torch path. "triton" is everything a decoding step runs on the
-    GPU (the fused layers, attention, the log-softmax, sampling: `txl.kernels.triton_chosen`), so the rows sample
-    as served rows do: greedy, tempered, top-k and top-p together, so that a sampling kernel that fails or differs
-    turns Triton off like any other (the torch path then samples too)."""
-    pool = worker.pool
-    for name in NATIVE_KERNELS:
-        if not _available(name, pool):
-            continue
-        if name == "triton" and not triton:
-            path.attention_reason = "the Triton kernel is switched off (TXL_TRITON_KERNELS=0)"
-            continue
-        if name == "triton" and pool.layout.device.type == "cuda":
+def _choose_kernels(
+    checked: CheckedPath, worker: Worker, paths: list[DecodePath], rows: list[DecodeRow], exact: Float32Model
+) -> DecodePath:
+    """The first of `paths` that matches its torch variant (the last, the torch path, always stands). Triton's
+    is everything a decoding step runs on the GPU (the fused layers, attention, the log-softmax, sampling), so the
+    rows sample as served rows do: greedy, tempered, top-k and top-p together, so that a sampling kernel that
+    fails or differs turns Triton off like any other (the torch path then samples too)."""
+    for path in paths[:-1]:
+        if path.attention == "triton" and worker.pool.layout.device.type == "cuda":
             try:  # every variant serving launches, compiled now: nothing compiles while sessions wait
-                _warm_up_triton(worker)
+                _warm_up_triton(worker, path)
             except Exception as exc:
                 _raise_if_device_failed(worker, is_device_error(exc), first_line(exc))
-                path.attention_reason = f"the Triton kernels did not compile ({first_line(exc)})"
+                checked.attention_reason = f"the Triton kernels did not compile ({first_line(exc)})"
                 log.warning(
-                    "%s; decoding does not use them (attention, layers, sampling: the torch path takes them)",
-                    path.attention_reason,
+                    "%s; decoding does not use them: the torch path takes their parts",
+                    checked.attention_reason,
                 )
                 continue
-        check = check_kernel(worker, name, rows, exact)
-        path.checks.append(check)
+        check = check_path(worker, path, rows, exact)
+        checked.checks.append(check)
         if check.ok:
-            path.attention = REPORTED[name]
-            return
+            return path
         _raise_if_device_failed(worker, check.device_error, check.error)
-        path.attention_reason = check.problem()
+        checked.attention_reason = check.problem()
         log.warning(
-            "%s; decoding does not use that kernel (attention, layers, sampling: the torch path takes them)",
-            path.attention_reason,
+            "%s; decoding does not use those kernels: the torch path takes their parts",
+            checked.attention_reason,
         )
+    return paths[-1]
 
 
-def check_kernel(worker: Worker, name: str, rows: list[DecodeRow], exact: Float32Model) -> Comparison:
-    """Kernel `name` against the torch path on `rows` (a decoding step with every kind of sampling, then a
-    scored segment), twice where the first draw gives other tokens at a near tie."""
-    what = f"the {REPORTED[name]} attention kernel vs the torch path"
+def check_path(worker: Worker, path: DecodePath, rows: list[DecodeRow], exact: Float32Model) -> Comparison:
+    """`path` against its torch variant on `rows` (a decoding step with every kind of sampling, then a scored
+    segment), twice where the first draw gives other tokens at a near tie."""
+    what = f"the {path.attention} kernels vs the torch path"
     check = Comparison(what, error="not run")
     for draw in range(2):
         few = [
@@ -201,8 +164,8 @@ def check_kernel(worker: Worker, name: str, rows: list[DecodeRow], exact: Float3
         ]
         check = compare_paths(
             what,
-            functools.partial(_eager, worker, few, name),
-            functools.partial(_eager, worker, few, "torch"),
+            functools.partial(_eager, worker, few, path),
+            functools.partial(_eager, worker, few, path.torch_variant()),
             worker.model.dtype,
             exact.step(few),
         )
@@ -211,27 +174,25 @@ def check_kernel(worker: Worker, name: str, rows: list[DecodeRow], exact: Float3
     return check
 
 
-def _warm_up_triton(worker: Worker) -> None:
+def _warm_up_triton(worker: Worker, path: DecodePath) -> None:
     layout, pool = worker.pool.layout, worker.pool
-    with prefer("triton"):
-        triton_decode.warm_up(
-            layout.device, layout.dtype, heads=layout.n_head, d_head=layout.d_head, block_size=pool.block_size
-        )
-        gpu_decode.warm_up(worker.model, pool)
-        triton_sampling.warm_up(layout.device)
+    triton_decode.warm_up(
+        layout.device, layout.dtype, heads=layout.n_head, d_head=layout.d_head, block_size=pool.block_size
+    )
+    gpu_decode.warm_up(worker.model, pool, path)
+    triton_sampling.warm_up(layout.device)
 
 
-def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut]:
-    """A decoding step of `rows`, then a scored prompt segment after the longest one's memory (on a CPU the
-    segment takes the native prefill kernel, txl.kernels.prefill_attention, which `kernel` "cpu" covers as well), the
-    segment's outcome put as one more row: its summed log-probs and its last hidden state."""
-    runner = ModelRunner(worker.model, worker.pool)
+def _eager(worker: Worker, rows: list[DecodeRow], path: DecodePath) -> list[DecodeOut]:
+    """A decoding step of `rows` on `path`, then a scored prompt segment after the longest one's memory (on a CPU
+    the segment takes the C prefill kernel where `path` names it), the segment's outcome put as one more row: its
+    summed log-probs and its last hidden state."""
+    runner = ModelRunner(worker.model, worker.pool, path)
     vocab = worker.model.config.vocab_size
     tokens = [(7 * i + 3) % vocab for i in range(2 * worker.pool.block_size + 5)]
     segment = ChunkRow(rows[0].memory, tokens, rows[0].last_hidden, score=True)
-    with prefer(kernel):
-        decoded = runner.decode(rows)
-        (scored,) = runner.run([], [segment])[1]
+    decoded = runner.decode(rows)
+    (scored,) = runner.run([], [segment])[1]
     assert scored.logprobs is not None
     total = float(scored.logprobs.double().sum())
     return [*decoded, DecodeOut(-1, total, None, scored.memory, scored.last_hidden)]
@@ -241,7 +202,7 @@ def _eager(worker: Worker, rows: list[DecodeRow], kernel: str) -> list[DecodeOut
 
 
 def _capture_and_check(
-    path: ServingPath, worker: Worker, graphs: DecodeGraphs, rows: list[DecodeRow], exact: Float32Model
+    checked: CheckedPath, worker: Worker, graphs: DecodeGraphs, rows: list[DecodeRow], exact: Float32Model
 ) -> None:
     if graphs.capture and worker.pool.growable:
         graphs.turn_off(
@@ -256,7 +217,7 @@ def _capture_and_check(
         return
     for key in graphs.all_keys():
         check = check_graph(graphs, worker, key, rows, exact)
-        path.checks.append(check)
+        checked.checks.append(check)
         if not check.ok:
             _raise_if_device_failed(worker, check.device_error, check.error)
             graphs.turn_off(f"at start-up, {check.problem()}")
@@ -279,7 +240,7 @@ def check_graph(
         + (f", top-k {top_k}" if top_k else "")
         + (", top-p" if top_p else "")
     )
-    eager = ModelRunner(worker.model, worker.pool)
+    eager = ModelRunner(worker.model, worker.pool, worker.runner.path)
     check = Comparison(what, error="not run")
     for draw in range(2):  # a second draw: tokens that differ once at a near tie are not a fault
         batch = [_with_params(row, i, key, draw) for i, row in enumerate(rows[:count])]
@@ -358,7 +319,7 @@ class Float32Model:
             memories = [r.memory.to_pool(pool) for r in rows]
             tokens = torch.tensor([o.token for o in outputs[: len(rows)]])
             same_length = model.config.same_length
-            with torch.inference_mode(), reference_path():
+            with torch.inference_mode():
                 out, _ = model.transformer.forward_rows(
                     tokens, [1] * len(rows), [m.rows[0] for m in memories], [m.rule(same_length) for m in memories],
                     pool,
@@ -387,7 +348,7 @@ def _dummy_rows(worker: Worker, mem_len: int, n: int, seed: int) -> list[DecodeR
     device = pool.layout.device
     tokens = torch.randint(0, model.config.vocab_size, (sum(lengths),), generator=generator).to(device)
     empty = model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid)
-    with torch.inference_mode(), reference_path():
+    with torch.inference_mode():
         hidden, results = model.transformer.forward_rows(
             tokens, lengths, [empty.rows[0]] * n, [rule] * n, pool
         )  # [N, D]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from txl import BlockPool, PoolExhausted, TransfoXLLMHeadModel
-from txl.kernels import prefer
+from txl.kernels import REFERENCE, DecodePath
 from txl.tokenizers import Tokenizer
 from txl.window import WindowRule
 
@@ -35,7 +35,6 @@ from ..errors import Overloaded, Unavailable
 from . import device_failure
 from .device_failure import is_device_error
 from .gate import DEVICE_MEMORY_FULL, QUEUE_FULL, Gate, GateObserver
-from .graphs import DecodeGraphs
 from .jobs import AdvanceJob, CallJob, DoneEvent, ErrorEvent, GenerateJob, Job, Outbox
 from .launched import Launched
 from .outputs import Outputs
@@ -85,7 +84,7 @@ class Worker:
         max_queued: int,
         max_batch_tokens: int | None = None,
         pool: BlockPool | None = None,
-        graphs: bool = False,
+        path: DecodePath = REFERENCE,
         max_mem_len: int | None = None,
         observer: WorkerObserver | None = None,
         overlap: bool = False,
@@ -118,22 +117,12 @@ class Worker:
         # The positional table sized once for the longest key length any step asks for (a memory at its
         # largest and a whole segment), so that serving never reallocates it.
         model.transformer.reserve_positions(self.max_positions + segment_len)
-        decode_graphs = None
-        if graphs:  # CUDA graphs for decoding iterations (on a CPU: the same static buffers, run eagerly)
-            decode_graphs = DecodeGraphs(
-                model,
-                self.pool,
-                eager=ModelRunner(model, self.pool).decode,
-                max_batch_size=max_batch_size,
-                max_positions=self.max_positions,
-                capture=self.pool.layout.device.type == "cuda",
-            )
-        self.runner = ModelRunner(model, self.pool, decode_graphs)
         # Decoding one step ahead of the device (graphs only: `_launch`); the iteration sent and not yet read.
-        self.overlap = overlap and decode_graphs is not None
+        self._overlap_wanted = overlap
         self._pending: _Pending | None = None
-        # The decoding attention kernel (txl.kernels.prefer), chosen and checked at start-up (engine.selfcheck).
-        self.attention = "auto"
+        self._thread: threading.Thread | None = None
+        self.runner = ModelRunner(model, self.pool)  # the reference path, until `decode_with` (below)
+        self.decode_with(path)
         self.observer = observer or WorkerObserver()
         # Called (on this thread) with the blocks an iteration lacks when a pool that may not grow is full: the
         # session service then moves idle sessions off the device. Work that still cannot run is preempted.
@@ -152,8 +141,17 @@ class Worker:
         self._inbox: list[Job] = []
         self._admitting: list[Job] = []  # taken from the inbox, not yet queued (the gate counts them)
         self._stopping = False
-        self._thread: threading.Thread | None = None
         self._outbox = Outbox()  # events held back until the worker next computes or waits
+
+    def decode_with(self, path: DecodePath) -> None:
+        """Every step runs on `path` (its kernels, and its graphs where it names them), chosen once, before the
+        worker starts: engine.selfcheck chooses and checks it at start-up."""
+        if self._thread is not None or self.runner.graphs is not None:
+            raise RuntimeError("the decode path is chosen once, before the worker starts")
+        self.runner = ModelRunner.serving(
+            self.model, self.pool, path, self.max_batch_size, self.max_positions
+        )
+        self.overlap = self._overlap_wanted and self.runner.graphs is not None
 
     # ------------------------------------------------------------------ control (event loop side)
 
@@ -229,7 +227,7 @@ class Worker:
     # ------------------------------------------------------------------ loop (worker thread)
 
     def _run(self) -> None:
-        with torch.inference_mode(), prefer(self.attention), self._outbox.holding():
+        with torch.inference_mode(), self._outbox.holding():
             while self._wait_for_work():
                 self._iterate()
             self._finish_pending()

@@ -14,7 +14,7 @@ import torch
 import txl
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from txl.kernels import prefer
+from txl.kernels import DecodePath
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.engine.rows import DecodeRow
@@ -22,6 +22,11 @@ from txl_server.engine.runner import ModelRunner
 
 from tests.helpers.tiny_models import tiny_model
 
+# The decoding iteration's paths, through the graphs' static buffers (on the meta device: nothing is captured).
+TORCH = DecodePath(graphs="static")
+TRITON = DecodePath.triton(
+    graphs="static"
+)  # each Triton launch one operation (txl.kernels.triton.common.launch)
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique_dim", "_unique2"}
 PHASES = ("before", "body", "after")
 # Operations that only allocate: no kernel runs (torch.zeros is an allocation and a fill: the fill counts).
@@ -123,7 +128,7 @@ def one_iteration(batch: int) -> dict[str, collections.Counter[str]]:
         for i in range(batch)
     ]
     rows = _rows(model, pool, params, [15 + i % 3 for i in range(batch)], mem_len=32, grid=8)
-    return _iteration(model, pool, rows, max_positions=40, kernel="torch")
+    return _iteration(model, pool, rows, max_positions=40, path=TORCH)
 
 
 def wt103_model(n_layer: int = 18) -> txl.TransfoXLLMHeadModel:
@@ -137,22 +142,22 @@ def wt103_model(n_layer: int = 18) -> txl.TransfoXLLMHeadModel:
 
 
 def wt103_iteration(
-    batch: int, params: SamplingParams, kernel: str, *, n_layer: int = 18
+    batch: int, params: SamplingParams, path: DecodePath, *, n_layer: int = 18
 ) -> dict[str, collections.Counter[str]]:
     """Counts of a warm decoding iteration of the wt103 shape at its mem_len (1,600), `batch` rows sampled with
-    `params`, through `DecodeGraphs.run` with attention kernel `kernel` ("triton": the fused decoding body, the
-    Triton kernels standing in as one operation each, `txl.kernels.triton_common.launch`)."""
+    `params`, through `DecodeGraphs.run` on `path` (TRITON: the fused decoding body, the Triton kernels standing in
+    as one operation each, `txl.kernels.triton.common.launch`)."""
     model = wt103_model(n_layer)
     mem_len = model.config.mem_len
     pool = txl.BlockPool(model.memory_layout(), block_size=16, blocks=batch * 8 + 8, growable=False)
     rows = _rows(model, pool, [params] * batch, [20] * batch, mem_len=mem_len, grid=None)
     rule = txl.WindowRule(mem_len, model.config.same_length, None)
-    return _iteration(model, pool, rows, max_positions=rule.max_positions, kernel=kernel)
+    return _iteration(model, pool, rows, max_positions=rule.max_positions, path=path)
 
 
 def _rows(model, pool, params, lengths, *, mem_len, grid) -> list[DecodeRow]:
     rows = []
-    with torch.inference_mode(), prefer("torch"):
+    with torch.inference_mode():
         for i, (p, n) in enumerate(zip(params, lengths, strict=True)):
             memory = model.empty_memory(1, mem_len=mem_len, pool=pool, grid=grid)
             hidden, memory = model(torch.zeros(1, n, dtype=torch.long, device="meta"), memory)
@@ -160,12 +165,14 @@ def _rows(model, pool, params, lengths, *, mem_len, grid) -> list[DecodeRow]:
     return rows
 
 
-def _iteration(model, pool, rows, *, max_positions: int, kernel: str) -> dict[str, collections.Counter[str]]:
-    eager = ModelRunner(model, pool).decode
+def _iteration(
+    model, pool, rows, *, max_positions: int, path: DecodePath
+) -> dict[str, collections.Counter[str]]:
+    eager = ModelRunner(model, pool, path).decode
     graphs = graphs_module.DecodeGraphs(
-        model, pool, eager=eager, max_batch_size=len(rows), max_positions=max_positions, capture=False
+        model, pool, path, eager=eager, max_batch_size=len(rows), max_positions=max_positions
     )
-    with prefer(kernel), torch.inference_mode(), counting() as counts:
+    with torch.inference_mode(), counting() as counts:
         warm = graphs.run(rows)  # built in the setup phase (on a GPU: captured at start-up)
         rows = [
             DecodeRow(o.memory, o.last_hidden, r.params, r.seed, 1) for o, r in zip(warm, rows, strict=True)

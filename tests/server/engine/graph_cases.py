@@ -1,16 +1,17 @@
-"""Decoding through a CUDA graph's static buffers against the eager runner, for one attention kernel.
+"""Decoding through a CUDA graph's static buffers against the eager runner, on one decode path.
 
-Imported by test_graphs.py, and run as a process of its own with TRITON_INTERPRET=1 for the Triton kernel (Triton
+Imported by test_graphs.py, and run as a process of its own with TRITON_INTERPRET=1 for the Triton kernels (Triton
 reads the switch when it is imported): `python -m tests.server.engine.graph_cases triton` prints the largest difference.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
 import txl
-from txl.kernels import prefer
+from txl.kernels import REFERENCE, DecodePath
 from txl.sampling import SamplingParams
 from txl_server.engine.graphs import DecodeGraphs
 from txl_server.engine.rows import DecodeRow
@@ -45,25 +46,35 @@ def max_positions(model, grid):
     return txl.WindowRule(MEM_LEN, model.config.same_length, grid).max_positions
 
 
-def graphs_over(model, pool, *, max_batch_size, max_positions, capture=False):
-    """Decoding graphs over `pool`, with an eager runner of the same pool as their fallback (as a worker makes)."""
-    eager = ModelRunner(model, pool).decode
+def graphs_over(model, pool, *, max_batch_size, max_positions, capture=False, path: DecodePath = REFERENCE):
+    """Decoding graphs over `pool` on `path` (captured, or their static buffers run eagerly), with an eager runner
+    of the same pool and path as their fallback (as a worker makes)."""
+    path = dataclasses.replace(path, graphs="cuda" if capture else "static")
+    eager = ModelRunner(model, pool, path).decode
     return DecodeGraphs(
-        model, pool, eager=eager, max_batch_size=max_batch_size, max_positions=max_positions, capture=capture
+        model, pool, path, eager=eager, max_batch_size=max_batch_size, max_positions=max_positions
     )
 
 
-def compare(device: str = "cpu", *, capture: bool = False, same_length: bool = True, grid=None) -> float:
+def compare(
+    device: str = "cpu",
+    *,
+    capture: bool = False,
+    same_length: bool = True,
+    grid=None,
+    path: DecodePath = REFERENCE,
+) -> float:
     """Runs batches of rows (several buckets, padding rows in some) and two more steps from each, through the
-    graphs and eagerly; asserts equal tokens and memory lengths, returns the largest hidden-state difference."""
+    graphs and eagerly on `path`; asserts equal tokens and memory lengths, returns the largest hidden-state
+    difference."""
     model = tiny_model(seed=41, mem_len=MEM_LEN, same_length=same_length).to(device)
     pool = txl.BlockPool(model.memory_layout(), block_size=4)
     graphs = graphs_over(
-        model, pool, max_batch_size=8, max_positions=max_positions(model, grid), capture=capture
+        model, pool, max_batch_size=8, max_positions=max_positions(model, grid), capture=capture, path=path
     )
     if capture:  # captured graphs are made up front, never while running
         graphs.capture_all()
-    eager = ModelRunner(model, pool)
+    eager = ModelRunner(model, pool, path)
     worst = 0.0
     for lengths in ([1, 7, 30], [2, 3, 5, 8, 13, 21], [24]):  # buckets 4, 8 and 1: padding rows in two
         rows = decode_rows(model, pool, lengths, grid=grid)
@@ -83,12 +94,15 @@ def compare(device: str = "cpu", *, capture: bool = False, same_length: bool = T
     return worst
 
 
+# The paths by the name a test gives: torch's, the C kernels, Triton's.
+PATHS = {"torch": REFERENCE, "c": DecodePath.c(), "triton": DecodePath.triton()}
+
+
 def main() -> None:
-    kernel = sys.argv[1]
+    path = PATHS[sys.argv[1]]
     worst = 0.0
-    with prefer(kernel):
-        for same_length, grid in ((True, None), (False, GRID)):
-            worst = max(worst, compare(same_length=same_length, grid=grid))
+    for same_length, grid in ((True, None), (False, GRID)):
+        worst = max(worst, compare(same_length=same_length, grid=grid, path=path))
     print(worst)
 
 

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from txl.kernels import triton_sampling
+from txl.kernels.triton import sampling as triton_sampling
 from txl.sampling import SamplingParams
 from txl_server.engine.device_report import describe
 from txl_server.engine.jobs import GenerateJob, job_result

@@ -65,13 +65,15 @@ async def test_a_session_at_rest_holds_only_the_blocks_of_its_window_and_continu
         state.memory.allocated_nbytes
         <= resting_blocks(state.memory.length, pool.block_size) * pool.block_nbytes
     )
-    # The same text fed to the model directly: the next tokens' log-probabilities agree exactly.
-    model = service.model
+    # The same text fed to the model directly, on the server's decode path: the next tokens' log-probabilities
+    # agree exactly.
+    model, path = service.model, runtime.worker.runner.path
     ids = [service.start_id, *text.encode()]
     with torch.inference_mode():
         memory = model.empty_memory(1, mem_len=meta.mem_len, grid=grid)
         for start in range(0, len(ids), service.segment_len):
-            hidden, memory = model(torch.tensor([ids[start : start + service.segment_len]]), memory)
+            segment = torch.tensor([ids[start : start + service.segment_len]])
+            hidden, memory = model(segment, memory, path=path)
     torch.testing.assert_close(state.memory.keys(0), memory.keys(0), rtol=0, atol=0)
     torch.testing.assert_close(state.last_hidden, hidden[0, -1], rtol=0, atol=0)
     # An append continues from the session's memory as from the directly fed one, segment by segment.
@@ -81,11 +83,11 @@ async def test_a_session_at_rest_holds_only_the_blocks_of_its_window_and_continu
         predictor = hidden[:, -1:]
         for start in range(0, len(appended), service.segment_len):
             chunk = appended[start : start + service.segment_len]
-            log_probs = model.log_probs(predictor)
+            log_probs = model.log_probs(predictor, path)
             expected += float(log_probs[0, 0, chunk[0]])
-            hidden, memory = model(torch.tensor([chunk]), memory)
+            hidden, memory = model(torch.tensor([chunk]), memory, path=path)
             if len(chunk) > 1:
-                inner = model.log_probs(hidden[:, :-1])[0]
+                inner = model.log_probs(hidden[:, :-1], path)[0]
                 expected += float(inner.gather(1, torch.tensor(chunk[1:])[:, None]).sum())
             predictor = hidden[:, -1:]
     outcome = await service.append(OWNER, meta.id, "More text.")

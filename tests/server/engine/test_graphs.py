@@ -1,5 +1,5 @@
-"""Decoding iterations through the static buffers a CUDA graph captures give what the eager runner gives, with
-every attention kernel, and a graph never reads a tensor that was reallocated or freed behind it.
+"""Decoding iterations through the static buffers a CUDA graph captures give what the eager runner gives, on every
+decode path, and a graph never reads a tensor that was reallocated or freed behind it.
 
 On a CPU the buffers run eagerly (no capture): the same inputs, padding rows and sampling, the same body a CUDA
 graph records (what the body reads is recorded with a dispatch mode); on a CUDA device the iteration is
@@ -14,8 +14,8 @@ import pytest
 import torch
 import txl
 from torch.utils._python_dispatch import TorchDispatchMode
-from txl.kernels import cpu_paged_decode, prefer
-from txl.kernels import triton_decode as triton_kernel
+from txl.kernels.cpu.paged_decode import cpu_paged_decode
+from txl.kernels.triton import decode as triton_kernel
 from txl.paged import decode_plan
 from txl.paged.decode_plan import DecodePlan
 from txl.paged.rows import plan_row
@@ -28,12 +28,12 @@ from txl_server.runtime import Runtime
 from tests.helpers.interpreted import run_interpreted
 from tests.helpers.tiny_models import tiny_model
 
-from .graph_cases import GRID, MEM_LEN, compare, decode_rows, graphs_over, max_positions
+from .graph_cases import GRID, MEM_LEN, PATHS, compare, decode_rows, graphs_over, max_positions
 
 KERNELS = [
     "torch",
     pytest.param(
-        "cpu", marks=pytest.mark.skipif(cpu_paged_decode() is None, reason="no C compiler for the CPU kernel")
+        "c", marks=pytest.mark.skipif(cpu_paged_decode() is None, reason="no C compiler for the C kernels")
     ),
 ]
 
@@ -48,8 +48,7 @@ def test_buckets_cover_every_batch_size():
 def test_static_decode_buffers_give_the_eager_results(kernel, same_length):
     """The torch path derives its masks and indices inside the body from each iteration's buffers (computed
     once from the warm-up's padding rows, every replay attended to the scratch block only: off by 5.0)."""
-    with prefer(kernel):
-        worst = compare(same_length=same_length, grid=None if same_length else GRID)
+    worst = compare(same_length=same_length, grid=None if same_length else GRID, path=PATHS[kernel])
     assert worst < 1e-5
 
 
@@ -207,7 +206,7 @@ def test_rows_longer_than_the_buffers_run_eagerly():
     model = tiny_model(seed=3, mem_len=20)
     pool = txl.BlockPool(model.memory_layout(), block_size=4, blocks=128)
     graphs = graphs_over(model, pool, max_batch_size=2, max_positions=16, capture=False)
-    runner = ModelRunner(model, pool, graphs)
+    runner = ModelRunner(model, pool, graphs.path, graphs)
     (row,) = decode_rows(model, pool, [20], mem_len=20)
     assert row.memory.length == 20 and not graphs.supports([row])
     got, _ = runner.run([row], [])

@@ -54,7 +54,7 @@ class Fault:
         monkeypatch.setattr(graphs_module, "sample_rows", self.sample_rows)
 
     def sample_rows(
-        self, log_probs: torch.Tensor, rows: Any, readback: torch.Tensor | None = None
+        self, log_probs: torch.Tensor, rows: Any, readback: torch.Tensor | None = None, *, path: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         poisoned = (rows.seeds == signed64(POISON_SEED)) & (rows.counters >= FAULT_FROM)  # [N]
         if poisoned.any():
@@ -62,7 +62,7 @@ class Fault:
             if self.kind == "raise":
                 raise InjectedFault("a fault no validator knows")
             log_probs = log_probs.masked_fill(poisoned[:, None], float("nan"))
-        return self.original(log_probs, rows, readback)
+        return self.original(log_probs, rows, readback, path=path)
 
 
 def together(worker: Any, n: int, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,7 @@
 """Start-up on the device (engine.selfcheck): every decoding graph is made and checked against the eager path
-before the server is ready, the attention kernel is checked against the torch path, and a piece that fails
-(a capture that raises, a graph that differs, a Triton kernel that raises) is turned off once, in one log line,
-while the server stays ready and serves the tokens it serves without it.
+before the server is ready, the decode path's kernels are checked against its torch variant, and a piece that
+fails (a capture that raises, a graph that differs, a Triton kernel that raises) is turned off once, in one log
+line, while the server stays ready and serves the tokens it serves without it.
 
 On a CPU the graphs' static buffers run eagerly ("capture" builds them) and Triton runs only under its
 interpreter, so the faults are injected where a GPU would raise them."""
@@ -14,8 +14,10 @@ import logging
 import pytest
 import torch
 import txl
-from txl.kernels import prefill_attention, triton_common, triton_decode
-from txl.kernels.prefill_attention import cpu_prefill_attention
+from txl.kernels.cpu import prefill_attention
+from txl.kernels.cpu.prefill_attention import cpu_prefill_attention
+from txl.kernels.triton import common as triton_common
+from txl.kernels.triton import decode as triton_decode
 from txl.sampling import SamplingParams
 from txl_server.engine import graphs as graphs_module
 from txl_server.engine import selfcheck
@@ -164,11 +166,11 @@ async def test_a_triton_kernel_that_raises_is_replaced_before_the_graphs_are_mad
             assert _pool_is_free(runtime)
             # The graphs are made with the kernel that replaced it, and pass.
             failed = [c.what for c in runtime.serving.failures]
-            assert report.cuda_graphs == "on" and failed == ["the triton attention kernel vs the torch path"]
+            assert report.cuda_graphs == "on" and failed == ["the triton kernels vs the torch path"]
             assert await _tokens(runtime) == eager_tokens
             assert await runtime.ready()
     assert len(failing_triton) == 1  # the start-up check only: serving never called it
-    assert sum("does not use that kernel" in r.getMessage() for r in caplog.records) == 1
+    assert sum("does not use those kernels" in r.getMessage() for r in caplog.records) == 1
 
 
 @pytest.mark.skipif(cpu_prefill_attention() is None, reason="no C compiler for the CPU prefill kernel")
@@ -187,7 +189,7 @@ async def test_a_cpu_prefill_kernel_that_differs_turns_the_native_kernels_off(
     monkeypatch.setattr(prefill_attention.PrefillAttentionKernel, "__call__", slightly_off)
     async with running(make_settings(cuda_graphs=False)) as runtime:
         report = runtime.device_report()
-        assert report.attention == "torch" and "the c attention kernel" in report.attention_reason
+        assert report.attention == "torch" and "the c kernels" in report.attention_reason
         checked = len(calls)
         assert checked and _pool_is_free(runtime) and await runtime.ready()
         assert await _tokens(runtime) == eager_tokens
@@ -253,7 +255,9 @@ def test_a_triton_sampling_kernel_that_fails_turns_triton_off_and_top_p_is_serve
         line["cuda_graphs"] == "on" and len(line["tokens"]) == 3 and all(len(t) == 5 for t in line["tokens"])
     )
     assert not reference["triton"] and line["tokens"] == reference["tokens"]
-    assert "does not use that kernel (attention, layers, sampling" in done.stderr  # the fallback, logged
+    assert (
+        "does not use those kernels: the torch path takes their parts" in done.stderr
+    )  # the fallback, logged
 
 
 def test_top_k_buckets_are_few_and_a_larger_top_k_runs_eagerly():
@@ -298,8 +302,8 @@ def test_buffers_that_cannot_be_remade_after_the_pool_grew_turn_off_and_the_step
 async def test_a_cpu_server_chooses_its_linear_kernels_before_it_is_ready(make_settings):
     """Kernels are chosen by timing the first time a row count meets a layer: start-up meets every measured
     row count, so no user's request pays for the measurement."""
-    from txl.kernels.linear import chosen_kernels
-    from txl.kernels.linear_choice import ROW_BUCKETS
+    from txl.kernels.cpu.linear import chosen_kernels
+    from txl.kernels.cpu.linear_choice import ROW_BUCKETS
 
     async with running(make_settings()) as rt:
         chosen = chosen_kernels(rt.worker.model)

@@ -37,12 +37,37 @@ class WindowInfo(BaseModel):
     same_length: bool
 
 
+class DecodePathInfo(BaseModel):
+    attention: Literal["triton", "c", "torch"] = Field(description="decoding attention (one query per row)")
+    prefill: Literal["c", "torch"] = Field(description="a prompt segment's attention")
+    layers: Literal["triton", "c", "torch"] = Field(
+        description="a decoding step's layers fused whole (triton: five launches a layer; c: one native call a "
+        "layer, for a few rows), or torch: layer by layer"
+    )
+    linear: list[Literal["torch", "onednn", "c"]] = Field(
+        description="the kernels a CPU's linear layers take: one, or several of which each layer shape takes the "
+        "one measured fastest on this machine"
+    )
+    embedding: Literal["triton", "torch"]
+    softmax: Literal["triton", "torch"] = Field(description="the adaptive log-softmax")
+    sampler: Literal["triton", "torch"]
+    graphs: Literal["cuda", "static", "off"] = Field(
+        description="decoding iterations as CUDA graphs, their static buffers run eagerly (a CPU), or neither"
+    )
+
+
 class ServingInfo(BaseModel):
     device: str = Field(description="torch device, e.g. cuda:0 or cpu")
     device_name: str
     dtype: str
-    attention: Literal["triton", "c", "torch"] = Field(description="the decoding attention kernel in use")
-    attention_reason: str | None = Field(description="why a faster kernel is not in use, when one is not")
+    decode_path: DecodePathInfo = Field(
+        description="which code runs each part of a decoding step, chosen and checked at start-up"
+    )
+    attention: Literal["triton", "c", "torch"] = Field(description="the decode path's attention kernel")
+    attention_reason: str | None = Field(
+        description="why the decode path is not a faster one (its kernels switched off, or they failed their "
+        "start-up check), when it is not"
+    )
     cuda_graphs: Literal["on", "off"]
     cuda_graphs_reason: str | None = Field(description="why they are off; on a CPU, what 'on' means there")
     graphs: int = Field(description="decoding graphs captured at start-up (on a CPU: static buffers built)")

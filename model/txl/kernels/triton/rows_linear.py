@@ -5,9 +5,9 @@ Decoding multiplies a few rows (one per session) by each weight: a pass over the
 products come from tensor cores over tiles of [BLOCK_M rows, BLOCK_N outputs, BLOCK_K inputs] (rows beyond the
 batch read as zero); the grid splits the outputs into BLOCK_N-wide tiles and, to keep every SM reading at batch 1,
 the inputs into `splits` ranges, so that a weight is read once, by many programs at a time. Each program writes
-its float32 partial products; the last of a tile's splits to finish (`triton_common` semaphores) adds the parts
+its float32 partial products; the last of a tile's splits to finish (`triton.common` semaphores) adds the parts
 in split order (four read at a time), with the bias, and with the LayerNorm the residual, which
-`triton_layer_norm` then finishes (up to a few rows in this launch, else in one of its own). `relu_input`
+`triton.layer_norm` then finishes (up to a few rows in this launch, else in one of its own). `relu_input`
 applies the previous layer's bias and ReLU to x as it is read (the feed-forward's inner activation, left bare by
 the product that made it), so that product needs nothing after it either. A layer's small operations after its
 product (the bias, the residual add, the LayerNorm: three launches and two roundings in the torch path) are then
@@ -29,14 +29,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import triton_common, triton_layer_norm
-from .triton_common import device_guard, next_power_of_2, semaphores, sms, triton, widen_dots
-from .triton_layer_norm import GROUP_ROWS, IN_KERNEL_ROWS, NORM_TILE_N, chunk_columns
+from . import common, layer_norm
+from .common import device_guard, next_power_of_2, semaphores, sms, triton, widen_dots
+from .layer_norm import GROUP_ROWS, IN_KERNEL_ROWS, NORM_TILE_N, chunk_columns
 
 if triton is not None:
     import triton.language as tl
 
-    from .triton_layer_norm import normalise_rows, tile_statistics
+    from .layer_norm import normalise_rows, tile_statistics
 
 NUM_WARPS = 4
 NUM_STAGES = (
@@ -79,7 +79,7 @@ def launch_constants(
     plan: RowsPlan, rows: int, outputs: int, dtype: torch.dtype, *, relu_input: bool, bias: bool, norm: bool
 ) -> dict[str, Any]:
     """The kernel's compile-time constants for a call of `rows` rows (what `rows_linear` launches, and what
-    `triton_report` compiles ahead of time for the same call)."""
+    `bench/triton_report.py` compiles ahead of time for the same call)."""
     return dict(
         BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n,
@@ -90,7 +90,7 @@ def launch_constants(
         RELU_INPUT=relu_input,
         HAS_BIAS=bias,
         NORM=norm,
-        NORM_HERE=norm and rows <= IN_KERNEL_ROWS,  # else triton_layer_norm's launch finishes the rows
+        NORM_HERE=norm and rows <= IN_KERNEL_ROWS,  # else triton.layer_norm's launch finishes the rows
         SPLIT=plan.splits > 1 and not norm,  # with the LayerNorm, partial products always (one variant)
         WIDEN=widen_dots(dtype),
         IEEE=dtype == torch.float32,
@@ -109,9 +109,9 @@ def jit_kernel() -> Any:
         norm_w,  # [N] (NORM)
         norm_b,  # [N] (NORM)
         partial,  # [splits, M, N] float32 (SPLIT or NORM); with NORM, [0] then holds y, summed
-        stats,  # [2, M, TILES] float32 (NORM): triton_layer_norm's figures per row and tile
+        stats,  # [2, M, TILES] float32 (NORM): triton.layer_norm's figures per row and tile
         sem,  # int32 semaphores: [blocks, tiles] each tile's splits, then (NORM_HERE) the tiles
-        out,  # [M, N] (NORM: written by triton_layer_norm)
+        out,  # [M, N] (NORM: written by triton.layer_norm)
         M,
         N,
         K,
@@ -235,7 +235,7 @@ def rows_linear(
     """x [M, K], weight [N, K] (model dtype) -> [M, N]: x @ weight^T + bias, where `relu_input` [K] first makes x
     relu(x + relu_input); with `norm` (LayerNorm weight, bias, eps) and `residual` [M, N], LayerNorm(residual +
     that). `plan` overrides how the call is split (tests); `out` [M, N], contiguous, is written (else a new
-    tensor). One launch, and with the LayerNorm above IN_KERNEL_ROWS rows a second (`triton_layer_norm`)."""
+    tensor). One launch, and with the LayerNorm above IN_KERNEL_ROWS rows a second (`triton.layer_norm`)."""
     m, k = x.shape
     n = weight.size(0)
     device = x.device
@@ -256,7 +256,7 @@ def rows_linear(
         if constants["NORM"]:
             stats = torch.empty((2, m, constants["TILES"]), dtype=torch.float32, device=device)
         norm_w, norm_b, eps = norm if norm is not None else (out, out, 0.0)
-        triton_common.launch(
+        common.launch(
             jit_kernel(),
             (tiles_n, plan.splits, blocks),
             x,
@@ -281,8 +281,8 @@ def rows_linear(
             num_stages=NUM_STAGES,
         )
         if constants["NORM"] and not constants["NORM_HERE"]:
-            triton_common.launch(
-                triton_layer_norm.jit_kernel(),
+            common.launch(
+                layer_norm.jit_kernel(),
                 (-(-m // GROUP_ROWS),),
                 partial,
                 stats,

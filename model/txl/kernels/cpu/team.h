@@ -1,7 +1,7 @@
 /* The OpenMP team a kernel's parallel region runs on, and each member's share of the work.
  *
  * Built with -fopenmp, a kernel library needs libgomp.so.1, which the dynamic loader matches to the copy torch
- * already loaded (the same soname): its parallel regions run on torch's own thread team (kernels/build.py checks
+ * already loaded (the same soname): its parallel regions run on torch's own thread team (build.py checks
  * that the process maps that one OpenMP runtime alone). Built without, a region is one thread: member 0 of 1.
  */
 #ifndef TXL_TEAM_H

@@ -19,8 +19,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from ..decode_rows import DecodeRows
 from .build import Kernel, LoadedLibrary, load_kernel
-from .decode_rows import DecodeRows
 
 SOURCE = Path(__file__).with_name("prefill_attention.c")
 # qc .. pos; the positional heads' stride; out; H, B, T, Dh, S, NB, bs, P, threads; scratch, its floats per thread

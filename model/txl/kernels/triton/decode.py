@@ -36,12 +36,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import triton_common
-from .decode_rows import DecodeRows, GivenRows
-from .triton_common import DEFAULT_SMS as DEFAULT_SMS  # re-exported: benchmarks size their grids by it
-from .triton_common import available as available
-from .triton_common import device_guard, sms, triton
-from .triton_common import next_power_of_2 as _next_power_of_2
+from ..decode_rows import DecodeRows, GivenRows
+from . import common
+from .common import DEFAULT_SMS as DEFAULT_SMS  # re-exported: benchmarks size their grids by it
+from .common import available as available
+from .common import device_guard, sms, triton
+from .common import next_power_of_2 as _next_power_of_2
 
 if triton is not None:
     import triton.language as tl
@@ -254,7 +254,7 @@ def triton_paged_decode(
             )
         else:  # not read: the kernel writes `out` directly
             part_max = part_sum = part_acc = out
-        triton_common.launch(
+        common.launch(
             partitions_kernel,
             (batch * heads, plan.partitions),
             q.float().contiguous(),
@@ -285,7 +285,7 @@ def triton_paged_decode(
             num_warps=NUM_WARPS,
         )
         if plan.split:
-            triton_common.launch(
+            common.launch(
                 combine_kernel,
                 (batch * heads,),
                 part_max,

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import triton_common
-from .triton_common import device_guard, next_power_of_2, triton
+from . import common
+from .common import device_guard, next_power_of_2, triton
 
 if triton is not None:
     import triton.language as tl
@@ -113,7 +113,7 @@ def adaptive_embedding(
     lows = [*cutoff_ends[1:clusters], *[cutoff_ends[-1]] * (MAX_CLUSTERS - clusters)]
     with device_guard(device):
         out = torch.empty((n, width), dtype=embeddings[0].dtype, device=device)
-        triton_common.launch(
+        common.launch(
             jit_kernel(),
             (n, -(-width // BLOCK_N)),
             tokens,

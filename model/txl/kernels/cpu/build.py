@@ -4,8 +4,8 @@ through ctypes.
 Each C file beside this module is one kernel; its Python wrapper (the module of the same name) declares the
 functions it exports and calls them. `load_kernel(source, Wrapper)` is how a wrapper gets its library: `source`
 compiled on first use (`-O3 -march=native`, cached under `cache_dir()` by a key over the source, the headers it
-includes, the compiler and its flags, and this CPU), and None where it cannot be (no C compiler, a failed build,
-`TXL_CPU_KERNELS=0`), which sends callers to torch's path. ctypes releases the GIL during a call. A kernel built
+includes, the compiler and its flags, and this CPU), and None where it cannot be (no C compiler, a failed build):
+a decode path then names torch's kernels instead (txl.kernels.path). ctypes releases the GIL during a call. A kernel built
 with `-fopenmp` runs its parallel regions on torch's own OpenMP team (team.h) where the process maps that one
 runtime alone (`shares_torchs_threads`).
 """
@@ -50,7 +50,7 @@ def _cpu_flags() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels (and measured linear kernel choices, txl.kernels.linear_choice) are kept."""
+    """Where compiled kernels (and measured linear kernel choices, txl.kernels.cpu.linear_choice) are kept."""
     root = os.environ.get("TXL_KERNEL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "txl", "kernels"
     )
@@ -91,10 +91,8 @@ def _build(compiler: str, source: Path, extra: list[str]) -> Path:
 
 def build_library(source: Path, openmp: bool = False) -> ctypes.CDLL | None:
     """`source` compiled for this machine on first use (cached on disk) and loaded; None where no C compiler is
-    found, the build fails, or `TXL_CPU_KERNELS=0` is set (callers then take torch's path). `openmp`: built with
-    -fopenmp where that builds, and without it where not (its parallel regions then run in one thread)."""
-    if os.environ.get("TXL_CPU_KERNELS", "1") == "0":
-        return None
+    found or the build fails. `openmp`: built with -fopenmp where that builds, and without it where not (its
+    parallel regions then run in one thread)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.info("no C compiler found: %s is not used, torch's kernels are", source.name)

@@ -42,13 +42,13 @@ FP_FUSION = True
 
 
 def available(device: torch.device) -> bool:
-    """Whether Triton kernels can run on `device` here (TXL_TRITON_KERNELS=0 turns them off)."""
-    if triton is None or os.environ.get("TXL_TRITON_KERNELS", "1") == "0":
-        return False
-    return device.type == "cuda" or interpreting()
+    """Whether Triton kernels can run on `device` here: Triton is installed, and the device is a GPU or Triton's
+    interpreter runs them on the CPU (whether a decode path uses them is the path's: txl.kernels.path)."""
+    return triton is not None and (device.type == "cuda" or interpreting())
 
 
 def interpreting() -> bool:
+    """Whether Triton runs its kernels in its interpreter (Triton's own switch, which it reads when imported)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

@@ -2,7 +2,7 @@
 
 Why native code: at one row a linear layer is a pass over its weight, and torch's kernels (MKL's gemv, oneDNN's
 inner product) read small matrices well below the rate a plain sum over the same bytes reaches; this loop reads
-them at close to it (docs/model.md). One of the candidates `txl.kernels.linear` measures.
+them at close to it (docs/model.md). One of the candidates `txl.kernels.cpu.linear` measures.
 """
 
 from __future__ import annotations

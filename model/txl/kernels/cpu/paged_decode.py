@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..decode_rows import DecodeRows
 from .build import KernelByDtype, load_kernel
-from .decode_rows import DecodeRows
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 # q .. out; B, H, S, NB, bs, Dh, P, threads; scratch, its floats per thread

@@ -2,7 +2,7 @@
 
 A choice is made per entry (out x in features, dtype, input rows bucket, torch threads) by timing every candidate
 kernel on this machine, interleaved, and keeping the fastest by its best time (the least disturbed by other
-processes on a shared machine). The plain kernel is kept unless another is clearly faster (`MARGIN`): it needs no
+processes on a shared machine). Torch's kernel is kept unless another is clearly faster (`MARGIN`): it needs no
 second copy of the weight.
 
 Choices are cached in one JSON file per machine under the user's cache directory (`TXL_KERNEL_CACHE`, else
@@ -36,14 +36,15 @@ import torch
 
 log = logging.getLogger(__name__)
 
-PLAIN = "plain"
+TORCH = "torch"
 ONEDNN = "onednn"
-NATIVE = "native"
-KERNELS = (PLAIN, ONEDNN, NATIVE)
-# 3: the native kernel splits its outputs over torch's threads, so choices measured with more than one thread
-# before (the native kernel then on one) are measured again.
-FORMAT = 3
-# Another kernel replaces the plain one only when this much faster: below it, timing noise decides.
+C = "c"
+KERNELS = (TORCH, ONEDNN, C)
+# 3: the C kernel splits its outputs over torch's threads, so choices measured with more than one thread before
+# (the C kernel then on one) are measured again. 4: the kernels' names are the decode path's ("torch", "c"; they
+# were "plain", "native").
+FORMAT = 4
+# Another kernel replaces torch's only when this much faster: below it, timing noise decides.
 MARGIN = 0.05
 # Rows a linear layer is measured at; an input takes the choice of the nearest in log scale (see `rows_bucket`).
 ROW_BUCKETS = (1, 4, 16, 64, 256)
@@ -91,7 +92,7 @@ class Machine:
     vector: str  # vector units: torch's dispatch level and the CPU's flags that matter (AVX-512, AMX, bf16)
     onednn_isa: str  # ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA), "" when not limited
     mkl_isa: str  # MKL_ENABLE_INSTRUCTIONS, "" when not limited
-    bfloat16: bool  # whether oneDNN computes bfloat16 natively (see txl.kernels.linear.cpu_runs_bfloat16)
+    bfloat16: bool  # whether oneDNN computes bfloat16 natively (see txl.kernels.cpu.linear.cpu_runs_bfloat16)
     torch: str
 
     @property
@@ -144,7 +145,7 @@ ROUNDS = 3
 def measure(entry: Entry, candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
     """Best seconds per run of each candidate over ROUNDS interleaved rounds (a busy spell slows every candidate
     alike), after one warm-up run each (packing weights, creating primitives, faulting pages in). A run is a
-    pass over copies of the layer (see txl.kernels.linear), as a decode step passes over its layers.
+    pass over copies of the layer (see txl.kernels.cpu.linear), as a decode step passes over its layers.
 
     With one torch thread the clock is the thread's CPU time: the time other processes take the core is not
     the kernel's (on a shared machine, wall-clock minima of millisecond calls varied severalfold between runs)."""
@@ -169,22 +170,16 @@ class KernelChoices:
         directory: Path | None,
         *,
         timer: Timer = measure,
-        forced: str | None = None,
     ) -> None:
-        if forced is not None and forced not in KERNELS:
-            raise ValueError(f"unknown linear kernel {forced!r} (known: {', '.join(KERNELS)})")
         self.machine = machine
         self.path = directory / machine.file_name if directory is not None else None
         self.timer = timer
-        self.forced = forced
         self._choices: dict[str, str] | None = None  # read from disk on first use
         self._lock = threading.Lock()
         self.measured: dict[str, dict[str, float]] = {}  # this process's timings by key, for reports
 
     def choose(self, entry: Entry, candidates: Mapping[str, Callable[[], object]]) -> str:
         """The kernel for `entry` among `candidates` (name -> a call on a sample input, for timing)."""
-        if self.forced is not None and self.forced in candidates:
-            return self.forced
         if len(candidates) == 1:
             return next(iter(candidates))
         with self._lock:
@@ -207,10 +202,10 @@ class KernelChoices:
     def _measure(
         self, key: str, entry: Entry, candidates: Mapping[str, Callable[[], object]], choices: dict[str, str]
     ) -> str:
-        """Times the candidates, keeps the fastest (plain unless another is clearly faster), saves it."""
+        """Times the candidates, keeps the fastest (torch's unless another is clearly faster), saves it."""
         seconds = self.timer(entry, candidates)
         self.measured[key] = seconds
-        choice = min(candidates, key=lambda name: seconds[name] * (1 if name == PLAIN else 1 + MARGIN))
+        choice = min(candidates, key=lambda name: seconds[name] * (1 if name == TORCH else 1 + MARGIN))
         choices[key] = choice
         self._save(key, choice)
         log.debug("linear %s: %s (%s)", key, choice, seconds)

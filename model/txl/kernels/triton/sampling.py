@@ -13,7 +13,7 @@ number of launches whatever the batch, none of them waiting for the host.
   its log-prob, and both as float64 into the iteration's read-back buffer.
 
 Each kernel splits a row over programs of CHUNK words (a wt103 row is 66 of them); the last program of a row to
-finish (`triton_common` semaphores) combines the chunks in order, so the same device gives the same tokens at
+finish (`triton.common` semaphores) combines the chunks in order, so the same device gives the same tokens at
 every run. Tempering is (log p - max) / T in float32, rounded as torch rounds it, so the keys and the top-k
 threshold are the torch path's; sums are taken in another order than torch's, so a number that falls within
 rounding of a boundary between two tokens (or a token at the edge of top-p) may go the other way.
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import triton_common
-from .triton_common import device_guard, semaphores, triton
+from . import common
+from .common import device_guard, semaphores, triton
 
 if triton is not None:
     import triton.language as tl
@@ -360,7 +360,7 @@ def sample(
         chunk_arg = torch.empty((n, chunks), dtype=torch.int64, device=device)
         best = torch.empty(n, dtype=torch.float32, device=device)
         best_at = torch.empty(n, dtype=torch.int64, device=device)
-        triton_common.launch(
+        common.launch(
             row_max,
             (n, chunks),
             log_probs,
@@ -386,7 +386,7 @@ def sample(
             above = torch.empty((n, chunks, PIVOTS), dtype=torch.float32, device=device)
             total = torch.empty((n, chunks), dtype=torch.float32, device=device)
             for step in range(PASSES):
-                triton_common.launch(
+                common.launch(
                     nucleus_pass,
                     (n, chunks),
                     log_probs,
@@ -409,7 +409,7 @@ def sample(
                 )
         tokens = torch.empty(n, dtype=torch.int64, device=device)
         logprobs = torch.empty(n, dtype=torch.float32, device=device)
-        triton_common.launch(
+        common.launch(
             draw_kernel,
             (n, chunks),
             log_probs,
@@ -457,14 +457,14 @@ def nucleus_thresholds(log_probs: Tensor, temperature: Tensor, top_p: Tensor) ->
     chunk_best = torch.empty((n, chunks), dtype=torch.float32, device=device)
     chunk_arg = torch.empty((n, chunks), dtype=torch.int64, device=device)
     with device_guard(device):
-        triton_common.launch(row_max, (n, chunks), log_probs, chunk_best, chunk_arg, sem, best, best_at, vocab, chunks,
+        common.launch(row_max, (n, chunks), log_probs, chunk_best, chunk_arg, sem, best, best_at, vocab, chunks,
                CHUNK=CHUNK, BLOCK=BLOCK, CHUNK_BLOCK=CHUNK_BLOCK, num_warps=NUM_WARPS)  # fmt: skip
         lo = torch.empty(n, dtype=torch.int64, device=device)
         hi = torch.empty(n, dtype=torch.int64, device=device)
         above = torch.empty((n, chunks, PIVOTS), dtype=torch.float32, device=device)
         total = torch.empty((n, chunks), dtype=torch.float32, device=device)
         for step in range(PASSES):
-            triton_common.launch(nucleus_pass, (n, chunks), log_probs, best, temperature, top_p, lo, hi, above, total, sem,
+            common.launch(nucleus_pass, (n, chunks), log_probs, best, temperature, top_p, lo, hi, above, total, sem,
                    vocab, chunks, FIRST=step == 0, J=PIVOTS, CHUNK=CHUNK, BLOCK=PASS_BLOCK,
                    CHUNK_BLOCK=CHUNK_BLOCK, num_warps=NUM_WARPS)  # fmt: skip
     bits = hi.clamp(min=NEG_INF_KEY).to(torch.int32)

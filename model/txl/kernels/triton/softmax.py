@@ -7,7 +7,7 @@ cluster's head log-prob added, the copy into the vocabulary). Here the logits co
 torch path's (`txl.adaptive`: the same calls, so the same numbers), and:
 
 1. `stats`: each program reads a chunk of one part's logits and keeps the chunk's maximum and sum of
-   exponentials; the last of a row's programs (`triton_common` semaphores) combines them part by part, in chunk
+   exponentials; the last of a row's programs (`triton.common` semaphores) combines them part by part, in chunk
    order (the head with its cluster logits), into one number per part: what to add to its logits;
 2. `write`: each program writes its chunk's log-probabilities, logit + that number, as float32.
 """
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import triton_common
-from .triton_common import device_guard, semaphores, triton
+from . import common
+from .common import device_guard, semaphores, triton
 
 MAX_PARTS = 4  # the head and three tail clusters (wt103); more take the torch path
 CHUNK = 4096  # words a program reads
@@ -213,7 +213,7 @@ def adaptive_log_probs(logits: Sequence[Tensor], clusters: Tensor | None) -> Ten
         chunk_sum = torch.empty_like(chunk_max)
         shifts = torch.empty((n, 4), dtype=torch.float32, device=device)
         out = torch.empty((n, vocab), dtype=torch.float32, device=device)
-        triton_common.launch(
+        common.launch(
             stats,
             (n, chunks),
             *padded_x,
@@ -231,7 +231,7 @@ def adaptive_log_probs(logits: Sequence[Tensor], clusters: Tensor | None) -> Ten
             STATS_BLOCK=STATS_BLOCK,
             num_warps=NUM_WARPS,
         )
-        triton_common.launch(
+        common.launch(
             write,
             (n, chunks),
             *padded_x,

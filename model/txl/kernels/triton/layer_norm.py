@@ -1,4 +1,4 @@
-"""The LayerNorm that finishes `triton_rows_linear`'s post-norm layers: out = LayerNorm(y), y = residual + x @ W^T
+"""The LayerNorm that finishes `triton.rows_linear`'s post-norm layers: out = LayerNorm(y), y = residual + x @ W^T
 + bias summed in float32 by the tiles of outputs that made it, where no tile holds a whole row.
 
 It comes in two steps, each as wide as the work allows:
@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .triton_common import triton
+from .common import triton
 
 if triton is not None:
     import triton.language as tl

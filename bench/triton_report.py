@@ -1,5 +1,7 @@
-"""The Triton kernels (decoding attention, the fused decoding body, sampling) compiled ahead of time for a GPU
-architecture, with no GPU present: Triton's own LLVM and the ptxas it ships. Reports what each variant costs a GPU: registers, spills, shared memory, barriers.
+"""The Triton kernels (txl.kernels.triton: decoding attention, the fused decoding body, sampling) compiled ahead of
+time for a GPU architecture, with no GPU present: Triton's own LLVM and the ptxas it ships. Reports what each
+variant costs a GPU: registers, spills, shared memory, barriers (bench/gpu_kernels.py; tests/model checks every
+variant compiles without spilling).
 
 A kernel that spills keeps part of its state in local (off-chip) memory, which a memory-bound kernel cannot
 afford; a kernel that does not compile for a shape fails on its first GPU step. Both show here, on a CPU.
@@ -15,17 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from . import (
-    triton_attention,
-    triton_decode,
-    triton_embedding,
-    triton_layer_norm,
-    triton_rows_linear,
-    triton_sampling,
-    triton_softmax,
-)
-from .triton_common import FP_FUSION, next_power_of_2
+from txl.kernels.triton import attention as triton_attention
+from txl.kernels.triton import decode as triton_decode
+from txl.kernels.triton import embedding as triton_embedding
+from txl.kernels.triton import layer_norm as triton_layer_norm
+from txl.kernels.triton import rows_linear as triton_rows_linear
+from txl.kernels.triton import sampling as triton_sampling
+from txl.kernels.triton import softmax as triton_softmax
+from txl.kernels.triton.common import FP_FUSION, next_power_of_2
 
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -359,7 +358,7 @@ def compile_kernel(
         source = Path(tmp) / "kernel.ptx"
         source.write_text(ptx)
         # ptxas's verbose report, for the architecture Triton compiled for (the same tool, run again).
-        done = subprocess.run(  # noqa: S603 - Triton's bundled ptxas with fixed arguments
+        done = subprocess.run(
             [
                 get_ptxas(arch).path,
                 "-v",

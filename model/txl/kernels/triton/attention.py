@@ -1,7 +1,7 @@
 """A decoding step's whole attention in one Triton kernel: the query's biases and scale, the positional term, the
 new position's keys and values, attention over the row's blocks, and the combination of its partitions.
 
-What the layer-by-layer path does in a dozen launches (`txl.attention.group_attention` with `triton_decode`:
+What the layer-by-layer path does in a dozen launches (`txl.attention.group_attention` with `triton.decode`:
 the keys and values written into the pool, q + u and q + v scaled, the positional product for every distance
 and its cast, the partitions, their combination, the output's cast), each program here does for its (row, head,
 partition), reading the layer's fused projection `qkv` [B, 3, H, Dh] as the projection wrote it:
@@ -10,11 +10,11 @@ partition), reading the layer's fused projection `qkv` [B, 3, H, Dh] as the proj
   rounds them;
 - for key j at distance d = p - j: q_content . K[j] + q_position . R[d], with R the layer's positional table
   (the product rounded to the model's dtype, as the torch path's product is); softmax over the keys the row's
-  window shows (`txl.kernels.triton_decode` has the contract: positions, windows, partitions);
+  window shows (`txl.kernels.triton.decode` has the contract: positions, windows, partitions);
 - the new position p's key and value come from `qkv` (in registers): the program whose partition holds p also
   writes them to the pool, at the slot the step planned for them, so no other program ever reads that slot;
 - where a row's keys are split over several programs (to fill the GPU at batch 1), the last of them to finish
-  (`triton_common` semaphores) combines the partitions, in partition order, and writes the row's output.
+  (`triton.common` semaphores) combines the partitions, in partition order, and writes the row's output.
 
 The grid is sized from host-known bounds only (`plan_partitions`), so a CUDA graph captures it; partitions have a
 fixed size, so a row's result does not depend on the batch it is in or on the width of the table it is read from
@@ -29,16 +29,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import triton_common
-from .decode_rows import DecodeRows
-from .triton_common import device_guard, next_power_of_2, semaphores, triton
-from .triton_decode import LaunchPlan, tile_keys
+from ..decode_rows import DecodeRows
+from . import common
+from .common import device_guard, next_power_of_2, semaphores, triton
+from .decode import LaunchPlan, tile_keys
 
 if triton is not None:
     import triton.language as tl
 
 # Numbers in a tile a warp holds: a program reads a tile of keys, of their positional keys and of values per
-# iteration, 16 keys at d_head 64 on one warp (its reductions stay within the warp, as in `triton_decode`), two
+# iteration, 16 keys at d_head 64 on one warp (its reductions stay within the warp, as in `triton.decode`), two
 # warps from d_head 128: 80 to 130 registers, no spills (tests/model/test_triton_compiled.py).
 TILE_ELEMENTS = 1024
 MIN_TILE = 16
@@ -263,7 +263,7 @@ def decode_attention(
             counts = semaphores(device, batch * heads)
         else:  # not read: the kernel writes `out` directly
             part_max = part_sum = part_acc = counts = out
-        triton_common.launch(
+        common.launch(
             jit_kernel(),
             (batch * heads, plan.partitions),
             qkv,

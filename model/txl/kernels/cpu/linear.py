@@ -2,22 +2,24 @@
 
 Three kernels compute `F.linear` on a CPU, and none wins everywhere:
 
-- plain: torch's own (MKL's gemm in float32, oneDNN's matmul in bfloat16), reading the weight as stored;
+- torch: torch's own (MKL's gemm in float32, oneDNN's matmul in bfloat16), reading the weight as stored;
 - onednn: oneDNN's inner product over a copy of the weight packed once into oneDNN's blocked layout
   (`torch.ops.mkldnn._linear_pointwise`, the kernel inductor's CPU freezing uses), dense input and output;
-- native: a loop compiled for this machine that reads the weight once, as one stream (`kernels/rows_linear.c`),
-  for up to 16 rows (decoding's case).
+- c: a loop compiled for this machine that reads the weight once, as one stream (`rows_linear.c`), for up to 16
+  rows (decoding's case).
 
-At one row a layer is a pass over its weight, which the native loop reads fastest; a call into oneDNN costs a
-fixed overhead whatever its size, so at one row plain beats packed on small matrices; from a few rows on the
+At one row a layer is a pass over its weight, which the C loop reads fastest; a call into oneDNN costs a
+fixed overhead whatever its size, so at one row torch's beats packed on small matrices; from a few rows on the
 products, not the reads, bound the work, and oneDNN's blocked products win where MKL's gemm runs at a fraction of
 the CPU's rate. Packing every layer regardless (an earlier version, over `to_mkldnn` copies that also converted
-every input and output) made decoding slower than plain. So the kernel is chosen per layer shape, dtype, rows
-bucket and thread count by timing the candidates on this machine the first time that entry is needed, and the
-choice is cached on disk (`txl.kernels.linear_choice`). The measurements: docs/model.md, speed on CPU.
+every input and output) made decoding slower than torch's. So where a decode path allows several kernels
+(`DecodePath.linear`, txl.kernels.path) the kernel is chosen per layer shape, dtype, rows bucket and thread count
+by timing them on this machine the first time that entry is needed, and the choice is cached on disk
+(`txl.kernels.cpu.linear_choice`); where it allows one, that one runs wherever it can (torch's elsewhere). The
+measurements: docs/model.md, speed on CPU.
 
 A layer keeps a second copy of its weight only for a kernel it chose (oneDNN's layout, or a contiguous copy of a
-transposed weight for the native kernel). Training (autograd) and GPUs take the plain path.
+transposed weight for the C kernel). Training (autograd) and GPUs take torch's.
 
 oneDNN runs bfloat16 only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere (AVX2-only x86-64, e.g.
 many AMD EPYC and desktop parts) it raises, so bfloat16 takes the other kernels there: correct, but torch's is
@@ -26,10 +28,7 @@ slow (see `cpu_runs_bfloat16`).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-from contextvars import ContextVar
 from functools import partial
 
 import torch
@@ -38,9 +37,9 @@ from torch import Tensor, nn
 from .build import cache_dir
 from .linear_choice import (
     KERNELS,
-    NATIVE,
     ONEDNN,
-    PLAIN,
+    TORCH,
+    C,
     Entry,
     KernelChoices,
     last_level_cache_bytes,
@@ -48,9 +47,6 @@ from .linear_choice import (
     this_machine,
 )
 from .rows_linear import MAX_ROWS, cpu_rows_linear
-from .scoped import scoped
-
-_preferred: ContextVar[str | None] = ContextVar("txl_linear_kernel", default=None)
 
 
 @functools.cache
@@ -86,49 +82,45 @@ def onednn_available() -> bool:
     return True
 
 
-def candidates(dtype: torch.dtype, rows: int) -> tuple[str, ...]:
-    """The kernels that can compute a linear layer of `dtype` over `rows` rows on this CPU, plain first."""
-    names = [PLAIN]
-    if onednn_available() and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_runs_bfloat16())):
+def candidates(dtype: torch.dtype, rows: int, allowed: tuple[str, ...] = KERNELS) -> tuple[str, ...]:
+    """The kernels of `allowed` that can compute a linear layer of `dtype` over `rows` rows on this CPU, torch's
+    first (always: it runs everywhere)."""
+    names = [TORCH]
+    if (
+        ONEDNN in allowed
+        and onednn_available()
+        and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_runs_bfloat16()))
+    ):
         names.append(ONEDNN)
-    if rows <= MAX_ROWS and (kernel := cpu_rows_linear()) is not None and kernel.supports(dtype):
-        names.append(NATIVE)
+    if (
+        C in allowed
+        and rows <= MAX_ROWS
+        and (kernel := cpu_rows_linear()) is not None
+        and kernel.supports(dtype)
+    ):
+        names.append(C)
     return tuple(names)
 
 
 @functools.cache
 def kernel_choices() -> KernelChoices:
-    """This process's choices, read from and saved to this machine's cache file. `TXL_LINEAR_KERNEL=plain` (or
-    `onednn`, `native`) takes that kernel wherever it can run, without measuring."""
-    forced = os.environ.get("TXL_LINEAR_KERNEL") or None
-    return KernelChoices(this_machine(cpu_runs_bfloat16()), cache_dir(), forced=forced)
-
-
-def prefer(kernel: str | None) -> contextlib.AbstractContextManager[None]:
-    """Inside this block, linear layers use `kernel` ("plain", "onednn" or "native") wherever it can run, plain
-    elsewhere; None: the measured choice (tests compare kernels; benchmarks measure each)."""
-    if kernel is not None and kernel not in KERNELS:
-        raise ValueError(f"unknown linear kernel {kernel!r} (known: {', '.join(KERNELS)})")
-    return scoped(_preferred, kernel)
-
-
-def preferred() -> str | None:
-    """The kernel `prefer` asks for in this context, or None (the measured choice)."""
-    return _preferred.get()
+    """This process's measured choices, read from and saved to this machine's cache file."""
+    return KernelChoices(this_machine(cpu_runs_bfloat16()), cache_dir())
 
 
 def _onednn(x: Tensor, packed: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation, [], "")
 
 
-def _native(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def _c(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     kernel = cpu_rows_linear()
     assert kernel is not None  # a candidate only where it was built
     return kernel(x, weight, bias)
 
 
 class _LayerKernels:
-    """One layer's weight as each kernel reads it, and its kernel per (rows bucket, threads)."""
+    """One layer's weight as each kernel reads it, and its measured kernel per (rows bucket, threads, kernels
+    allowed)."""
 
     __slots__ = ("bias", "chosen", "dense", "key", "packed", "weight")
 
@@ -136,8 +128,8 @@ class _LayerKernels:
         self.key = key
         self.weight, self.bias = weight, bias
         self.packed: Tensor | None = None  # oneDNN's layout
-        self.dense: Tensor | None = None  # contiguous, for the native kernel (a copy of a transposed weight)
-        self.chosen: dict[tuple[int, int], str] = {}
+        self.dense: Tensor | None = None  # contiguous, for the C kernel (a copy of a transposed weight)
+        self.chosen: dict[tuple[int, int, tuple[str, ...]], str] = {}
 
     def run(self, kernel: str, x: Tensor, relu: bool = False) -> Tensor:
         """The layer's output through `kernel`, with a ReLU after it if `relu` (oneDNN applies it as it writes
@@ -146,36 +138,36 @@ class _LayerKernels:
             if self.packed is None:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.contiguous(), None)
             return _onednn(x, self.packed, self.bias, "relu" if relu else "none")
-        if kernel == PLAIN:
+        if kernel == TORCH:
             out = nn.functional.linear(x, self.weight, self.bias)
         else:
             if self.dense is None:
                 self.dense = self.weight.contiguous()
-            out = _native(x, self.dense, self.bias)
+            out = _c(x, self.dense, self.bias)
         return out.relu_() if relu else out
 
-    def choose(self, rows: int, threads: int) -> str:
-        """The measured (or cached) kernel for `rows` input rows."""
+    def choose(self, rows: int, threads: int, allowed: tuple[str, ...]) -> str:
+        """The measured (or cached) kernel of `allowed` for `rows` input rows."""
         weight = self.weight
         out_features, in_features = weight.shape
-        names = candidates(weight.dtype, rows)
+        names = candidates(weight.dtype, rows, allowed)
         # [rows, in]; its own generator: measuring must not move the global random state
         sample = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(0)).to(weight.dtype)
         copies = self._copies(rows) if len(names) > 1 else []
         runs = {name: partial(_run_all, copies, name, sample) for name in names}
         entry = Entry(out_features, in_features, weight.dtype, rows, threads)
         kernel = kernel_choices().choose(entry, runs)
-        self.chosen[(rows, threads)] = kernel
+        self.chosen[(rows, threads, allowed)] = kernel
         kept = set(self.chosen.values())
         if ONEDNN not in kept:
             self.packed = None  # not used: not worth its memory
-        if NATIVE not in kept:
+        if C not in kept:
             self.dense = None
         return kernel
 
     def _copies(self, rows: int) -> list[_LayerKernels]:
         """Copies of this layer to time the kernels over, as a decode step's weights are read: each once, from
-        memory. One call on one weight measures something else: warm in L2, torch's kernels matched the native
+        memory. One call on one weight measures something else: warm in L2, torch's kernels matched the C
         one on the bundled model's matrices, and with the caches flushed before each call every kernel paid
         cold-start latencies, while over a pass through enough copies to outgrow the last-level cache the
         kernels ranked as they do in the model (docs/model.md). Enough copies for
@@ -210,11 +202,13 @@ def packed_linear(
     owner: nn.Module,
     slot: str = "_kernels",
     *,
+    kernels: tuple[str, ...],
     relu: bool = False,
 ) -> Tensor:
-    """F.linear(x, weight, bias) (then a ReLU if `relu`) through the kernel chosen for this shape on this CPU
-    (inference), with the weight's copies for other kernels (if any) kept on `owner` under `slot`."""
-    if x.device.type != "cpu" or x.dtype != weight.dtype or torch.is_grad_enabled():
+    """F.linear(x, weight, bias) (then a ReLU if `relu`) through a kernel of `kernels` (a decode path's `linear`):
+    the one given wherever it can run, or the one measured fastest for this shape on this CPU (inference); the
+    weight's copies for other kernels (if any) kept on `owner` under `slot`."""
+    if kernels == (TORCH,) or x.device.type != "cpu" or x.dtype != weight.dtype or torch.is_grad_enabled():
         out = nn.functional.linear(x, weight, bias)
         return torch.relu(out) if relu else out
     key = _key(weight, bias)
@@ -223,12 +217,11 @@ def packed_linear(
         layer = _LayerKernels(key, weight, bias)
         object.__setattr__(owner, slot, layer)  # a cache, not a parameter or buffer of the module
     rows = rows_bucket(x.numel() // max(1, x.size(-1)))
-    preferred = _preferred.get()
-    if preferred is not None:
-        kernel = preferred if preferred in candidates(weight.dtype, rows) else PLAIN
+    if len(kernels) == 1:
+        kernel = kernels[0] if kernels[0] in candidates(weight.dtype, rows, kernels) else TORCH
     else:
         threads = torch.get_num_threads()
-        kernel = layer.chosen.get((rows, threads)) or layer.choose(rows, threads)
+        kernel = layer.chosen.get((rows, threads, kernels)) or layer.choose(rows, threads, kernels)
     return layer.run(kernel, x, relu)
 
 
@@ -240,12 +233,12 @@ def chosen_kernels(model: nn.Module) -> dict[str, str]:
         for layer in vars(module).values():
             if isinstance(layer, _LayerKernels):
                 out_features, in_features = layer.weight.shape
-                for (rows, threads), kernel in layer.chosen.items():
+                for (rows, threads, _), kernel in layer.chosen.items():
                     out[Entry(out_features, in_features, layer.weight.dtype, rows, threads).key] = kernel
     return out
 
 
-def linear(x: Tensor, layer: nn.Linear, *, relu: bool = False) -> Tensor:
+def linear(x: Tensor, layer: nn.Linear, kernels: tuple[str, ...], *, relu: bool = False) -> Tensor:
     """`layer(x)` for an nn.Linear (then a ReLU if `relu`: fused into oneDNN's product, where one is chosen),
-    through the kernel chosen for its shape (CPU inference)."""
-    return packed_linear(x, layer.weight, layer.bias, layer, relu=relu)
+    through a kernel of `kernels` (`packed_linear`)."""
+    return packed_linear(x, layer.weight, layer.bias, layer, kernels=kernels, relu=relu)
