@@ -29,6 +29,7 @@ def assert_float32_parity(ours: torch.Tensor, theirs: torch.Tensor) -> None:
     scale = theirs.abs().max().item()
     torch.testing.assert_close(ours, theirs, rtol=0, atol=ULPS * torch.finfo(torch.float32).eps * scale)
 
+
 # Random tiny configs covering every architectural switch.
 CONFIGS = {
     "adaptive-div2": dict(cutoffs=[17, 45], div_val=2),
@@ -136,7 +137,9 @@ def test_the_tolerance_catches_a_subtly_wrong_model(name, tmp_path):
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):
             module.eps = 1e-6
-    tokens = torch.randint(0, reference.config.vocab_size, (2, 21), generator=torch.Generator().manual_seed(7))
+    tokens = torch.randint(
+        0, reference.config.vocab_size, (2, 21), generator=torch.Generator().manual_seed(7)
+    )
     ours, _ = _run_txl(model, tokens, [21])
     theirs, _ = _run_hf(reference, tokens, [21])
     with pytest.raises(AssertionError):
