@@ -38,6 +38,7 @@ from .responses.router import router as responses_router
 from .score.router import router as score_router
 from .sessions.router import router as sessions_router
 from .shared.auth import ApiKeys
+from .shared.chat_template import served_settings
 from .shared.disconnect import CLIENT_CLOSED_REQUEST, ClientGone
 from .shared.error_shapes import INTERNAL_ERROR, error_response
 from .shared.openai_errors import OpenAIErrors, error_body
@@ -52,6 +53,7 @@ STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> FastAPI:
     """The application; `loaded` is a model already loaded from `settings` (else the lifespan loads it)."""
+    settings = served_settings(settings)  # the chat template in force: the operator's, else the model's own
     metrics = Metrics()
     shutdown = Shutdown(settings.shutdown_grace_seconds)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from ..shared.chat_template import ChatTemplateInfo
 from ..shared.serving_info import ServingInfo
 
 
@@ -23,3 +24,6 @@ class SystemInfo(BaseModel):
     model: str
     version: str
     serving: ServingInfo
+    chat_template: ChatTemplateInfo | None = Field(
+        None, description="The chat template in force and where it comes from; null: none (chat answers 404)"
+    )

@@ -9,6 +9,7 @@ from ... import __version__
 from ...errors import Unavailable
 from ...metrics import Metrics
 from ...runtime import Runtime
+from ..shared.chat_template import ChatTemplateInfo
 from ..shared.serving_info import ServingInfo
 from .protocol import ReadyInfo, SystemInfo
 
@@ -40,11 +41,11 @@ def health(runtime: Runtime) -> dict[str, str]:
     return {"status": "ok"}
 
 
-def system_info(runtime: Runtime, model_id: str) -> SystemInfo:
+def system_info(runtime: Runtime, model_id: str, chat: ChatTemplateInfo | None) -> SystemInfo:
     report = runtime.device_report()
     if report is None:
         raise Unavailable("the server is starting")
-    return SystemInfo(model=model_id, version=__version__, serving=ServingInfo.of(report))
+    return SystemInfo(model=model_id, version=__version__, serving=ServingInfo.of(report), chat_template=chat)
 
 
 def update_gauges(metrics: Metrics, runtime: Runtime) -> None:
