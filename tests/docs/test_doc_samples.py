@@ -203,6 +203,17 @@ def test_the_samples_import_what_the_readme_set_up_installs_or_their_page_says_w
                 )
 
 
+def test_every_curl_in_the_samples_is_quiet():
+    """`curl` without `-s` draws its progress meter on the terminal between the JSON it prints."""
+    for page in [*PAGES, "README.md"]:
+        for sample in samples(page):
+            for command in re.finditer(r"(?:^|[|;&(]\s*|\s)curl\s+([^\n]*)", sample.code):
+                flags = command.group(1)
+                assert re.search(r"(^|\s)-[A-Za-z]*s[A-Za-z]*\b|--silent", flags), (
+                    f"{sample.where}: curl {flags}"
+                )
+
+
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 

@@ -7,12 +7,12 @@ import logging
 import time
 from typing import Any
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import Overloaded, PayloadTooLarge
 from ..metrics import Metrics
 from .shared.error_shapes import INTERNAL_ERROR, error_response
+from .shared.json_response import JSONResponse
 
 log = logging.getLogger("txl_server")
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
-
 from ...errors import InvalidRequest, NotFound
 from ...metrics import Metrics
 from ...sessions.events import TokenEvent
@@ -18,6 +16,7 @@ from ...sessions.store.responses import ResponseRecord
 from ...settings import Settings
 from ..shared.chat_template import ChatTemplate
 from ..shared.event_stream import EventStream
+from ..shared.json_response import JSONResponse
 from ..shared.limits import check_metadata, check_stop, check_text, check_unicode, max_tokens_of
 from ..shared.openai_errors import ModelNotFound
 from ..shared.text_log import log_text

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ...errors import Conflict, Overloaded, ServiceError
+from .json_response import JSONResponse
 
 # A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer, which holds it
 # for one step: a retry a second later usually finds the session free.

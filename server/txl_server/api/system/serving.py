@@ -3,13 +3,12 @@ stand."""
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
-
 from ... import __version__
 from ...errors import Unavailable
 from ...metrics import Metrics
 from ...runtime import Runtime
 from ..shared.chat_template import ChatTemplateInfo
+from ..shared.json_response import JSONResponse
 from ..shared.serving_info import ServingInfo
 from .protocol import ReadyInfo, SystemInfo
 
