@@ -172,8 +172,9 @@ def test_every_sample_runs_against_the_server_the_readme_starts(readme_server, t
     for page in PAGES:
         run_page(page, workdir, least=0)
     with httpx.Client(base_url=readme_server.url) as client:
-        chat = client.get("/v1/models").json()["data"][0]["chat_template"]
-    assert chat == {"format": "{Role}: {content}\n", "source": "model"}  # the bundled model's own
+        model = client.get("/v1/models").json()["data"][0]
+    assert model["chat_template"] == {"format": "{Role}: {content}\n", "source": "model"}  # the model's own
+    assert model["bundled"] is True  # the playground says what the model is
 
 
 @needs_a_venv

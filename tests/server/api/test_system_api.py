@@ -104,3 +104,22 @@ def test_ready_fails_after_a_device_error_that_poisons_the_context(tiny_model_di
                 "param": None,
             }
             assert client.get("/v1/system").json()["serving"]["device_ok"] is False
+
+
+def test_system_says_how_many_requests_the_worker_runs_while_one_waits(client, server):
+    """What a client waiting for its first token (the playground, `txl generate`) shows: the work beside it."""
+    from tests.helpers.gate import Gate
+
+    assert client.get("/v1/system").json()["work"] == {"requests_running": 0}
+    assert client.get("/v1/models").json()["data"][0]["bundled"] is False  # a model of the tests' own
+    session = client.post("/v1/sessions", json={"text": "slow"}).json()
+    runner = server.app.state.runtime.worker.runner
+    with (
+        Gate(runner, "run", delay=0.05),
+        client.stream(
+            "POST", f"/v1/sessions/{session['id']}/append", json={"text": "x" * 400, "stream": True}
+        ) as streaming,
+    ):
+        assert streaming.status_code == 200
+        assert client.get("/v1/system").json()["work"] == {"requests_running": 1}
+        streaming.read()

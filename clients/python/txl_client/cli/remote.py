@@ -18,6 +18,7 @@ from .documents import read_document
 from .exits import EXIT_FAILED, UsageError, error_line
 from .progress import ProgressBar, add_progress, shows_progress
 from .sampling import add_sampling, sampling_kwargs
+from .waiting import Waiting
 
 # ---------------------------------------------------------------------------------------------- generate
 
@@ -39,17 +40,29 @@ def generate(args: argparse.Namespace) -> int:
         raise UsageError("give a prompt, or --session ID to continue a session")
     with make_client(args) as client:
         session_id = args.session or client.create_session().id
-        bar = ProgressBar("prompt", sys.stderr) if shows_progress(args) else None
+        shown = shows_progress(args)
+        bar = ProgressBar("prompt", sys.stderr) if shown else None
+        # Until the server sends anything: how long, and what else it runs (a token may wait beside long work).
+        waiting = Waiting(client, sys.stderr).start() if shown else None
+
+        def progress(done: int, total: int) -> None:
+            if waiting is not None:
+                waiting.stop()
+            if bar is not None:
+                bar.update(done, total)
+
         try:
             stream = client.generate(
                 session_id,
                 prompt,
                 stream=True,
-                on_progress=bar.update if bar else None,
+                on_progress=progress if shown else None,
                 **sampling_kwargs(args),
             )
             with stream:
                 for token in stream:
+                    if waiting is not None:
+                        waiting.stop()
                     if bar is not None:  # the prompt is in: the bar gives way to the text
                         bar.clear()
                         bar = None
@@ -72,6 +85,8 @@ def generate(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         finally:
+            if waiting is not None:
+                waiting.stop()
             if args.rm and not args.session:
                 client.delete_session(session_id)
     return 0

@@ -132,6 +132,11 @@ class ModelCard(BaseModel):
         description="Extension: the chat template of /v1/chat/completions and message input, and where it comes "
         "from; null: none (chat answers 404)",
     )
+    bundled: bool = Field(
+        False,
+        description="Extension: the demonstration model bundled with the server (13.8 MB: it shows the API at "
+        "work, its text makes little sense; --model serves a real checkpoint)",
+    )
 
 
 class ModelList(BaseModel):

@@ -6,7 +6,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ..shared.chat_template import ChatTemplateInfo
 from ..shared.dependencies import ModelId, Tenant
 from ..shared.event_stream import json_or_stream_post
 from ..shared.json_body import JsonBodyRoute
@@ -21,16 +20,15 @@ router = APIRouter(tags=["openai"], responses=OPENAI_ERROR_RESPONSES, route_clas
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request, tenant: Tenant, model_id: ModelId) -> ModelList:
     state = request.app.state
-    chat = ChatTemplateInfo.of(state.settings)
-    return serving.list_models(state.runtime.device_report(), model_id, state.started_at, chat)
+    return serving.list_models(state.runtime.device_report(), model_id, state.started_at, state.settings)
 
 
 @router.get("/v1/models/{model}", response_model=ModelCard)
 async def retrieve_model(model: str, request: Request, tenant: Tenant, model_id: ModelId) -> ModelCard:
     """The served model (OpenAI's model object); any other: 404 `model_not_found`."""
     state = request.app.state
-    chat = ChatTemplateInfo.of(state.settings)
-    return serving.retrieve_model(model, state.runtime.device_report(), model_id, state.started_at, chat)
+    report = state.runtime.device_report()
+    return serving.retrieve_model(model, report, model_id, state.started_at, state.settings)
 
 
 @json_or_stream_post(router, "/v1/completions", Completion, "JSON, or SSE chunks with stream")

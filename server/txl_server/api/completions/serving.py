@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from ...engine.device_report import DeviceReport
+from ...settings import Settings
 from ..shared.chat_template import ChatTemplateInfo
 from ..shared.openai_errors import ModelNotFound
 from ..shared.serving_info import ServingInfo
@@ -81,23 +82,25 @@ async def collect(
 
 
 def list_models(
-    report: DeviceReport | None, model_id: str, started_at: float, chat: ChatTemplateInfo | None
+    report: DeviceReport | None, model_id: str, started_at: float, settings: Settings
 ) -> ModelList:
     """The one model this server serves, its chat template, and (once it is up) how its device serves it."""
-    return ModelList(data=[_card(report, model_id, started_at, chat)])
+    return ModelList(data=[_card(report, model_id, started_at, settings)])
 
 
 def retrieve_model(
-    model: str, report: DeviceReport | None, model_id: str, started_at: float, chat: ChatTemplateInfo | None
+    model: str, report: DeviceReport | None, model_id: str, started_at: float, settings: Settings
 ) -> ModelCard:
     """The served model, if `model` names it."""
     if model != model_id:
         raise ModelNotFound(model, model_id)
-    return _card(report, model_id, started_at, chat)
+    return _card(report, model_id, started_at, settings)
 
 
-def _card(
-    report: DeviceReport | None, model_id: str, started_at: float, chat: ChatTemplateInfo | None
-) -> ModelCard:
+def _card(report: DeviceReport | None, model_id: str, started_at: float, settings: Settings) -> ModelCard:
     serving = ServingInfo.of(report) if report is not None else None
-    return ModelCard(id=model_id, created=int(started_at), serving=serving, chat_template=chat)
+    chat = ChatTemplateInfo.of(settings)
+    bundled = settings.model is None
+    return ModelCard(
+        id=model_id, created=int(started_at), serving=serving, chat_template=chat, bundled=bundled
+    )

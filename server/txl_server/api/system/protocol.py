@@ -19,6 +19,14 @@ class ReadyInfo(BaseModel):
     cuda_graphs: str
 
 
+class WorkInfo(BaseModel):
+    requests_running: int = Field(
+        ...,
+        description="Requests the device worker is running now, sharing its forwards (reading a text, scoring, "
+        "generating): a client waiting longer than usual for a token sees here what it waits beside",
+    )
+
+
 class SystemInfo(BaseModel):
     object: Literal["system"] = "system"
     model: str
@@ -27,3 +35,4 @@ class SystemInfo(BaseModel):
     chat_template: ChatTemplateInfo | None = Field(
         None, description="The chat template in force and where it comes from; null: none (chat answers 404)"
     )
+    work: WorkInfo | None = Field(None, description="What the device worker is doing now")

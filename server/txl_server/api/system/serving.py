@@ -10,7 +10,7 @@ from ...runtime import Runtime
 from ..shared.chat_template import ChatTemplateInfo
 from ..shared.json_response import JSONResponse
 from ..shared.serving_info import ServingInfo
-from .protocol import ReadyInfo, SystemInfo
+from .protocol import ReadyInfo, SystemInfo, WorkInfo
 
 
 async def ready(runtime: Runtime) -> JSONResponse:
@@ -44,7 +44,11 @@ def system_info(runtime: Runtime, model_id: str, chat: ChatTemplateInfo | None) 
     report = runtime.device_report()
     if report is None:
         raise Unavailable("the server is starting")
-    return SystemInfo(model=model_id, version=__version__, serving=ServingInfo.of(report), chat_template=chat)
+    worker = runtime.worker
+    work = WorkInfo(requests_running=worker.active_jobs) if worker is not None else None
+    return SystemInfo(
+        model=model_id, version=__version__, serving=ServingInfo.of(report), chat_template=chat, work=work
+    )
 
 
 def update_gauges(metrics: Metrics, runtime: Runtime) -> None:
