@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from ...engine.device_report import DeviceReport
-from ...settings import Settings
+from ...settings import BUNDLED_MODEL_DIR, Settings
 from ..shared.chat_template import ChatTemplateInfo
 from ..shared.openai_errors import ModelNotFound
 from ..shared.serving_info import ServingInfo
@@ -100,7 +100,7 @@ def retrieve_model(
 def _card(report: DeviceReport | None, model_id: str, started_at: float, settings: Settings) -> ModelCard:
     serving = ServingInfo.of(report) if report is not None else None
     chat = ChatTemplateInfo.of(settings)
-    bundled = settings.model is None
+    bundled = settings.model_dir.resolve() == BUNDLED_MODEL_DIR.resolve()
     return ModelCard(
         id=model_id, created=int(started_at), serving=serving, chat_template=chat, bundled=bundled
     )
