@@ -5,8 +5,7 @@ waits beside long work saying so. Screenshots go to artifacts/playground/ (tests
 
 from __future__ import annotations
 
-import threading
-import time
+import re
 
 import pytest
 from txl_client import Client
@@ -15,6 +14,7 @@ from txl_server.settings import BUNDLED_MODEL_DIR
 from tests.helpers.browser import chromium, enter_key, open_playground, screenshot, severe_errors, wait_for
 from tests.helpers.gate import Gate
 from tests.helpers.live_server import LiveServer
+from tests.helpers.long_work import beside_long_work
 
 from .conftest import API_KEY, server_settings
 
@@ -61,6 +61,15 @@ def transcript(driver) -> list[tuple[str, str]]:
     return [(p.get_attribute("class"), p.get_attribute("textContent")) for p in pieces]
 
 
+def fresh_page(driver, server):
+    """The playground as a first visit finds it (nothing kept), with the key entered; returns `text_of`."""
+    text_of = open_playground(driver, server)
+    driver.execute_script("localStorage.clear()")
+    enter_key(driver, API_KEY)
+    wait_for(lambda: text_of("model") == "tiny-byte", what="the model name")
+    return text_of
+
+
 def generate(driver, text_of, prompt: str, version: int) -> None:
     by_id(driver, "prompt").send_keys(prompt)
     by_id(driver, "generate").click()
@@ -75,17 +84,12 @@ def reload(driver, text_of, session_id: str) -> None:
 
 def test_a_reload_after_regenerate_history_or_fork_shows_the_session_and_its_text(server, browser, sdk):
     driver = browser
-    text_of = open_playground(driver, server)
-    driver.execute_script("localStorage.clear()")
-    enter_key(driver, API_KEY)
-    wait_for(lambda: text_of("model") == "tiny-byte", what="the model name")
+    text_of = fresh_page(driver, server)
     fill(driver, SETTINGS)
     generate(driver, text_of, "The sea", 2)  # a conversation's session: created (v1), then generated on
     generate(driver, text_of, " Then", 3)
     session_id = text_of("session-id")
-    assert (
-        by_id(driver, "model-note").is_displayed() is False
-    )  # a model of the tests' own, not the bundled one
+    assert not by_id(driver, "model-note").is_displayed()  # a model of the tests' own, not the bundled one
 
     # ---- the settings survive a reload
     driver.refresh()
@@ -135,10 +139,7 @@ def test_a_reload_after_regenerate_history_or_fork_shows_the_session_and_its_tex
 
 def test_stop_adds_nothing_and_the_tints_tell_yours_from_the_models(server, browser, sdk):
     driver = browser
-    text_of = open_playground(driver, server)
-    driver.execute_script("localStorage.clear()")
-    enter_key(driver, API_KEY)
-    wait_for(lambda: text_of("model") == "tiny-byte", what="the model name")
+    text_of = fresh_page(driver, server)
     fill(driver, {"max-tokens": "8", "temperature": "0"})
     generate(driver, text_of, "Tides", 2)
     before = transcript(driver)
@@ -173,26 +174,22 @@ def test_stop_adds_nothing_and_the_tints_tell_yours_from_the_models(server, brow
 
 def test_a_generation_waiting_beside_long_work_says_so(server, browser, sdk):
     driver = browser
-    text_of = open_playground(driver, server)
-    driver.execute_script("localStorage.clear()")
-    enter_key(driver, API_KEY)
-    wait_for(lambda: text_of("model") == "tiny-byte", what="the model name")
+    text_of = fresh_page(driver, server)
     fill(driver, {"max-tokens": "2"})
-    runner = server.app.state.runtime.service.worker.runner
-    with Gate(runner, "run", delay=0.8):
-        scoring = threading.Thread(target=sdk.score, args=("It was the best of times. " * 3,))  # 10 forwards
-        scoring.start()
-        deadline = time.monotonic() + 10
-        while sdk.system().work.requests_running < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with beside_long_work(server, sdk, forwards=10):
         by_id(driver, "prompt").send_keys("The sea")
         by_id(driver, "generate").click()
         said = wait_for(
-            lambda: "the server is running 2 requests" in text_of("gen-status") and text_of("gen-status"),
+            lambda: (
+                re.search(
+                    r"the server is running (1 request, \d+ more waiting|[2-9] requests)",
+                    text_of("gen-status"),
+                )
+                and text_of("gen-status")
+            ),
             what="the page to say what the generation waits beside",
         )
         screenshot(driver, "waiting-beside-long-work.png")
-        scoring.join(timeout=60)
     assert said.startswith("waiting for"), said
     wait_for(lambda: "finished" in text_of("gen-status"), what="the generation to finish")
 

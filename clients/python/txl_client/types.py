@@ -107,6 +107,7 @@ class Health(_Model):
 
 class Work(_Model):
     requests_running: int  # requests the server's device worker runs now, sharing its forwards
+    requests_waiting: int = 0  # handed to the worker, not yet taken into its forwards
 
 
 class SystemInfo(_Model):

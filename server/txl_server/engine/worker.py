@@ -180,6 +180,11 @@ class Worker:
     def active_jobs(self) -> int:
         return self.scheduler.active
 
+    @property
+    def queued_jobs(self) -> int:
+        """Jobs handed to the worker and not yet admitted (read without the lock: a count of that moment)."""
+        return len(self._inbox)
+
     def _load(self) -> int:
         return len(self._inbox) + self.active_jobs
 

@@ -60,7 +60,7 @@ class GenerationStatus {
     this.lastNews = this.started;
     this.tokens = 0;
     this.reading = null; // [done, total] of a long prompt being read
-    this.running = null; // the requests the server's worker runs (GET v1/system), while this one waits
+    this.work = null; // what the server's worker runs and has waiting (GET v1/system), while this one waits
     this.asked = 0;
     this.timer = setInterval(() => this.tick(), 500);
     this.show("waiting for the first token…");
@@ -85,18 +85,20 @@ class GenerationStatus {
     if (now - this.asked >= ASK_MS) {
       this.asked = now;
       try {
-        const work = (await apiJson("GET", "v1/system")).work;
-        this.running = work ? work.requests_running : null;
+        this.work = (await apiJson("GET", "v1/system")).work;
       } catch (_) {
-        this.running = null; // no answer: say only how long
+        this.work = null; // no answer: say only how long
       }
     }
     if (this.timer === null) return; // ended while the server was asked
     const waited = Math.round((performance.now() - this.lastNews) / 1000);
     const what = this.tokens ? "the next token" : this.reading ? "the server to read on" : "the first token";
     let line = `waiting for ${what}: ${waited} s`;
-    if (this.running) {
-      line += `; the server is running ${this.running} ${this.running === 1 ? "request" : "requests"}`;
+    const work = this.work;
+    if (work && work.requests_running + work.requests_waiting) {
+      const running = work.requests_running;
+      line += `; the server is running ${running} ${running === 1 ? "request" : "requests"}`;
+      if (work.requests_waiting) line += `, ${work.requests_waiting} more waiting to start`;
       line += " (long work such as scoring shares the device)";
     }
     if (this.tokens) line = `${this.tokens} tokens · ${line}`;

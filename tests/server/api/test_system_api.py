@@ -110,7 +110,7 @@ def test_system_says_how_many_requests_the_worker_runs_while_one_waits(client, s
     """What a client waiting for its first token (the playground, `txl generate`) shows: the work beside it."""
     from tests.helpers.gate import Gate
 
-    assert client.get("/v1/system").json()["work"] == {"requests_running": 0}
+    assert client.get("/v1/system").json()["work"] == {"requests_running": 0, "requests_waiting": 0}
     assert client.get("/v1/models").json()["data"][0]["bundled"] is False  # a model of the tests' own
     session = client.post("/v1/sessions", json={"text": "slow"}).json()
     runner = server.app.state.runtime.worker.runner
@@ -121,5 +121,5 @@ def test_system_says_how_many_requests_the_worker_runs_while_one_waits(client, s
         ) as streaming,
     ):
         assert streaming.status_code == 200
-        assert client.get("/v1/system").json()["work"] == {"requests_running": 1}
+        assert client.get("/v1/system").json()["work"] == {"requests_running": 1, "requests_waiting": 0}
         streaming.read()

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from ..client import Client
 from ..errors import TxlError
+from ..types import Work
 
 QUIET_SECONDS = 1.0  # before the line appears
 REDRAW_SECONDS = 0.5
@@ -45,16 +46,19 @@ class Waiting:
             self.stream.write("\r\x1b[K" if self.stream.isatty() else "\n")
             self.stream.flush()
 
-    def line(self, seconds: float, running: int | None) -> str:
+    def line(self, seconds: float, work: Work | None) -> str:
         said = f"waiting for {self.what}: {seconds:.0f} s"
-        if running:
-            requests = "request" if running == 1 else "requests"
-            said += f"; the server is running {running} {requests} (long work shares the device)"
+        if work is not None and work.requests_running + work.requests_waiting:
+            running = work.requests_running
+            said += f"; the server is running {running} {'request' if running == 1 else 'requests'}"
+            if work.requests_waiting:
+                said += f", {work.requests_waiting} more waiting to start"
+            said += " (long work shares the device)"
         return said
 
     def _run(self) -> None:
         started = time.monotonic()
-        asked, running = float("-inf"), None
+        asked, work = float("-inf"), None
         if self._stopped.wait(QUIET_SECONDS):
             return
         while not self._stopped.is_set():
@@ -63,14 +67,11 @@ class Waiting:
                 asked = now
                 try:
                     work = self.client.system().work
-                    running = work.requests_running if work is not None else None
                 except TxlError:
-                    running = None
+                    work = None
             if self._stopped.is_set():
                 return
-            self.stream.write(
-                ("\r\x1b[K" if self.stream.isatty() else "\n") + self.line(now - started, running)
-            )
+            self.stream.write(("\r\x1b[K" if self.stream.isatty() else "\n") + self.line(now - started, work))
             self.stream.flush()
             self.drawn = True
             self._stopped.wait(REDRAW_SECONDS)

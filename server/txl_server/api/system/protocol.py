@@ -25,6 +25,9 @@ class WorkInfo(BaseModel):
         description="Requests the device worker is running now, sharing its forwards (reading a text, scoring, "
         "generating): a client waiting longer than usual for a token sees here what it waits beside",
     )
+    requests_waiting: int = Field(
+        ..., description="Requests handed to the device worker that it has not yet taken into its forwards"
+    )
 
 
 class SystemInfo(BaseModel):

@@ -45,7 +45,9 @@ def system_info(runtime: Runtime, model_id: str, chat: ChatTemplateInfo | None) 
     if report is None:
         raise Unavailable("the server is starting")
     worker = runtime.worker
-    work = WorkInfo(requests_running=worker.active_jobs) if worker is not None else None
+    work = None
+    if worker is not None:
+        work = WorkInfo(requests_running=worker.active_jobs, requests_waiting=worker.queued_jobs)
     return SystemInfo(
         model=model_id, version=__version__, serving=ServingInfo.of(report), chat_template=chat, work=work
     )
