@@ -27,6 +27,7 @@ SUITES = {
     "handoff": "bench.handoff",
     "memories": "bench.memories",
     "http": "bench.http",
+    "stream": "bench.stream",
     "responses": "bench.responses",
     "memory": "bench.memory",
     "quality": "bench.quality",

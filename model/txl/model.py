@@ -11,7 +11,7 @@ Shapes are batch-first: tokens [B, T], hidden [B, T, D]; attention tensors [B, H
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast, overload
 
 import torch
@@ -169,35 +169,49 @@ class TransfoXLModel(nn.Module):
         rules: Sequence[WindowRule],
         pool: BlockPool,
         reservation: Reservation | None = None,
+        *,
+        before_layers: Callable[[], None] | None = None,
     ) -> tuple[Tensor, list[PagedRow]]:
         """One forward over rows of a pool: row r feeds queries[r] tokens (packed in `tokens` [N], row by row)
         after its memory `rows[r]`, its queries' windows and what it keeps given by rules[r] (txl.window).
 
         Returns the last layer's output [N, D] and each row's memory after the step. Inference only.
+        `before_layers`: see `forward_step`.
         """
         if pool.layout != self.memory_layout():
             raise ValueError(f"the memory pool holds {pool.layout}, the model needs {self.memory_layout()}")
         step = PagedStep(pool, rows, queries, rules, reservation=reservation)
-        return self.forward_step(tokens, step), step.results
+        return self.forward_step(tokens, step, before_layers=before_layers), step.results
 
     @torch.no_grad()
     def forward_step(
-        self, tokens: Tensor, step: GroupedStep, tables: Sequence[Tensor] | None = None
+        self,
+        tokens: Tensor,
+        step: GroupedStep,
+        tables: Sequence[Tensor] | None = None,
+        *,
+        before_layers: Callable[[], None] | None = None,
     ) -> Tensor:
         """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed).
 
         `tables`: per layer, positional keys covering at least `step.n_pos` distances (default: the model's own
-        table); a captured graph passes the tables it captured, which it keeps alive."""
+        table); a captured graph passes the tables it captured, which it keeps alive. `before_layers`: called
+        once, when everything is prepared and the layers are about to run (the longest stretch a CPU step spends
+        in native code, off the GIL: a server hands out what the last step made then, txl_server.engine)."""
         step.begin()
         hidden = self.drop(self.word_emb(tokens))  # [N, D]
         if tables is None:
             tables = self.positional_tables(step.n_pos)
         layers = cast(Sequence[nn.Module], self.layers)
         if gpu_decode.applies(layers, step, self.training):
+            if before_layers is not None:
+                before_layers()
             return gpu_decode.forward(layers, step, hidden, tables)
         fused = fused_decode.applies(layers, step, self.training)
         if fused is not None:
-            return fused_decode.forward(fused, cast(PagedStep, step), hidden, tables)
+            return fused_decode.forward(fused, cast(PagedStep, step), hidden, tables, before_layers)
+        if before_layers is not None:
+            before_layers()
         for i, layer in enumerate(self.layers):
             hidden = cast(RelPartialLearnableDecoderLayer, layer).forward_paged(hidden, step, i, tables[i])
         return hidden

@@ -26,7 +26,7 @@ measurements behind these limits are in docs/model.md (speed on CPU).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Protocol, cast
 
@@ -176,10 +176,15 @@ def applies(layers: Sequence[nn.Module], step: GroupedStep, training: bool) -> l
 
 
 def forward(
-    fused: Sequence[_FusedLayer], step: PagedStep, hidden: Tensor, tables: Sequence[Tensor]
+    fused: Sequence[_FusedLayer],
+    step: PagedStep,
+    hidden: Tensor,
+    tables: Sequence[Tensor],
+    before_layers: Callable[[], None] | None = None,
 ) -> Tensor:
     """hidden [N, D] (the embedded tokens) -> the last layer's output [N, D]; writes each layer's keys and values
-    (and inputs, in a pool that keeps them) to the step's slots, as `forward_paged` does."""
+    (and inputs, in a pool that keeps them) to the step's slots, as `forward_paged` does. `before_layers` is
+    called right before the first native call (TransfoXLModel.forward_step)."""
     kernel = cpu_decode_layer()
     assert kernel is not None
     pool, group = step.pool, step.groups[0]
@@ -204,7 +209,10 @@ def forward(
     x = hidden.contiguous()  # [N, D] float32, updated in place by each layer
     threads = kernel.threads()
     scratch = torch.empty(scratch_floats(rows, threads))
-    for layer, state in zip(fused, _states(pool, tables), strict=True):
+    states = _states(pool, tables)
+    if before_layers is not None:
+        before_layers()
+    for layer, state in zip(fused, states, strict=True):
         kernel(layer.args, state, rows, x.data_ptr(), scratch.data_ptr(), threads)
     return x
 

@@ -116,6 +116,7 @@ ORDER = [
     "engine",
     "batching",
     "http",
+    "stream",
     "memory",
     "persistence",
     "prefix",

@@ -9,7 +9,7 @@ distribution crosses only for rows that asked for top log-probs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -47,9 +47,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, decode: Sequence[DecodeRow], chunks: Sequence[ChunkRow]
+        self,
+        decode: Sequence[DecodeRow],
+        chunks: Sequence[ChunkRow],
+        *,
+        before_layers: Callable[[], None] | None = None,
     ) -> tuple[list[DecodeOut], list[ChunkOut]]:
+        """`before_layers`: called once, when the iteration is prepared (sampled, planned) and its layers are
+        about to run (TransfoXLModel.forward_step): the worker hands out the last iteration's events then."""
         if not chunks and self.graphs is not None and self.graphs.supports(decode):
+            if before_layers is not None:
+                before_layers()
             return self.graphs.run(decode), []
         model = self.model
         sampled = self._sample(decode) if decode else None
@@ -62,7 +70,12 @@ class ModelRunner:
         queries = [1] * len(decode) + [len(c.tokens) for c in chunks]
         same_length = model.config.same_length
         hidden, results = model.transformer.forward_rows(
-            tokens, queries, [m.rows[0] for m in rows], [m.rule(same_length) for m in rows], self.pool
+            tokens,
+            queries,
+            [m.rows[0] for m in rows],
+            [m.rule(same_length) for m in rows],
+            self.pool,
+            before_layers=before_layers,
         )  # [N, D]
         offsets = np.cumsum([0, *queries])
         last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]

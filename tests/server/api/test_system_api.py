@@ -85,7 +85,7 @@ def test_ready_fails_after_a_device_error_that_poisons_the_context(tiny_model_di
             assert client.get("/ready").status_code == 200
             session = client.post("/v1/sessions", json={"text": "hello"}).json()
 
-            def broken(decode, chunks):
+            def broken(decode, chunks, **kwargs):
                 raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
             monkeypatch.setattr(live.app.state.runtime.worker.runner, "run", broken)
