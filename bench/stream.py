@@ -2,19 +2,19 @@
 to the device worker, the server-sent events) adds to each token.
 
 For each class of machine (this CPU; on a CPU with AVX-512 also an AVX2-only one, simulated as `python -m bench
-cpu` does), in turns: the model's own decode step at batch 1 (the bundled model, its memory full, the server's
-thread count; `model(token, memory)` then the next-token distribution, chained, in a process of its own), and one
-session streamed over HTTP from a server process (its memory filled by a 600-byte prompt, then 256 tokens at
-temperature 1; the gaps between token events at the client). Both figures are medians of consecutive tokens,
-wall-clock, so that the ratio compares like with like. A server of the revision before the serving-path work
-(`BEFORE`) streams in the same turns.
+cpu` does), in short turns: the model's own decode step at batch 1 (the bundled model, its memory full, the
+server's thread count; `model(token, memory)` then the next-token distribution, chained, in a process of its own),
+and one session streamed over HTTP from a server process (its memory filled by a 600-byte prompt; each turn
+generates 48 more tokens on it at temperature 1; the gaps between token events at the client). Each figure is the
+median of a turn's consecutive tokens, wall-clock, so that the ratio compares like with like; a turn takes a
+fraction of a second, so that the three figures of a turn share the machine's state (on a machine shared with other
+work, its load moves the figures from one turn to the next, much less their ratio within a turn). A server of the
+revision before the serving-path work (`BEFORE`) streams in the same turns.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import json
 import os
 import statistics
 import subprocess
@@ -33,13 +33,14 @@ from .http import Server
 
 BEFORE = "ab36bf5"  # main before the serving-path work of issue 47
 PROMPT = (ROOT / "tests" / "data" / "gutenberg" / "austen-persuasion.txt").read_text(encoding="utf-8")[:600]
-TOKENS = 256
-ROUNDS = 5
+TOKENS = 48  # a turn's tokens
+TURNS = 24
 TARGET = 1.25
 
 
 def step_probe() -> None:
-    """In a process of its own: the model's own decode step, median milliseconds (printed)."""
+    """In a process of its own: for each line N read, the model's own decode step, median milliseconds of N
+    chained steps (printed, one line each)."""
     import txl
     from txl.kernels.allocator import keep_freed_memory
     from txl_server.runtime import worker_threads
@@ -48,67 +49,89 @@ def step_probe() -> None:
     keep_freed_memory()  # as the server does on a CPU
     torch.set_num_threads(worker_threads(Settings()))
     model = txl.load_pretrained(BUNDLED_MODEL_DIR)
-    steps = int(os.environ.get("STEPS", "300"))
     with torch.inference_mode():
         memory = model.empty_memory(1)
         _, memory = model(torch.tensor([list(PROMPT.encode())]), memory)  # a full memory, as the stream's
         token = torch.tensor([[32]])
-        seconds = []
-        for i in range(50 + steps):
-            started = time.perf_counter()
-            hidden, memory = model(token, memory)
-            model.log_probs(hidden[:, -1])
-            if i >= 50:
+        for line in sys.stdin:
+            seconds = []
+            for _ in range(int(line)):
+                started = time.perf_counter()
+                hidden, memory = model(token, memory)
+                model.log_probs(hidden[:, -1])
                 seconds.append(time.perf_counter() - started)
-    print(json.dumps({"step_ms": 1000 * statistics.median(seconds), "threads": torch.get_num_threads()}))
+            print(1000 * statistics.median(seconds), flush=True)
 
 
-def _step(env: dict[str, str], steps: int) -> dict:
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.stream import step_probe; step_probe()"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, **env, "STEPS": str(steps)},
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        raise RuntimeError(f"the step probe failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class StepProbe:
+    """The step probe's process (`env`: its machine class)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.stream import step_probe; step_probe()"
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code], env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+
+    def median_ms(self, steps: int) -> float:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"{steps}\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError("the step probe failed")
+        return float(answer)
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=30)
 
 
-async def _stream(url: str, tokens: int) -> float:
-    """Median milliseconds between token events of one session streamed from `url`."""
-    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
-        session = (await client.post("/v1/sessions", json={"text": PROMPT})).json()
-        body = {"max_tokens": tokens, "temperature": 1.0, "seed": 1, "stream": True}
+class Stream:
+    """One session on a server, its memory full, generating a burst of tokens a turn."""
+
+    def __init__(self, url: str) -> None:
+        self.client = httpx.Client(base_url=url, timeout=300)
+        self.session = self.client.post("/v1/sessions", json={"text": PROMPT}).json()["id"]
+
+    def median_ms(self, tokens: int) -> float:
+        """Median milliseconds between the token events of `tokens` generated on the session."""
+        body = {"max_tokens": tokens, "temperature": 1.0, "stream": True}
         stamps: list[float] = []
-        async with client.stream("POST", f"/v1/sessions/{session['id']}/generate", json=body) as response:
-            async for chunk in response.aiter_raw():  # as little work per token as the client can do
+        with self.client.stream("POST", f"/v1/sessions/{self.session}/generate", json=body) as response:
+            for chunk in response.iter_raw():  # as little work per token as the client can do
                 now = time.perf_counter()
                 stamps.extend([now] * chunk.count(b'"type":"token"'))
-        await client.delete(f"/v1/sessions/{session['id']}")
-    return 1000 * statistics.median(b - a for a, b in itertools.pairwise(stamps))
+        return 1000 * statistics.median(b - a for a, b in itertools.pairwise(stamps))
 
-
-def _servers(env: dict[str, str], before: Path) -> dict[str, Server]:
-    servers = {"now": Server(None, env=env)}
-    servers["before"] = Server(None, env={**env, "PYTHONPATH": f"{before / 'server'}:{before / 'model'}"})
-    return servers
+    def close(self) -> None:
+        self.client.delete(f"/v1/sessions/{self.session}")
+        self.client.close()
 
 
 def _class(name: str, env: dict[str, str], before: Path, quick: bool) -> tuple[str, list[list[object]]]:
+    servers = {
+        "now": Server(None, env=env),
+        "before": Server(None, env={**env, "PYTHONPATH": f"{before / 'server'}:{before / 'model'}"}),
+    }
+    probe = StepProbe(env)
     rows = []
-    servers = _servers(env, before)
     try:
-        for server in servers.values():
-            asyncio.run(_stream(server.url, 16))  # warm-up: tables, allocator, kernel choices
-        for turn in range(2 if quick else ROUNDS):
-            step = _step(env, 100 if quick else 300)
+        streams = {which: Stream(server.url) for which, server in servers.items()}
+        for stream in streams.values():
+            stream.median_ms(16)  # warm-up: tables, allocator, kernel choices
+        probe.median_ms(50)
+        for turn in range(4 if quick else TURNS):
+            step = probe.median_ms(TOKENS)
             order = ["now", "before"] if turn % 2 == 0 else ["before", "now"]
-            streamed = {which: asyncio.run(_stream(servers[which].url, TOKENS)) for which in order}
-            rows.append([turn + 1, step["step_ms"], streamed["now"], streamed["before"],
-                         streamed["now"] / step["step_ms"], streamed["before"] / step["step_ms"]])  # fmt: skip
+            streamed = {which: streams[which].median_ms(TOKENS + 1) for which in order}
+            rows.append([turn + 1, step, streamed["now"], streamed["before"],
+                         streamed["now"] / step, streamed["before"] / step])  # fmt: skip
+        for stream in streams.values():
+            stream.close()
     finally:
+        probe.stop()
         for server in servers.values():
             server.stop()
     return name, rows
@@ -128,8 +151,10 @@ def run(quick: bool = False) -> Section:
     for name, rows in measured:
         now = statistics.median(r[4] for r in rows)
         then = statistics.median(r[5] for r in rows)
-        summary.append(f"{name}: one stream at {now:.2f}x the model's own step (`{BEFORE}`: {then:.2f}x; target: "
-                       f"at most {TARGET}x).")  # fmt: skip
+        gain = statistics.median(r[2] / r[3] for r in rows)
+        summary.append(f"{name}: one stream at {now:.2f}x the model's own step, median of {len(rows)} turns "
+                       f"(`{BEFORE}`: {then:.2f}x; a token takes {gain:.2f}x its time there; target: at most "
+                       f"{TARGET}x).")  # fmt: skip
     section.note(" ".join(summary))
     for name, rows in measured:
         section.table(
