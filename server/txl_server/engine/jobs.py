@@ -17,6 +17,7 @@ from txl.sampling import SamplingParams
 
 from .rows import TopLogprobs
 from .state import ModelState
+from .wakeup import wake
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class Outbox:
             loops.setdefault(job._loop, []).append((job, event))
         for loop, events in loops.items():
             with contextlib.suppress(RuntimeError):  # a loop that closed: its jobs have no reader left
-                loop.call_soon_threadsafe(_deliver, events)
+                wake(loop, _deliver, events)  # keeping the GIL: the worker goes on into its step (wakeup.py)
 
 
 def _deliver(events: list[tuple[Job, Event]]) -> None:
