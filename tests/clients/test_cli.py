@@ -161,7 +161,7 @@ def test_a_long_prompt_shows_its_progress_and_does_not_time_out(server, env, sdk
 def test_a_generation_waiting_beside_long_work_says_so_instead_of_looking_hung(server, env, sdk):
     """A token that waits beside a long score: `txl generate` says how long it has waited and what the server
     runs meanwhile (GET /v1/system), until the text arrives."""
-    with beside_long_work(server, sdk, forwards=7):
+    with beside_long_work(server, sdk):
         result = run("generate", "The sea", "--max-tokens", "2", "--progress", env=env)
     assert result.returncode == 0, result.stderr
     said = re.findall(

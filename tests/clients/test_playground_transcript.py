@@ -176,7 +176,7 @@ def test_a_generation_waiting_beside_long_work_says_so(server, browser, sdk):
     driver = browser
     text_of = fresh_page(driver, server)
     fill(driver, {"max-tokens": "2"})
-    with beside_long_work(server, sdk, forwards=10):
+    with beside_long_work(server, sdk):
         by_id(driver, "prompt").send_keys("The sea")
         by_id(driver, "generate").click()
         said = wait_for(

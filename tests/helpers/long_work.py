@@ -13,21 +13,22 @@ from tests.helpers.gate import Gate
 
 
 @contextlib.contextmanager
-def beside_long_work(server: Any, sdk: Any, *, forwards: int, delay: float = 0.8) -> Iterator[None]:
+def beside_long_work(server: Any, sdk: Any, *, forwards: int = 40, delay: float = 0.8) -> Iterator[None]:
     """Inside the block the server scores a text of about `forwards` segments of the tiny byte model (8 tokens),
-    each forward of its engine slowed by `delay` seconds (so what the block starts waits beside it); the block
-    begins once the score runs, and the score is over when it ends."""
+    each forward of its engine slowed by `delay` seconds, so that what the block starts waits beside it, however
+    long a loaded machine takes to start it. The block begins once the score runs; when it ends the forwards run at
+    full speed again, and the score is over soon after."""
     runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
+    # A text no earlier request began with: the prefix cache would serve a repeated one at once.
+    text = (uuid.uuid4().hex + " It was the best of times, it was the worst of times." * forwards)[
+        : 8 * forwards - 4
+    ]
+    scoring = threading.Thread(target=sdk.score, args=(text,))
     with Gate(runner, "run", delay=delay):
         before = sdk.system().work.requests_running  # what an earlier test left finishing
-        # A text no earlier request began with: the prefix cache would serve a repeated one at once.
-        text = uuid.uuid4().hex + " It was the best of times, it was the worst of times." * forwards
-        scoring = threading.Thread(target=sdk.score, args=(text[: 8 * forwards - 4],))
         scoring.start()
         deadline = time.monotonic() + 10
         while sdk.system().work.requests_running <= before and time.monotonic() < deadline:
             time.sleep(0.05)
-        try:
-            yield
-        finally:
-            scoring.join(timeout=120)
+        yield
+    scoring.join(timeout=120)
