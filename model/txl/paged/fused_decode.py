@@ -1,6 +1,6 @@
-"""Decoding steps on the CPU through one native call per layer (`kernels/decode_layer.c`), where it computes what
-the layer-by-layer path would, faster: each weight and each row's memory read once, and none of the layer's
-forty-odd small torch operations in between.
+"""Decoding steps on the CPU through a native call of a whole layer (`kernels/decode_layer.c`), where it computes
+what the layer-by-layer path would, faster: each weight and each row's memory read once, and none of the layer's
+forty-odd small torch operations in between. A step's layers run in one call, which gives up the GIL once.
 
 It takes a step when:
 - the step is a `PagedStep` whose rows each feed one token (one query group), at most `max_rows()` of them,
@@ -210,10 +210,10 @@ def forward(
     threads = kernel.threads()
     scratch = torch.empty(scratch_floats(rows, threads))
     states = _states(pool, tables)
+    layers = (LayerArgs * len(fused))(*(layer.args for layer in fused))
     if before_layers is not None:
         before_layers()
-    for layer, state in zip(fused, states, strict=True):
-        kernel(layer.args, state, rows, x.data_ptr(), scratch.data_ptr(), threads)
+    kernel.layers(layers, (StateArgs * len(states))(*states), rows, x.data_ptr(), scratch.data_ptr(), threads)
     return x
 
 

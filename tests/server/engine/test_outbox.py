@@ -58,7 +58,7 @@ async def test_the_last_steps_events_go_out_when_the_next_steps_layers_start(mak
         log: list[tuple[str, int]] = []
         outbox, run, sample = worker._outbox, worker.runner.run, worker.runner._sample
         put, flush = outbox.put, outbox.flush
-        layer = decode_layer.DecodeLayerKernel.__call__
+        layers = decode_layer.DecodeLayerKernel.layers
 
         def logged_put(job, event):
             log.append(("put", isinstance(event, TokenEvent)))
@@ -76,13 +76,13 @@ async def test_the_last_steps_events_go_out_when_the_next_steps_layers_start(mak
             log.append(("sample", len(outbox._held)))
             return sample(*args, **kwargs)
 
-        def logged_layer(self, *args, **kwargs):
+        def logged_layers(self, *args, **kwargs):
             log.append(("layer", len(outbox._held)))
-            return layer(self, *args, **kwargs)
+            return layers(self, *args, **kwargs)
 
         outbox.put, outbox.flush = logged_put, logged_flush
         worker.runner.run, worker.runner._sample = logged_run, logged_sample
-        monkeypatch.setattr(decode_layer.DecodeLayerKernel, "__call__", logged_layer)
+        monkeypatch.setattr(decode_layer.DecodeLayerKernel, "layers", logged_layers)
         meta = await rt.service.create(OWNER, text="It was")
         log.clear()
         tokens, outcome = await generate(
