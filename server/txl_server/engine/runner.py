@@ -77,12 +77,15 @@ class ModelRunner:
             self.pool,
             before_layers=before_layers,
         )  # [N, D]
-        offsets = np.cumsum([0, *queries])
-        last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]
         memories = [m.like([r]) for m, r in zip(rows, results, strict=True)]
-        chunk_outs = self._chunks(
-            chunks, hidden, offsets[len(decode) :], last[len(decode) :], memories[len(decode) :]
-        )
+        if chunks:
+            offsets = np.cumsum([0, *queries])
+            last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]
+            chunk_outs = self._chunks(
+                chunks, hidden, offsets[len(decode) :], last[len(decode) :], memories[len(decode) :]
+            )
+        else:  # decoding rows alone, one query each: each output row is its row's last (no index to build)
+            last, chunk_outs = hidden, []
         decode_outs = []
         if sampled is not None:
             ids, logprobs, top = self._fetch(sampled, [r.top_logprobs for r in decode])
@@ -110,6 +113,8 @@ class ModelRunner:
     ) -> tuple[list[int], list[float], list[TopLogprobs | None]]:
         """The one host read of an iteration: ids, their log-probs and any top log-probs, in one copy."""
         tokens, logprobs, top = sampled
+        if top is None and tokens.device.type == "cpu":  # nothing to copy: read the values where they are
+            return tokens.tolist(), logprobs.tolist(), [None] * tokens.numel()
         parts = [tokens.double(), logprobs.double()]
         if top is not None:
             parts += [top[0].double().flatten(), top[1].double().flatten()]
