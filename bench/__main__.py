@@ -30,6 +30,7 @@ SUITES = {
     "memories": "bench.memories",
     "http": "bench.http",
     "tracing": "bench.tracing",
+    "stream": "bench.stream",
     "responses": "bench.responses",
     "memory": "bench.memory",
     "quality": "bench.quality",

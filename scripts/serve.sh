@@ -8,7 +8,7 @@
 # The server's log ends with the playground's and the API docs' addresses once it answers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh server
+bash scripts/install.sh server,samples  # samples: what the docs' samples import (openai)
 if ! .venv/bin/python -c "import txl_server.__main__" 2>/dev/null; then
     echo "the server is not yet available in this revision" >&2
     exit 1

@@ -30,7 +30,7 @@ main() {
     cd "$(dirname "${BASH_SOURCE[0]}")/.."
     local select
     select="$(stage_selection "$@")"
-    bash scripts/install.sh "server,train,dev,oracle,eval"
+    bash scripts/install.sh "server,samples,train,dev,oracle,eval"
     local args=()
     if [ -n "$select" ]; then
         mapfile -t args <<<"$select"

@@ -63,6 +63,11 @@ SECOND_STAGE: dict[str, str] = {
     # The HF reference imported and a checkpoint converted by the CLI; tests/clients/test_convert* and the parity
     # tests keep the conversion and the reference in the first stage.
     "tests/clients/test_cli.py::test_convert_an_hf_transfo_xl_directory": "transformers imported, a conversion",
+    # The server as the README starts it (serve.sh, the bundled model) and every page's samples against it; the
+    # first stage runs the API's and the clients' pages against a tiny model (test_the_samples_of_a_page_run_...).
+    "tests/docs/test_doc_samples.py::test_every_sample_runs_against_the_server_the_readme_starts": (
+        "starts the README's server on the bundled model and runs every page's samples"
+    ),
 }
 
 

@@ -11,7 +11,7 @@ Shapes are batch-first: tokens [B, T], hidden [B, T, D]; attention tensors [B, H
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast, overload
 
 import torch
@@ -198,17 +198,19 @@ class TransfoXLModel(nn.Module):
         reservation: Reservation | None = None,
         *,
         path: DecodePath = REFERENCE,
+        before_layers: Callable[[], None] | None = None,
     ) -> tuple[Tensor, list[PagedRow]]:
         """One forward over rows of a pool: row r feeds queries[r] tokens (packed in `tokens` [N], row by row)
         after its memory `rows[r]`, its queries' windows and what it keeps given by rules[r] (txl.window),
         through the kernels `path` names.
 
         Returns the last layer's output [N, D] and each row's memory after the step. Inference only.
+        `before_layers`: see `forward_step`.
         """
         if pool.layout != self.memory_layout():
             raise ValueError(f"the memory pool holds {pool.layout}, the model needs {self.memory_layout()}")
         step = PagedStep(pool, rows, queries, rules, reservation=reservation)
-        return self.forward_step(tokens, step, path=path), step.results
+        return self.forward_step(tokens, step, path=path, before_layers=before_layers), step.results
 
     @torch.no_grad()
     def forward_step(
@@ -219,6 +221,7 @@ class TransfoXLModel(nn.Module):
         *,
         out: Tensor | None = None,
         path: DecodePath = REFERENCE,
+        before_layers: Callable[[], None] | None = None,
     ) -> Tensor:
         """tokens [N] -> last layer's output [N, D], for a step already planned (its blocks claimed), through the
         kernels `path` names: its fused layers where they apply (txl.paged.gpu_decode, txl.paged.fused_decode),
@@ -226,18 +229,25 @@ class TransfoXLModel(nn.Module):
 
         `tables`: per layer, positional keys covering at least `step.n_pos` distances (default: the model's own
         table); a captured graph passes the tables it captured, which it keeps alive. `out` [N, D]: where the
-        output goes (a graph's static buffer; the GPU's fused body writes it there from its last kernel)."""
+        output goes (a graph's static buffer; the GPU's fused body writes it there from its last kernel).
+        `before_layers`: called once, when everything is prepared and the layers are about to run (the longest
+        stretch a CPU step spends in native code, off the GIL: a server hands out what the last step made then,
+        txl_server.engine)."""
         step.begin()
         hidden = self.drop(self.word_emb(tokens, path))  # [N, D]
         if tables is None:
             tables = self.positional_tables(step.n_pos)
         layers = cast(Sequence[RelPartialLearnableDecoderLayer], self.layers)
         if gpu_decode.applies(path, layers, step, self.training):
+            if before_layers is not None:
+                before_layers()
             return gpu_decode.forward(layers, step, hidden, tables, out=out)
         fused = fused_decode.applies(path, layers, step, self.training)
         if fused is not None:
-            hidden = fused_decode.forward(fused, cast(PagedStep, step), hidden, tables)
+            hidden = fused_decode.forward(fused, cast(PagedStep, step), hidden, tables, before_layers)
         else:
+            if before_layers is not None:
+                before_layers()
             for i, layer in enumerate(layers):
                 hidden = layer.forward_paged(hidden, step, i, tables[i], path)
         return hidden if out is None else out.copy_(hidden)

@@ -35,7 +35,11 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m txl_server"
     parser.add_argument(
         "--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (TXL_DTYPE)"
     )
-    parser.add_argument("--device", help="torch device, e.g. cuda:0 (TXL_DEVICE, default cpu)")
+    parser.add_argument(
+        "--device",
+        help="torch device (TXL_DEVICE): cpu, the default even where a GPU is; cuda or cuda:N for an NVIDIA GPU "
+        "(needs torch's CUDA build, which scripts/install.sh installs where it finds one: docs/server.md)",
+    )
     parser.add_argument("--log-level", default=None, help="debug, info, warning (TXL_LOG_LEVEL)")
     parser.add_argument(
         "--ephemeral",

@@ -14,11 +14,27 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "default_model"
 TRANSCRIPT_TEMPLATE = "{Role}: {content}\n"
+NO_CHAT_TEMPLATE = "none"  # TXL_CHAT_TEMPLATE=none: no chat template, even where the model declares one
+
+
+def chat_format(value: str) -> str:
+    """A chat template as the server keeps it: "transcript", or a per-message format holding {content} once and
+    no fields but {role} and {Role} ("\\n" and "\\t" written escaped are unescaped). ValueError otherwise."""
+    if value == "transcript":
+        return TRANSCRIPT_TEMPLATE
+    value = value.replace("\\n", "\n").replace("\\t", "\t")
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"chat_template is not a valid format: {exc}") from exc
+    if fields.count("content") != 1 or not set(fields) <= {"role", "Role", "content"}:
+        raise ValueError("chat_template must hold {content} once, and no fields but {role} and {Role}")
+    return value
 
 
 class Persistence(StrEnum):
@@ -186,10 +202,14 @@ class Settings(BaseSettings):
     body_timeout_seconds: float = Field(30.0, gt=0, le=3600)
 
     # ---- OpenAI compatibility
-    # /v1/chat/completions: "transcript" ("{Role}: {content}\n" per message), or a per-message format with the
-    # fields {role} (as sent), {Role} (capitalised) and {content}; "\n" and "\t" may be written escaped.
-    # None: the route answers 404 (a base language model is served through /v1/completions).
+    # The chat template of /v1/chat/completions and of message input (Responses, conversations): "transcript"
+    # ("{Role}: {content}\n" per message), or a per-message format with the fields {role} (as sent), {Role}
+    # (capitalised) and {content}; "\n" and "\t" may be written escaped. Unset: the model directory's own, where
+    # it declares one (its `chat_template.json`; the bundled model does); "none": no template even so. Without a
+    # template chat answers 404 (a base language model is served through /v1/completions).
     chat_template: str | None = None
+    # Where the template in force came from: "TXL_CHAT_TEMPLATE" or "model" (with_model_chat_template sets it).
+    _chat_template_source: str | None = PrivateAttr(None)
 
     # ---- security and logging
     api_keys: SecretStr | None = None  # comma-separated; each key is a tenant
@@ -248,16 +268,9 @@ class Settings(BaseSettings):
     def _valid_chat_template(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        if value == "transcript":
-            return TRANSCRIPT_TEMPLATE
-        value = value.replace("\\n", "\n").replace("\\t", "\t")
-        try:
-            fields = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
-        except ValueError as exc:
-            raise ValueError(f"chat_template is not a valid format: {exc}") from exc
-        if fields.count("content") != 1 or not set(fields) <= {"role", "Role", "content"}:
-            raise ValueError("chat_template must hold {content} once, and no fields but {role} and {Role}")
-        return value
+        if value.strip().lower() == NO_CHAT_TEMPLATE:
+            return NO_CHAT_TEMPLATE
+        return chat_format(value)
 
     @field_validator("ephemeral")
     @classmethod
@@ -273,6 +286,26 @@ class Settings(BaseSettings):
         """Whether requests need an API key (keys given, or a file of them)."""
         given = self.api_keys is not None and self.api_keys.get_secret_value().strip(", ") != ""
         return given or self.api_keys_file is not None
+
+    @property
+    def chat_template_source(self) -> str | None:
+        """Where the chat template in force came from: "TXL_CHAT_TEMPLATE" (the operator), "model" (the model
+        directory's `chat_template.json`), or None (no template)."""
+        return self._chat_template_source
+
+    def with_model_chat_template(self, declared: str | None) -> Settings:
+        """These settings with the chat template in force: the operator's (TXL_CHAT_TEMPLATE), else `declared`
+        (the model's own, already a checked format: `chat_format`), unless the operator said "none"."""
+        operator = self.chat_template
+        if operator == NO_CHAT_TEMPLATE or (operator is None and declared is None):
+            chosen, source = None, None
+        elif operator is not None:
+            chosen, source = operator, "TXL_CHAT_TEMPLATE"
+        else:
+            chosen, source = declared, "model"
+        resolved = self.model_copy(update={"chat_template": chosen})
+        resolved._chat_template_source = source
+        return resolved
 
     @property
     def model_dir(self) -> Path:

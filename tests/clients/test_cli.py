@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from txl_client import Client
 from txl_server.sessions.redis_server import free_port
 
 from tests.helpers.gate import Gate
+from tests.helpers.long_work import beside_long_work
 
 from .conftest import API_KEY
 
@@ -71,6 +74,30 @@ def test_version_help_and_usage_errors_exit_2(tmp_path):
     assert missing.returncode == 2 and "cannot read" in missing.stderr
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00")
     assert "not UTF-8" in run("score", str(tmp_path / "binary.txt")).stderr
+
+
+def test_every_command_argument_and_flag_says_what_it_is():
+    """`--help` of every command: `conversations say --temperature` and `sessions fork ID` said nothing."""
+    from txl_client.cli import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif not isinstance(action, argparse._HelpAction | argparse._VersionAction) and not action.help:
+                missing.append(f"{' '.join(path)} {'/'.join(action.option_strings) or action.metavar}")
+
+    walk(build_parser(), ["txl"])
+    assert not missing, missing
+
+
+def test_no_server_at_the_address_says_to_start_one_or_give_its_address():
+    result = run("sessions", "ls", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "5")
+    assert result.returncode == 1 and "cannot reach" in result.stderr, result.stderr
+    assert "bash scripts/serve.sh" in result.stderr and "--url or TXL_URL" in result.stderr, result.stderr
 
 
 def test_server_and_api_errors_exit_1(server, env):
@@ -131,6 +158,23 @@ def test_a_long_prompt_shows_its_progress_and_does_not_time_out(server, env, sdk
     assert "timed out" not in result.stderr and result.stdout.strip()
 
 
+def test_a_generation_waiting_beside_long_work_says_so_instead_of_looking_hung(server, env, sdk):
+    """A token that waits beside a long score: `txl generate` says how long it has waited and what the server
+    runs meanwhile (GET /v1/system), until the text arrives."""
+    with beside_long_work(server, sdk):
+        result = run("generate", "The sea", "--max-tokens", "2", "--progress", env=env)
+    assert result.returncode == 0, result.stderr
+    said = re.findall(
+        r"waiting for the first token: \d+ s; the server is running (\d+) requests?(?:, (\d+) more waiting)?",
+        result.stderr,
+    )
+    assert said, result.stderr
+    assert max(int(r) + int(w or 0) for r, w in said) >= 2, (
+        said,
+        result.stderr,
+    )  # the score, and this generation
+
+
 def test_a_real_timeout_says_timed_out_not_conflict_and_changes_nothing(server, env, sdk):
     session = sdk.create_session(text="waiting")
     runner = server.app.state.runtime.service.worker.runner  # each call: one forward of the engine
@@ -188,6 +232,30 @@ def test_score_prints_a_table_json_and_progress(tmp_path, env, sdk):
     assert f"100% {expected.tokens}/{expected.tokens} tokens" in as_json.stderr
 
 
+def test_score_compares_each_file_with_xz_as_the_xz_command_compresses_it(tmp_path, env):
+    """`--xz`: the model's bits per byte beside xz -9e's on the user's own file (the bundled model's figure
+    against xz holds for the kinds of text it was trained on; here the reader checks theirs)."""
+    from txl_client.cli.remote import xz_bits
+
+    prose, code = tmp_path / "prose.txt", tmp_path / "code.txt"
+    prose.write_text("It was the best of times, it was the worst of times. " * 30, encoding="utf-8")
+    code.write_text("def f(x):\n    return x + 1\n" * 20, encoding="utf-8")
+    table = run("score", str(prose), str(code), "--xz", env=env)
+    assert table.returncode == 0, table.stderr
+    header, first, _, total = table.stdout.splitlines()
+    assert header.split() == ["tokens", "bytes", "perplexity", "bits/byte", "xz", "-9e", "vs", "xz", "file"]
+    cells = first.split()
+    expected = xz_bits(prose.read_text(encoding="utf-8"))
+    assert float(cells[4]) == pytest.approx(expected, abs=1e-4)
+    assert cells[5] == f"{100 * (float(cells[3]) / expected - 1):+.0f}%"
+    if shutil.which("xz"):  # the command's own output: the same size as Python's lzma writes it
+        made = subprocess.run(["xz", "-9e", "-c", str(prose)], capture_output=True, check=True).stdout
+        assert expected == pytest.approx(8 * len(made) / prose.stat().st_size)
+    assert total.split()[-1] == "total" and len(total.split()) == 7
+    [row] = json.loads(run("score", str(code), "--xz", "--json", env=env).stdout)
+    assert row["xz_bits_per_byte"] == pytest.approx(xz_bits(code.read_text(encoding="utf-8")))
+
+
 def test_score_prints_each_result_as_it_comes_and_keeps_it_when_a_later_file_fails(server, tmp_path, env):
     """Output to a pipe: the first file's row arrives while the second is still being scored; a third file
     the server refuses (larger than its 64 KiB body limit) ends the run with status 1, naming the file, and
@@ -214,6 +282,8 @@ def test_score_prints_each_result_as_it_comes_and_keeps_it_when_a_later_file_fai
 
     as_json = run("score", str(short), str(big), "--json", env=env)
     assert as_json.returncode == 1 and str(big) in as_json.stderr
+    alone = run("score", str(big), env=env)  # its only file fails: no table, not even its header
+    assert alone.returncode == 1 and alone.stdout == "", alone.stdout
     assert [row["file"] for row in json.loads(as_json.stdout)] == [str(short)]
 
 
@@ -296,6 +366,8 @@ def test_chat_on_a_terminal_appends_generates_forks_and_quits(env, sdk):
 def test_serve_starts_the_server_with_its_flags(tiny_model_dir, redis_server):
     help_text = run("serve", "--help")
     assert help_text.returncode == 0 and "--redis-url" in help_text.stdout
+    device = " ".join(help_text.stdout[help_text.stdout.index("--device DEVICE  ") :].split()[:40])
+    assert "cuda:N for an NVIDIA GPU" in device  # not only "default cpu"
     port = free_port()
     process = subprocess.Popen(
         [TXL, "serve", "--port", str(port), "--model", str(tiny_model_dir), "--redis-url", redis_server.url,

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import re
-import shutil
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from txl_client import Client, NotFound
 from txl_server.api.app import STATIC_DIR
 
+from tests.helpers import browser as browser_helpers
+from tests.helpers.browser import chromium, open_playground, screenshot, wait_for
+
 from .conftest import API_KEY
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 DOCUMENT = "Call me Ishmael. Some years ago — never mind how long — I went to sea, café au lait.\n" * 3
 
 
@@ -23,7 +22,9 @@ def test_playground_files_are_served_and_self_contained(server):
     with httpx.Client(base_url=server.url) as http:
         page = http.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-        for asset in ("app.js", "style.css"):
+        assets = sorted(p.name for p in STATIC_DIR.iterdir() if p.suffix in (".js", ".css"))
+        assert "app.js" in assets and "style.css" in assets
+        for asset in assets:  # every script and style the page loads, and nothing it does not
             assert http.get(f"/{asset}").status_code == 200
             assert f'"{asset}"' in page.text
     for path in STATIC_DIR.iterdir():
@@ -31,8 +32,10 @@ def test_playground_files_are_served_and_self_contained(server):
         # No CDN, no external fonts: nothing but the server itself is contacted.
         assert not re.search(r"(src|href)=\"(https?:)?//", text), path.name
         assert "@import" not in text and "url(http" not in text, path.name
-    script = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
-    assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "document.write" not in script
+    for path in STATIC_DIR.glob("*.js"):  # user and model text only ever written with textContent
+        script = path.read_text(encoding="utf-8")
+        assert "innerHTML" not in script and "insertAdjacentHTML" not in script, path.name
+        assert "document.write" not in script, path.name
 
 
 @pytest.fixture
@@ -52,73 +55,8 @@ def offline_browser():
     yield from chromium("--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1")
 
 
-def chromium(*extra_flags: str):
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip("needs Debian's chromium and chromium-driver")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--window-size=1280,900",
-        *extra_flags,
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_script_timeout(30)
-    yield driver
-    driver.quit()
-
-
-def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-        except (
-            StaleElementReferenceException
-        ):  # the page re-rendered an element between finding and reading it
-            value = None
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def open_playground(driver, server):
-    """Opens the playground; returns `text_of(element_id)`, the text of the page's element of that id."""
-    from selenium.webdriver.common.by import By
-
-    driver.get(server.url + "/")
-    return lambda element_id: driver.find_element(By.ID, element_id).text
-
-
 def enter_key(driver) -> None:
-    """Types the API key into the page's key form and sends it."""
-    from selenium.webdriver.common.by import By
-
-    driver.find_element(By.ID, "api-key").send_keys(API_KEY)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
-
-
-def screenshot(driver, name: str) -> Path:
-    folder = ROOT / "artifacts"
-    folder.mkdir(exist_ok=True)
-    path = folder / name
-    driver.save_screenshot(str(path))
-    print(f"screenshot: {path}")
-    return path
+    browser_helpers.enter_key(driver, API_KEY)
 
 
 @pytest.mark.browser

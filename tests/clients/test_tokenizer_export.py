@@ -23,7 +23,7 @@ TEXT = "Chapter 1 .\nThe game 's 1 @,@ 000 players — naïve 🎉 <formula>"
 def test_export_of_the_bundled_model_encodes_as_the_server(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TXL_MODEL", raising=False)
     monkeypatch.setenv("TXL_MAX_TEXT_CHARS", "5000")
-    monkeypatch.setenv("TXL_CHAT_TEMPLATE", "transcript")
+    monkeypatch.delenv("TXL_CHAT_TEMPLATE", raising=False)  # the bundled model's own template: the transcript
     assert main(["tokenizer", "export", str(tmp_path)]) == 0
     assert "tokenizer.json" in capsys.readouterr().out
     hf = transformers().AutoTokenizer.from_pretrained(str(tmp_path))

@@ -1,5 +1,5 @@
-"""The code samples of docs/clients.md and docs/api.md run, as written, against a live server, so that the docs
-cannot drift from the code.
+"""The code samples of docs/*.md run, as written, against a live server, so that the docs cannot drift from the
+code.
 
 Every fenced block in Python (`python`), shell (`bash`, `sh`) or a terminal session (`console`: its `$ ` lines)
 runs, in the order of the page: the Python blocks of a page share one namespace (a later sample uses what an
@@ -10,32 +10,46 @@ cannot run here says so on the line before its fence, with the reason:
 
 Blocks in other languages (`json`, `text`, none) show data or output and are not run.
 
-The samples see what a reader has after "Connecting": a server at `$TXL_URL` with the key `$TXL_API_KEY` (serving
-a tiny model under the bundled model's name, with the `transcript` chat template), text files to read
-(`book.txt`, `moby.txt`, `chapter1.txt`, `chapter2.txt`) in the working directory, and, in shell blocks, a fresh
-session's id in `$SESSION`. Shell blocks run in a fresh shell where the project's environment is active, as the
-README says (`source .venv/bin/activate`; tests/helpers/fresh_shell.py), and nothing else of the test's
-environment: so `txl` and `python` are the environment's, found as a reader finds them.
+Two servers, two runs:
+
+- Every page, against the server exactly as the README starts it (`bash scripts/serve.sh`: the bundled model, its
+  own chat template, no API key; tests/helpers/readme_server.py), in the environment the README's set-up makes
+  (the samples import nothing it does not install, or their page says what to install first). The reader has
+  `TXL_URL` set to it and no key (`TXL_API_KEY` empty).
+- docs/clients.md and docs/api.md, quickly, against a server that needs an API key (`$TXL_API_KEY`), serving a
+  tiny model under the bundled model's name with the `transcript` chat template.
+
+The samples see what a reader has after "Connecting": text files to read (`book.txt`, `moby.txt`,
+`chapter1.txt`, `chapter2.txt`) in the working directory, and, in shell blocks, a fresh session's id in
+`$SESSION`. Shell blocks run in a fresh shell where the project's environment is active, as the README says
+(`source .venv/bin/activate`; tests/helpers/fresh_shell.py), and nothing else of the test's environment: so `txl`
+and `python` are the environment's, found as a reader finds them.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
 import re
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from txl_client import Client
 
 from tests.clients.conftest import server_settings
 from tests.helpers.fresh_shell import fresh_shell, needs_a_venv
 from tests.helpers.live_server import LiveServer
+from tests.helpers.readme_server import ReadmeServer
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = ["docs/clients.md", "docs/api.md"]
+PAGES = sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))
+KEYED_PAGES = ["docs/clients.md", "docs/api.md"]
 API_KEY = "docs-sample-key"
 RUN = {"python", "bash", "sh", "console"}
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<language>[\w-]*)\s*$")
@@ -80,7 +94,7 @@ def samples(page: str) -> list[Sample]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, redis_server):
+def keyed_server(tiny_model_dir, redis_server):
     # 128-token segments: the tiny model reads the samples' longer texts in a few seconds.
     settings = server_settings(
         tiny_model_dir, redis_server.url, api_keys=API_KEY, model_id="txl-books-byte",
@@ -90,18 +104,29 @@ def server(tiny_model_dir, redis_server):
         yield live
 
 
-@pytest.fixture
-def workdir(tmp_path, server, monkeypatch) -> Path:
-    """The reader's directory and environment: the server's address and key, and texts to read."""
+@pytest.fixture(scope="module")
+def readme_server(tmp_path_factory):
+    data = tmp_path_factory.mktemp("readme-server")
+    with ReadmeServer(data / "data", data / "server.log") as live:
+        yield live
+
+
+def texts(directory: Path) -> None:
+    """The texts the samples read."""
     moby = (BOOK / "melville-moby_dick.txt").read_text(encoding="utf-8")
-    (tmp_path / "moby.txt").write_text(moby[:3000], encoding="utf-8")
-    (tmp_path / "book.txt").write_text((BOOK / "austen-persuasion.txt").read_text(encoding="utf-8")[:2000])
-    (tmp_path / "chapter1.txt").write_text(moby[3000:4500], encoding="utf-8")
-    (tmp_path / "chapter2.txt").write_text(moby[4500:6000], encoding="utf-8")
-    monkeypatch.setenv("TXL_URL", server.url)
-    monkeypatch.setenv("TXL_API_KEY", API_KEY)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    (directory / "moby.txt").write_text(moby[:3000], encoding="utf-8")
+    (directory / "book.txt").write_text((BOOK / "austen-persuasion.txt").read_text(encoding="utf-8")[:2000])
+    (directory / "chapter1.txt").write_text(moby[3000:4500], encoding="utf-8")
+    (directory / "chapter2.txt").write_text(moby[4500:6000], encoding="utf-8")
+
+
+def reader(monkeypatch, directory: Path, url: str, key: str) -> Path:
+    """The reader's directory and environment: the server's address and key (empty: none), and texts to read."""
+    texts(directory)
+    monkeypatch.setenv("TXL_URL", url)
+    monkeypatch.setenv("TXL_API_KEY", key)
+    monkeypatch.chdir(directory)
+    return directory
 
 
 def run_python(sample: Sample, namespace: dict) -> None:
@@ -127,12 +152,10 @@ def run_shell(sample: Sample, workdir: Path) -> None:
     assert "Traceback" not in result.stderr, f"{sample.where}:\n{result.stderr}"
 
 
-@needs_a_venv
-@pytest.mark.parametrize("page", PAGES)
-def test_the_samples_of_a_page_run_against_a_live_server(page, workdir):
-    found = samples(page)
-    ran = [s for s in found if s.skip is None]
-    assert len(ran) >= 5, f"{page}: only {len(ran)} runnable samples found"
+def run_page(page: str, workdir: Path, *, least: int = 1) -> None:
+    """The page's runnable samples, in order; at least `least` of them."""
+    ran = [s for s in samples(page) if s.skip is None]
+    assert len(ran) >= least, f"{page}: only {len(ran)} runnable samples found"
     namespace: dict = {"__name__": "__docs__"}
     for sample in ran:
         started = time.monotonic()
@@ -141,6 +164,87 @@ def test_the_samples_of_a_page_run_against_a_live_server(page, workdir):
         else:
             run_shell(sample, workdir)
         print(f"{sample.where}: {time.monotonic() - started:.1f} s")
+
+
+@needs_a_venv
+def test_every_sample_runs_against_the_server_the_readme_starts(readme_server, tmp_path, monkeypatch):
+    workdir = reader(monkeypatch, tmp_path, readme_server.url, "")
+    for page in PAGES:
+        run_page(page, workdir, least=0)
+    with httpx.Client(base_url=readme_server.url) as client:
+        model = client.get("/v1/models").json()["data"][0]
+    assert model["chat_template"] == {"format": "{Role}: {content}\n", "source": "model"}  # the model's own
+    assert model["bundled"] is True  # the playground says what the model is
+
+
+@needs_a_venv
+@pytest.mark.parametrize("page", KEYED_PAGES)
+def test_the_samples_of_a_page_run_against_a_server_with_an_api_key(
+    page, keyed_server, tmp_path, monkeypatch
+):
+    run_page(page, reader(monkeypatch, tmp_path, keyed_server.url, API_KEY), least=5)
+
+
+def test_the_samples_import_what_the_readme_set_up_installs_or_their_page_says_what_to_install():
+    """A sample that imports a package the README's set-up does not install (`bash scripts/serve.sh`: the server,
+    the client and the `samples` extra) runs only after its page says `pip install` it."""
+    provided = readme_distributions()
+    distributions = importlib.metadata.packages_distributions()
+    for page in PAGES:
+        text = (REPO / page).read_text(encoding="utf-8")
+        for sample in samples(page):
+            for module in imported_modules(sample):
+                if module in sys.stdlib_module_names:
+                    continue
+                names = {canonical(d) for d in distributions.get(module, [module])}
+                said = text[: text.find(sample.code.split("\n", 1)[0])]
+                assert names & provided or any(f"pip install {n}" in said for n in names), (
+                    f"{sample.where} imports {module} ({', '.join(sorted(names))}), which the README's set-up does "
+                    "not install: install it with the set-up (the samples extra) or say on the page to install it"
+                )
+
+
+def test_every_curl_in_the_samples_is_quiet():
+    """`curl` without `-s` draws its progress meter on the terminal between the JSON it prints."""
+    for page in [*PAGES, "README.md"]:
+        for sample in samples(page):
+            for command in re.finditer(r"(?:^|[|;&(]\s*|\s)curl\s+([^\n]*)", sample.code):
+                flags = command.group(1)
+                assert re.search(r"(^|\s)-[A-Za-z]*s[A-Za-z]*\b|--silent", flags), (
+                    f"{sample.where}: curl {flags}"
+                )
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def readme_distributions() -> set[str]:
+    """What `bash scripts/serve.sh` installs by name: the project, its dependencies and the server and samples
+    extras, and the client with its dependencies (scripts/install.sh)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    client = tomllib.loads((REPO / "clients" / "python" / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    requirements = [*project["dependencies"], *extras["server"], *extras["samples"], *client["dependencies"]]
+    names = {project["name"], client["name"]}
+    names |= {re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in requirements}
+    return {canonical(n) for n in names}
+
+
+def imported_modules(sample: Sample) -> set[str]:
+    """The top-level modules a sample imports: a Python block's, and a shell block's `python -c` programs'."""
+    if sample.language == "python":
+        programs = [sample.code]
+    else:
+        programs = [m.group(2) for m in re.finditer(r"python3? -c (['\"])(.*?)\1", sample.code)]
+    found = set()
+    for program in programs:
+        for node in ast.walk(ast.parse(program)):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return found
 
 
 def test_the_extractor_finds_fences_markers_and_indented_blocks(tmp_path, monkeypatch):

@@ -178,7 +178,7 @@ def test_fused_decoding_on_torchs_threads_gives_the_bits_of_one_thread(monkeypat
         with torch.inference_mode():
             model(torch.tensor([[3], [1], [4], [1], [5], [9]]), memories, path=FUSED)
         assert len(calls) == 1  # the step took the native call
-        fused, step, hidden, tables = calls[0]
+        fused, step, hidden, tables = calls[0][:4]
         expected = original(fused, step, hidden.clone(), tables)
         pool_after = [pool.keys.clone(), pool.values.clone(), pool.hidden.clone()]
         for threads in (2, 3, 5):
@@ -204,3 +204,32 @@ def test_fused_decoding_of_many_rows_on_one_thread_equals_the_layer_by_layer_pat
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
+
+
+@needs_kernel
+def test_a_steps_layers_run_in_one_native_call_with_the_bits_of_one_call_a_layer(monkeypatch):
+    """One call for the step's layers gives up the GIL once (a server's event loop then never holds it up between
+    layers), and computes what one call a layer computes, bit for bit."""
+    from txl.kernels.decode_layer import DecodeLayerKernel
+
+    model = tiny_model(seed=36, d_head=16, n_head=2, d_model=24, d_embed=24, n_layer=3)
+    # Once first: the linear kernels are chosen by timing on a shape's first use, and may differ from then on.
+    _decode(model, [0, 3, 9], fused=True, block_size=4, keep_hidden=True, steps=3)
+    calls: list[str] = []
+    layers, one = DecodeLayerKernel.layers, DecodeLayerKernel.__call__
+    monkeypatch.setattr(
+        DecodeLayerKernel, "layers", lambda self, *a: calls.append("layers") or layers(self, *a)
+    )
+    monkeypatch.setattr(DecodeLayerKernel, "__call__", lambda self, *a: calls.append("one") or one(self, *a))
+    together, kept_together = _decode(model, [0, 3, 9], fused=True, block_size=4, keep_hidden=True, steps=3)
+    assert calls == ["layers"] * 3  # one call a step
+
+    def one_a_layer(self, layer_args, states, rows, x, scratch, threads):
+        for layer, state in zip(layer_args, states, strict=True):
+            one(self, layer, state, rows, x, scratch, threads)
+
+    monkeypatch.setattr(DecodeLayerKernel, "layers", one_a_layer)
+    apart, kept_apart = _decode(model, [0, 3, 9], fused=True, block_size=4, keep_hidden=True, steps=3)
+    assert torch.equal(together, apart)
+    for a, b in zip(kept_together, kept_apart, strict=True):
+        assert all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a)

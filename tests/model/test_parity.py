@@ -10,6 +10,26 @@ from .hf_oracle import hf_empty_mems, hf_model, save_hf
 
 pytestmark = pytest.mark.oracle
 
+# The tolerance, the same for every comparison here: ULPS float32 epsilons of the reference's largest magnitude.
+# Two correct float32 implementations differ by rounding alone, and how much depends on the order in which sums
+# accumulate, which differs between kernels and machines: MKL's, oneDNN's and the native C kernels' blocking, and
+# the native linear kernel's vector partial sums (txl/kernels/rows_linear.c: 8 lanes where it is built for AVX2,
+# 16 for AVX-512), chosen per shape by timing on each machine (txl/kernels/linear_choice.py). Such an error is
+# absolute, on the scale of the largest values: a log-probability is a logit minus a log-sum-exp, each carrying
+# the error of the sums that made it. A fixed atol therefore fails a model whose values are larger, not one that is
+# wrong: the pre-LayerNorm variant (log-probabilities up to 25-35) missed 1e-5 on an AVX2 laptop by 1.1444e-05,
+# 3.8 epsilons of its largest value. The largest seen over every config, segmentation and kernel (plain, oneDNN,
+# native; AVX-512 and AVX2 builds and dispatch) is 5; the subtlest wrong term tried, a LayerNorm epsilon of 1e-6
+# instead of 1e-5, moves the log-probabilities by 22 (adaptive-div2) to 159 (pre-lnorm).
+ULPS = 10
+
+
+def assert_float32_parity(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    """`ours` equals the reference `theirs` within ULPS float32 epsilons of the reference's largest magnitude."""
+    scale = theirs.abs().max().item()
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=ULPS * torch.finfo(torch.float32).eps * scale)
+
+
 # Random tiny configs covering every architectural switch.
 CONFIGS = {
     "adaptive-div2": dict(cutoffs=[17, 45], div_val=2),
@@ -67,10 +87,10 @@ def test_matches_reference_over_one_and_three_segments(name, safe, tmp_path):
     for segments in ([21], [7, 7, 7], [8, 5, 8]):
         ours, memory = _run_txl(model, tokens, segments)
         theirs, mems = _run_hf(reference, tokens, segments)
-        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+        assert_float32_parity(ours, theirs)
         # The memory, exported in HF's hidden-state form, is HF's mems.
         for ours_layer, theirs_layer in zip(memory.hidden_states(), mems, strict=True):
-            torch.testing.assert_close(ours_layer, theirs_layer.transpose(0, 1), rtol=0, atol=1e-5)
+            assert_float32_parity(ours_layer, theirs_layer.transpose(0, 1))
 
 
 @pytest.mark.parametrize("name", ["adaptive-div2", "same-length", "pre-lnorm"])
@@ -85,7 +105,7 @@ def test_windows_on_the_grid_are_the_reference_fed_segment_by_segment(name, tmp_
     theirs, _ = _run_hf(reference, tokens, [7, 7, 7])
     for segments in ([21], [7, 7, 7], [8, 5, 8], [1] * 21):
         ours, _ = _run_txl(model, tokens, segments, grid=7)
-        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+        assert_float32_parity(ours, theirs)
 
 
 def test_imported_hf_mems_continue_identically(tmp_path):
@@ -98,7 +118,7 @@ def test_imported_hf_mems_continue_identically(tmp_path):
     memory = model.memory_from_hidden([m.transpose(0, 1) for m in mems])
     with torch.inference_mode():
         hidden, _ = model(tokens[:, 16:], memory)
-        torch.testing.assert_close(model.log_probs(hidden), expected, rtol=0, atol=1e-5)
+        assert_float32_parity(model.log_probs(hidden), expected)
 
 
 def test_param_count_matches_reference():
@@ -106,3 +126,21 @@ def test_param_count_matches_reference():
         reference = hf_model(**overrides)
         config = txl.TxlConfig.from_dict(reference.config.to_dict())
         assert config.param_count() == sum(p.numel() for p in reference.parameters()), name
+
+
+@pytest.mark.parametrize("name", ["adaptive-div2", "pre-lnorm"])
+def test_the_tolerance_catches_a_subtly_wrong_model(name, tmp_path):
+    """The tolerance scales with the values, yet a LayerNorm epsilon of 1e-6 instead of the checkpoint's 1e-5
+    (the subtlest wrong term tried) still fails it, on the config of small values and on the large one."""
+    reference = hf_model(seed=len(name), **CONFIGS[name])
+    model = txl.load_pretrained(save_hf(reference, tmp_path / "ckpt", safe=True))
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = 1e-6
+    tokens = torch.randint(
+        0, reference.config.vocab_size, (2, 21), generator=torch.Generator().manual_seed(7)
+    )
+    ours, _ = _run_txl(model, tokens, [21])
+    theirs, _ = _run_hf(reference, tokens, [21])
+    with pytest.raises(AssertionError):
+        assert_float32_parity(ours, theirs)

@@ -57,12 +57,24 @@ async def _write(client: httpx.AsyncClient, writer: Writer, stop: asyncio.Event)
         await asyncio.sleep(0.02)
 
 
+async def _create(client: httpx.AsyncClient, text: str) -> dict:
+    """A session made before the fault, as a client would: told 503 or 429 (a replica still syncing, a busy
+    machine), it waits the Retry-After and asks again."""
+    deadline = time.monotonic() + 30
+    while True:
+        response = await client.post("/v1/sessions", json={"text": text})
+        if response.status_code == 201 or time.monotonic() > deadline or response.status_code not in (429, 503):
+            assert response.status_code == 201, response.text
+            return response.json()
+        await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+
+
 async def _failover(live: LiveServer, group: SentinelGroup) -> tuple[list[Writer], float, int]:
     async with live.async_client() as client:
         writers = []
         for i in range(4):
             text = f"Failover writer {i}."
-            meta = (await client.post("/v1/sessions", json={"text": text})).json()
+            meta = await _create(client, text)
             writers.append(Writer(meta["id"], text, meta["tokens"]))
         stop = asyncio.Event()
         tasks = [asyncio.create_task(_write(client, w, stop)) for w in writers]

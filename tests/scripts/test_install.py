@@ -13,6 +13,7 @@ or this test proves nothing on this setuptools).
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import socket
@@ -87,9 +88,16 @@ def test_sourcing_the_script_installs_nothing(tmp_path):
 # ---------------------------------------------------------------- which torch
 
 
+FAKE_PIP = (
+    'pip_quietly() { echo "$@"; }; '
+    'pip() { if [[ " $* " == *" --dry-run "* ]]; then cat "${REPORT:-/dev/null}"; else echo "$@"; fi; }'
+)
+
+
 def run_sourced(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """`script` after sourcing install.sh, with PATH cut to this machine's system directories (no nvidia-smi
-    unless the test puts one in tmp_path/bin) and pip replaced by an echo of its arguments."""
+    unless the test puts one in tmp_path/bin) and pip replaced by an echo of its arguments (asked for a dry run's
+    report, it prints $REPORT's file, if any)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     environment = {
@@ -99,7 +107,7 @@ def run_sourced(script: str, tmp_path: Path, **env: str) -> subprocess.Completed
         **env,
     }
     return subprocess.run(
-        ["bash", "-c", f'source scripts/install.sh && pip_quietly() {{ echo "$@"; }} && {script}'],
+        ["bash", "-c", f"source scripts/install.sh && {FAKE_PIP} && {script}"],
         cwd=REPO,
         env=environment,
         capture_output=True,
@@ -152,8 +160,8 @@ def test_a_cpu_index_that_does_not_answer_falls_back_to_the_default_index_with_a
     done = run_sourced("install_torch pip install", tmp_path, TORCH_CPU_INDEX=url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["pip", "install", "torch==2.13.0"]  # pip's own index (and find-links)
-    assert f"{url} does not answer: torch from the default index instead" in done.stderr
-    assert "PyPI's wheel is the CUDA build" in done.stderr and "TORCH_INDEX=URL" in done.stderr
+    assert f"{url} does not answer: torch from pip's default index and find-links instead" in done.stderr
+    assert "TORCH_INDEX=URL" in done.stderr
 
 
 def test_with_an_nvidia_gpu_torch_comes_from_the_default_index(tmp_path, cpu_index):
@@ -194,3 +202,83 @@ def torch_version() -> str:
     done = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     return done.stdout.strip()
+
+
+# ---------------------------------------------------------------- what it says it installs, and progress
+
+
+def report(tmp_path: Path, version: str, url: str) -> Path:
+    """A `pip install --dry-run --report -` answer choosing torch `version` from `url`."""
+    path = tmp_path / "report.json"
+    chosen = [{"metadata": {"name": "torch", "version": version}, "download_info": {"url": url}}]
+    path.write_text(json.dumps({"version": "1", "install": chosen}))
+    return path
+
+
+def test_it_says_which_wheel_pip_chose_before_installing_it(tmp_path):
+    """What the set-up log said was what pip did: a CPU wheel from pip's find-links was announced as PyPI's CUDA
+    build. The wheel pip resolves is what it names now."""
+    local = report(
+        tmp_path, "2.13.0+cpu", "file:///opt/wheels/torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl"
+    )
+    done = run_sourced(
+        "install_torch pip install", tmp_path, TORCH_INDEX="https://x.example", REPORT=str(local)
+    )
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.splitlines()
+    wheel = "install: torch 2.13.0+cpu from the local file /opt/wheels/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+    assert f"{wheel}: the CPU build" in said, said
+    assert said.index(f"{wheel}: the CPU build") < said.index(
+        "install: installing torch==2.13.0 (the largest package: a minute or more)"
+    )
+    pypi = report(
+        tmp_path, "2.13.0", "https://files.pythonhosted.org/packages/torch-2.13.0-cp311-linux_x86_64.whl"
+    )
+    done = run_sourced(
+        "install_torch pip install", tmp_path, TORCH_INDEX="https://x.example", REPORT=str(pypi)
+    )
+    assert (
+        "install: torch 2.13.0 from files.pythonhosted.org: its default build: on Linux x86_64 the CUDA build"
+        in done.stderr
+    )
+    (tmp_path / "nothing.json").write_text(json.dumps({"version": "1", "install": []}))
+    done = run_sourced("install_torch pip install", tmp_path, TORCH_INDEX="https://x.example",
+                       REPORT=str(tmp_path / "nothing.json"))  # fmt: skip
+    assert "install: torch==2.13.0 is installed already" in done.stderr and "largest" not in done.stderr
+
+
+def test_a_long_step_says_it_is_still_under_way(tmp_path):
+    done = run_sourced(
+        'with_progress "installing torch" sleep 2.5 && echo finished', tmp_path, PROGRESS_SECONDS="1"
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "finished", done.stderr
+    assert "install: installing torch: still under way (1 s)" in done.stderr
+    assert "install: installing torch: still under way (2 s)" in done.stderr
+    failed = run_sourced('with_progress "x" false', tmp_path)
+    assert failed.returncode == 1
+
+
+def test_an_environment_with_more_extras_needs_nothing_more(tmp_path):
+    """The tests' environment (server,samples,train,...) serves `bash scripts/serve.sh` (server,samples) as it is."""
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / "clients" / "python").mkdir(parents=True)
+    for name in ("pyproject.toml", "clients/python/pyproject.toml"):
+        (tmp_path / name).write_text("")
+    os.utime(tmp_path / "pyproject.toml", (1, 1))
+    os.utime(tmp_path / "clients/python/pyproject.toml", (1, 1))
+    (tmp_path / ".venv" / ".txl-installed-server,samples,dev").write_text("")
+    script = (
+        f"source {REPO / 'scripts' / 'install.sh'} && cd {tmp_path} && "
+        "for want in server server,samples samples,dev server,train; do "
+        'installed_already "$want" && echo "$want: yes" || echo "$want: no"; done'
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.stdout.split("\n")[:4] == [
+        "server: yes",
+        "server,samples: yes",
+        "samples,dev: yes",
+        "server,train: no",
+    ]
+    os.utime(tmp_path / "pyproject.toml", None)  # pyproject.toml changed since: install again
+    again = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert again.stdout.split("\n")[:2] == ["server: no", "server,samples: no"]

@@ -46,8 +46,10 @@ from .types import (
     ScoreResult,
     Session,
     SessionVersion,
+    SystemInfo,
     TokenEvent,
     Usage,
+    Work,
 )
 
 __all__ = [
@@ -80,6 +82,7 @@ __all__ = [
     "ScoreResult",
     "Session",
     "SessionVersion",
+    "SystemInfo",
     "TokenEvent",
     "TxlConnectionError",
     "TxlError",
@@ -88,5 +91,6 @@ __all__ = [
     "Unavailable",
     "Usage",
     "VersionNotFound",
+    "Work",
     "__version__",
 ]

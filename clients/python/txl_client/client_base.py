@@ -113,3 +113,4 @@ class ClientBase(ABC, Generic[TransportT, HttpT]):
     score = Endpoint(operations.score)
     models = Endpoint(operations.models)
     health = Endpoint(operations.health)
+    system = Endpoint(operations.system)

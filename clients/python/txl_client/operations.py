@@ -28,6 +28,7 @@ from .types import (
     ScoreResult,
     Session,
     SessionVersion,
+    SystemInfo,
 )
 
 T = TypeVar("T")
@@ -238,3 +239,8 @@ def models() -> Operation[list[ModelCard]]:
 
 def health() -> Operation[Health]:
     return json_answer(Call("GET", "/health"), Health.model_validate)
+
+
+def system() -> Operation[SystemInfo]:
+    """What serves, and how many requests the server's worker runs now (`work.requests_running`)."""
+    return json_answer(Call("GET", "/v1/system"), SystemInfo.model_validate)

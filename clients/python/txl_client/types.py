@@ -105,6 +105,21 @@ class Health(_Model):
     status: str
 
 
+class Work(_Model):
+    requests_running: int  # requests the server's device worker runs now, sharing its forwards
+    requests_waiting: int = 0  # handed to the worker, not yet taken into its forwards
+
+
+class SystemInfo(_Model):
+    """What serves (`GET /v1/system`): the model, the server's version, and what its worker is doing now (the
+    rest of the answer, the device and how it serves, is kept as extra fields)."""
+
+    object: Literal["system"] = "system"
+    model: str
+    version: str
+    work: Work | None = None
+
+
 class Memory(_Model):
     """A preloaded memory: a document the server has read once, that sessions start from (`client.memories`)."""
 

@@ -1,6 +1,6 @@
-"""Decoding steps on the CPU through one native call per layer (`kernels/cpu/decode_layer.c`), where it computes what
-the layer-by-layer path would, faster: each weight and each row's memory read once, and none of the layer's
-forty-odd small torch operations in between.
+"""Decoding steps on the CPU through a native call of whole layers (`kernels/cpu/decode_layer.c`), where it computes
+what the layer-by-layer path would, faster: each weight and each row's memory read once, and none of the layer's
+forty-odd small torch operations in between. A step's layers run in one call, which gives up the GIL once.
 
 It takes a step when its decode path names it (`DecodePath.layers == "c"`, txl.kernels.path) and:
 - the step is a `PagedStep` whose rows each feed one token (one query group), at most `max_rows()` of them,
@@ -23,7 +23,7 @@ measurements behind these limits are in docs/model.md (speed on CPU).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -106,10 +106,15 @@ def applies(
 
 
 def forward(
-    fused: Sequence[_FusedLayer], step: PagedStep, hidden: Tensor, tables: Sequence[Tensor]
+    fused: Sequence[_FusedLayer],
+    step: PagedStep,
+    hidden: Tensor,
+    tables: Sequence[Tensor],
+    before_layers: Callable[[], None] | None = None,
 ) -> Tensor:
     """hidden [N, D] (the embedded tokens) -> the last layer's output [N, D]; writes each layer's keys and values
-    (and inputs, in a pool that keeps them) to the step's slots, as `forward_paged` does."""
+    (and inputs, in a pool that keeps them) to the step's slots, as `forward_paged` does. `before_layers` is
+    called right before the first native call (TransfoXLModel.forward_step)."""
     kernel = cpu_decode_layer()
     assert kernel is not None
     pool, group = step.pool, step.groups[0]
@@ -134,8 +139,11 @@ def forward(
     x = hidden.contiguous()  # [N, D] float32, updated in place by each layer
     threads = kernel.threads()
     scratch = torch.empty(scratch_floats(rows, threads))
-    for layer, state in zip(fused, _states(pool, tables), strict=True):
-        kernel(layer.args, state, rows, x.data_ptr(), scratch.data_ptr(), threads)
+    states = _states(pool, tables)
+    layers = (LayerArgs * len(fused))(*(layer.args for layer in fused))
+    if before_layers is not None:
+        before_layers()
+    kernel.layers(layers, (StateArgs * len(states))(*states), rows, x.data_ptr(), scratch.data_ptr(), threads)
     return x
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -42,8 +41,10 @@ from .responses.router import router as responses_router
 from .score.router import router as score_router
 from .sessions.router import router as sessions_router
 from .shared.auth import ApiKeys
+from .shared.chat_template import served_settings
 from .shared.disconnect import CLIENT_CLOSED_REQUEST, ClientGone
 from .shared.error_shapes import INTERNAL_ERROR, error_response
+from .shared.json_response import JSONResponse
 from .shared.openai_errors import OpenAIErrors, error_body
 from .shared.validation import validation_message, validation_status
 from .shutdown import Shutdown, ShutdownGate
@@ -56,6 +57,7 @@ STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> FastAPI:
     """The application; `loaded` is a model already loaded from `settings` (else the lifespan loads it)."""
+    settings = served_settings(settings)  # the chat template in force: the operator's, else the model's own
     metrics = Metrics()
     shutdown = Shutdown(settings.shutdown_grace_seconds)
     tracing = Tracing.from_env(settings, instance=replica_name(settings))  # None: no traces asked for
@@ -92,6 +94,7 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         description="Stateful Transformer-XL inference: sessions with cached segment memory, streaming, scoring, "
         "and an OpenAI-compatible completions API.",
         lifespan=lifespan,
+        default_response_class=JSONResponse,  # compact, ending with a newline (shared/json_response.py)
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..admission.slots import TenantSlots
@@ -23,6 +22,7 @@ from ..errors import Overloaded, PayloadTooLarge, RequestTimeout, ServiceError, 
 from ..metrics import Metrics
 from .shared.auth import ApiKeys
 from .shared.error_shapes import INTERNAL_ERROR, error_response
+from .shared.json_response import JSONResponse
 
 log = logging.getLogger("txl_server")
 

@@ -6,6 +6,10 @@ with what the models alone cannot say.
   above it lowered to it, as the server lowers it.
 - The OpenAI routes answer a body that does not match the schema with 400 (as OpenAI does), never 422: FastAPI's
   own 422 is not listed there.
+- Authentication as the server has it: with API keys every `/v1` route requires one (the `ApiKey` scheme);
+  without, none does (each route's `security` holds the empty requirement first: a key may be sent, and is
+  ignored), so that a client generated from it, or a fuzzer checking that authentication is enforced, sees the
+  server that serves it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ def serve_document(app: FastAPI, settings: Settings) -> None:
         if not finished:
             _fill_limits(spec, settings)
             _drop_openai_validation_errors(spec)
+            if not settings.has_api_keys:
+                _make_keys_optional(spec)
             finished.append(True)
         return spec
 
@@ -78,3 +84,20 @@ def _drop_openai_validation_errors(spec: dict[str, Any]) -> None:
     if '"#/components/schemas/HTTPValidationError"' not in json.dumps(spec.get("paths", {})):
         for name in _VALIDATION_SCHEMAS:
             schemas.pop(name, None)
+
+
+# The security scheme's description on a server without keys.
+NO_KEYS = (
+    "Not needed by this server, which has no API keys (TXL_API_KEYS): a key sent is ignored. A server started with "
+    "keys requires one on every /v1 route; each key is a tenant"
+)
+
+
+def _make_keys_optional(spec: dict[str, Any]) -> None:
+    for operations in spec.get("paths", {}).values():
+        for operation in operations.values():
+            security = operation.get("security")
+            if security and {} not in security:
+                operation["security"] = [{}, *security]
+    for scheme in spec.get("components", {}).get("securitySchemes", {}).values():
+        scheme["description"] = NO_KEYS

@@ -20,7 +20,6 @@ its ending in the request's scope (`event_stream.STREAM_ENDING`), and the gate e
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .shared import sse
 from .shared.event_stream import STREAM_ENDING, native_ending
+from .shared.json_response import json_bytes
 
 log = logging.getLogger("txl_server")
 
@@ -198,7 +198,7 @@ class ShutdownGate:
 
 
 async def _send_error(send: Send, error: dict) -> None:
-    body = json.dumps({"error": error}).encode()
+    body = json_bytes({"error": error})
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

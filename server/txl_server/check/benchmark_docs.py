@@ -117,6 +117,7 @@ ORDER = [
     "batching",
     "http",
     "tracing",
+    "stream",
     "memory",
     "persistence",
     "chained",

@@ -23,6 +23,7 @@ from ..telemetry.spans import job_spans
 from .job_timing import JobTiming
 from .rows import TopLogprobs
 from .state import ModelState
+from .wakeup import wake
 
 
 @dataclass(frozen=True)
@@ -89,11 +90,13 @@ class Outbox:
     wake-up each.
 
     Why: torch's operations and the C kernels release the GIL while they compute, but the worker's Python
-    between them (bookkeeping a step's tokens, planning the next) holds it. An event sent at once wakes the loop
-    while the worker is still in that Python, and the two take turns on the GIL: the stream's own handling
-    (formatting, the socket write) then adds to every step. Flushed as the next step starts computing, the loop
-    does that work while the worker's thread is inside an operation, off the GIL. A token is held back for
-    the next step's preparation only, a fraction of a step; order is kept (one list, flushed whole).
+    between them (bookkeeping a step's tokens, sampling and planning the next) holds it. An event sent at once
+    wakes the loop while the worker is still in that Python, and the two take turns on the GIL: the stream's own
+    handling (formatting, the socket write) then adds to every step. Flushed when the next step's layers start
+    (the worker passes `flush` as the runner's `before_layers`: the sampling and planning done, right before the
+    native calls), the loop does that work while the worker's thread is in native code, off the GIL. A token is
+    held back for the next step's preparation only, a fraction of a step; order is kept (one list, flushed
+    whole).
     """
 
     _local = threading.local()
@@ -135,7 +138,9 @@ class Outbox:
         flushed = time.monotonic()
         for loop, events in loops.items():
             with contextlib.suppress(RuntimeError):  # a loop that closed: its jobs have no reader left
-                loop.call_soon_threadsafe(self._deliver, events, flushed)
+                wake(
+                    loop, self._deliver, events, flushed
+                )  # keeping the GIL: the worker goes on into its step
 
     def _deliver(self, events: list[tuple[Job, Event]], flushed: float) -> None:
         now = time.monotonic()

@@ -12,7 +12,7 @@ distribution crosses only for rows that asked for top log-probs).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -83,9 +83,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, decode: Sequence[DecodeRow], chunks: Sequence[ChunkRow]
+        self,
+        decode: Sequence[DecodeRow],
+        chunks: Sequence[ChunkRow],
+        *,
+        before_layers: Callable[[], None] | None = None,
     ) -> tuple[list[DecodeOut], list[ChunkOut]]:
+        """`before_layers`: called once, when the iteration is prepared (sampled, planned) and its layers are
+        about to run (TransfoXLModel.forward_step): the worker hands out the last iteration's events then."""
         if not chunks and self.graphs is not None and self.graphs.supports(decode):
+            if before_layers is not None:
+                before_layers()
             return self.graphs.run(decode), []
         model = self.model
         sampled = self._sample(decode) if decode else None
@@ -99,14 +107,23 @@ class ModelRunner:
         same_length = model.config.same_length
         rules = [m.rule(same_length) for m in rows]
         hidden, results = model.transformer.forward_rows(
-            tokens, queries, [m.rows[0] for m in rows], rules, self.pool, path=self.path
+            tokens,
+            queries,
+            [m.rows[0] for m in rows],
+            rules,
+            self.pool,
+            path=self.path,
+            before_layers=before_layers,
         )  # [N, D]
-        offsets = np.cumsum([0, *queries])
-        last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]
         memories = [m.like([r]) for m, r in zip(rows, results, strict=True)]
-        chunk_outs = self._chunks(
-            chunks, hidden, offsets[len(decode) :], last[len(decode) :], memories[len(decode) :]
-        )
+        if chunks:
+            offsets = np.cumsum([0, *queries])
+            last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]
+            chunk_outs = self._chunks(
+                chunks, hidden, offsets[len(decode) :], last[len(decode) :], memories[len(decode) :]
+            )
+        else:  # decoding rows alone, one query each: each output row is its row's last (no index to build)
+            last, chunk_outs = hidden, []
         decode_outs = []
         if sampled is not None:
             ids, logprobs, top = self._fetch(sampled, [r.top_logprobs for r in decode])
@@ -134,6 +151,8 @@ class ModelRunner:
     ) -> tuple[list[int], list[float], list[TopLogprobs | None]]:
         """The one host read of an iteration: ids, their log-probs and any top log-probs, in one copy."""
         tokens, logprobs, top = sampled
+        if top is None and tokens.device.type == "cpu":  # nothing to copy: read the values where they are
+            return tokens.tolist(), logprobs.tolist(), [None] * tokens.numel()
         parts = [tokens.double(), logprobs.double()]
         if top is not None:
             parts += [top[0].double().flatten(), top[1].double().flatten()]

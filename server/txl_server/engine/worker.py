@@ -209,6 +209,11 @@ class Worker:
     def active_jobs(self) -> int:
         return self.scheduler.active
 
+    @property
+    def queued_jobs(self) -> int:
+        """Jobs handed to the worker and not yet admitted (read without the lock: a count of that moment)."""
+        return len(self._inbox)
+
     def _load(self) -> int:
         return len(self._inbox) + len(self._admitting) + self.active_jobs
 
@@ -356,9 +361,11 @@ class Worker:
         started = time.perf_counter()
         decode_rows = [t.next_row() for t in iteration.decode]
         chunk_rows = [t.next_chunk(n) for t, n in iteration.chunks]
-        self._outbox.flush()  # the loop handles the last step's events while this one computes
         try:
-            decoded, fed = self.runner.run(decode_rows, chunk_rows)
+            # The last step's events go out when this one's layers start: the loop handles them while this thread
+            # is in native code, off the GIL (handed out before the sampling and planning, the loop's Python ran
+            # between their many small operations and held up each one).
+            decoded, fed = self.runner.run(decode_rows, chunk_rows, before_layers=self._outbox.flush)
         except Exception as exc:
             if self._device_failed(exc) or len(decode_rows) + len(chunk_rows) == 1:
                 self._failed_step(iteration.decode, [t for t, _ in iteration.chunks], exc)

@@ -38,7 +38,7 @@ def test_a_poisoned_device_fails_liveness_and_the_probe(tiny_model_dir, redis_se
             session = _started(client)
             assert client.get("/health").json() == {"status": "ok"} and _probe(live) == 0
 
-            def poisoned(decode, chunks):
+            def poisoned(decode, chunks, **kwargs):
                 raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
             monkeypatch.setattr(live.app.state.runtime.worker.runner, "run", poisoned)
@@ -76,10 +76,10 @@ def test_a_stuck_worker_fails_liveness_and_the_probe_and_recovers_when_it_moves(
             runner = live.app.state.runtime.worker.runner
             step, release, entered = runner.run, threading.Event(), threading.Event()
 
-            def hung(decode, chunks):
+            def hung(decode, chunks, **kwargs):
                 entered.set()
                 release.wait(60)
-                return step(decode, chunks)
+                return step(decode, chunks, **kwargs)
 
             monkeypatch.setattr(runner, "run", hung)
             answers: list[httpx.Response] = []

@@ -101,17 +101,22 @@ def test_errors_before_the_work_begins_are_plain_http_errors(client):
 
 
 def test_a_slow_step_that_reports_progress_outlives_a_shorter_client_timeout(server, client):
-    """Each forward of the engine is slowed down so that the append takes ~5 s, against a client that waits at
-    most 1 s for the next bytes: streamed, progress arrives every ~0.2 s and the append succeeds; as JSON (which
-    says nothing until the end) the same client times out."""
+    """Each forward of the engine is slowed down so that the append takes ~7 s, against a client that waits at
+    most 2.5 s for the next bytes: streamed, progress arrives every ~0.25 s and the append succeeds; as JSON (which
+    says nothing until the end) the same client times out.
+
+    The margins hold on a busy machine: the client's timeout is ten times the pace of progress (a forward of the
+    tiny model, slowed by 0.25 s, once took over a second on a loaded machine, and a 1 s timeout then expired
+    between two events), and the whole step still lasts well over twice the timeout."""
     runner = server.app.state.runtime.service.worker.runner  # each call: one forward (a segment of 8 tokens)
     session = client.post("/v1/sessions", json={"text": "slow"}).json()
     path = f"/v1/sessions/{session['id']}/append"
-    impatient = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=1.0)
-    with impatient, Gate(runner, "run", delay=0.2):
+    timeout = 2.5
+    impatient = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=timeout)
+    with impatient, Gate(runner, "run", delay=0.25):  # 27 forwards: at least 6.75 s
         started = time.monotonic()
         status, events = streamed(impatient, path, json={"text": TEXT, "stream": True})
-        assert time.monotonic() - started > 3  # much longer than the client's timeout
+        assert time.monotonic() - started > 2 * timeout  # much longer than the client's timeout
         assert status == 200 and check_progress(events, len(TEXT))["session"]["version"] == 2
         with pytest.raises(httpx.ReadTimeout):
             impatient.post(path, json={"text": TEXT})

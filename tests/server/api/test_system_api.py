@@ -3,6 +3,8 @@ failing after a device error that poisons the context (simulated), on a real ser
 
 from __future__ import annotations
 
+import time
+
 import openai
 import torch
 from txl_server.engine import device_failure
@@ -94,7 +96,7 @@ def test_ready_fails_after_a_device_error_that_poisons_the_context(tiny_model_di
             assert client.get("/ready").status_code == 200
             session = client.post("/v1/sessions", json={"text": "hello"}).json()
 
-            def broken(decode, chunks):
+            def broken(decode, chunks, **kwargs):
                 raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
             monkeypatch.setattr(live.app.state.runtime.worker.runner, "run", broken)
@@ -130,3 +132,29 @@ def test_system_reports_the_admission_targets_measured_at_start_up(client, serve
         admission["max_concurrent_requests"] == 256
         and admission["max_concurrent_requests_per_tenant"] is None
     )
+
+
+def test_system_says_how_many_requests_the_worker_runs_while_one_waits(client, server):
+    """What a client waiting for its first token (the playground, `txl generate`) shows: the work beside it."""
+    from tests.helpers.gate import Gate
+
+    assert client.get("/v1/system").json()["work"] == {"requests_running": 0, "requests_waiting": 0}
+    assert client.get("/v1/models").json()["data"][0]["bundled"] is False  # a model of the tests' own
+    session = client.post("/v1/sessions", json={"text": "slow"}).json()
+    runner = server.app.state.runtime.worker.runner
+    with (
+        Gate(runner, "run", delay=0.05),
+        client.stream(
+            "POST", f"/v1/sessions/{session['id']}/append", json={"text": "x" * 400, "stream": True}
+        ) as streaming,
+    ):
+        assert streaming.status_code == 200
+        # Taken in by the worker at its next iteration: waiting (in its inbox), then running.
+        running = {"requests_running": 1, "requests_waiting": 0}
+        seen = [client.get("/v1/system").json()["work"]]
+        deadline = time.monotonic() + 10
+        while seen[-1] != running and time.monotonic() < deadline:
+            seen.append(client.get("/v1/system").json()["work"])
+        assert seen[-1] == running, seen
+        assert all(sum(work.values()) == 1 for work in seen), seen  # the append, waiting or running
+        streaming.read()

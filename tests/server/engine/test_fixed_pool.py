@@ -66,7 +66,7 @@ async def test_a_device_error_makes_the_server_not_ready(runtime, monkeypatch):
     meta = await runtime.service.create(OWNER, text="hello")
     assert await runtime.ready()
 
-    def broken(decode, chunks):
+    def broken(decode, chunks, **kwargs):
         raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(runtime.worker.runner, "run", broken)

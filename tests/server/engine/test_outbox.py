@@ -46,14 +46,19 @@ async def test_held_events_reach_their_jobs_in_order_only_once_flushed():
     assert first._events.empty() and second._events.empty()
 
 
-async def test_a_step_computes_only_after_the_last_steps_events_went_out(make_settings):
-    """Every token event of a generation is put in the outbox, stays there through the rest of its step's
-    bookkeeping, and goes out in the flush right before the next step computes: the loop handles it meanwhile."""
+async def test_the_last_steps_events_go_out_when_the_next_steps_layers_start(make_settings, monkeypatch):
+    """Every token event of a generation is put in the outbox, stays there through the rest of its step and the
+    next step's preparation (its sampling and planning), and goes out right before that step's layers run, in
+    native code off the GIL: the loop handles it meanwhile. (Handed out before the preparation, the loop's share ran
+    between the preparation's many small operations, each of which gave it the GIL, and held up every one.)"""
+    import txl.kernels.decode_layer as decode_layer
+
     async with running(make_settings()) as rt:
         worker = rt.worker
         log: list[tuple[str, int]] = []
-        outbox, run = worker._outbox, worker.runner.run
+        outbox, run, sample = worker._outbox, worker.runner.run, worker.runner._sample
         put, flush = outbox.put, outbox.flush
+        layers = decode_layer.DecodeLayerKernel.layers
 
         def logged_put(job, event):
             log.append(("put", isinstance(event, TokenEvent)))
@@ -67,23 +72,38 @@ async def test_a_step_computes_only_after_the_last_steps_events_went_out(make_se
             log.append(("run", len(outbox._held)))
             return run(*args, **kwargs)
 
-        outbox.put, outbox.flush, worker.runner.run = logged_put, logged_flush, logged_run
+        def logged_sample(*args, **kwargs):
+            log.append(("sample", len(outbox._held)))
+            return sample(*args, **kwargs)
+
+        def logged_layers(self, *args, **kwargs):
+            log.append(("layer", len(outbox._held)))
+            return layers(self, *args, **kwargs)
+
+        outbox.put, outbox.flush = logged_put, logged_flush
+        worker.runner.run, worker.runner._sample = logged_run, logged_sample
+        monkeypatch.setattr(decode_layer.DecodeLayerKernel, "layers", logged_layers)
         meta = await rt.service.create(OWNER, text="It was")
         log.clear()
         tokens, outcome = await generate(
             rt.service, meta.id, max_tokens=10, sampling=SamplingParams(temperature=0)
         )
         assert len(tokens) == 10 and outcome is not None
-        runs = [i for i, entry in enumerate(log) if entry[0] == "run"]
-        assert len(runs) >= 10
-        assert all(log[i][1] == 0 for i in runs)  # nothing held when a step computes
+        assert any(entry[0] == "layer" for entry in log), (
+            "the native decode layer did not run: nothing checked"
+        )
+        steps = [i for i, entry in enumerate(log) if entry[0] == "run"]
+        assert len(steps) >= 10
+        for start, end in zip(steps, [*steps[1:], len(log)], strict=True):
+            inside = [name for name, _ in log[start:end]]
+            if "sample" not in inside or "layer" not in inside:
+                continue  # a step that fed a prompt: no sampling, no native decode layer
+            # prepared first, then the flush, then the layers: nothing held when they run
+            assert inside.index("sample") < inside.index("flush") < inside.index("layer"), inside
+            assert all(held == 0 for name, held in log[start:end] if name == "layer")
         token_puts = [i for i, entry in enumerate(log) if entry == ("put", True)]
         assert len(token_puts) >= 9
-        for i in token_puts:
-            after = log[i + 1 :]
-            # held past the rest of its own step: the next flush is the one right before the next step computes
-            # (or, for the last token, the one before the worker waits)
-            first_flush = next(k for k, entry in enumerate(after) if entry[0] == "flush")
-            assert all(entry[0] == "put" for entry in after[:first_flush])
-            follows = after[first_flush + 1 : first_flush + 2]
-            assert follows in ([("run", 0)], []) or i == token_puts[-1]
+        for i in token_puts[:-1]:  # held through the next step's preparation, out before its layers
+            after = [name for name, _ in log[i + 1 :]]
+            assert after.index("flush") < after.index("layer")
+            assert "sample" in after[: after.index("flush")]

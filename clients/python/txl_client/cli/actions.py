@@ -22,7 +22,7 @@ def add_ls_show_rm(
     helps = {"ls": f"list {plural}", "show": f"show one {noun} as JSON", "rm": rm_help}
     ls, show, rm = (actions.add_parser(name, help=text, parents=[connection]) for name, text in helps.items())
     ls.add_argument("--json", action="store_true", help="print JSON")
-    show.add_argument(f"{noun}_id", metavar="ID")
-    rm.add_argument(f"{noun}_ids", metavar="ID", nargs="+")
+    show.add_argument(f"{noun}_id", metavar="ID", help=f"the {noun}'s id (`ls` lists them)")
+    rm.add_argument(f"{noun}_ids", metavar="ID", nargs="+", help=f"the ids of the {plural} to delete")
     for parser, run in zip((ls, show, rm), runs, strict=True):
         parser.set_defaults(run=run)

@@ -17,6 +17,7 @@ from ..types import Session
 from .connection import make_client
 from .output import describe
 from .sampling import add_sampling, sampling_kwargs
+from .waiting import Waiting
 
 HELP = "commands: /fork (switch to a fork)  /reset (new session)  /info (session details)  /help  /quit"
 
@@ -95,15 +96,28 @@ class ChatLoop:
     def step(self, line: str) -> None:
         assert self.session is not None
         text = "" if not line else ("" if self.ends_line else "\n") + line + "\n"
-        stream = self.client.generate(self.session.id, text, stream=True, **sampling_kwargs(self.args))
+        # On a terminal, until the server sends anything: how long, and what else it runs.
+        waiting = Waiting(self.client, sys.stderr).start() if sys.stderr.isatty() else None
         try:
+            stream = self.client.generate(
+                self.session.id,
+                text,
+                stream=True,
+                on_progress=(lambda *_: waiting.stop()) if waiting is not None else None,
+                **sampling_kwargs(self.args),
+            )
             with stream:
                 for token in stream:
+                    if waiting is not None:
+                        waiting.stop()
                     sys.stdout.write(token.text)
                     sys.stdout.flush()
         except KeyboardInterrupt:
             print("\n[stopped: nothing was added to the session]")
             return
+        finally:
+            if waiting is not None:
+                waiting.stop()
         result = stream.finish()
         self.session = result.session
         self.ends_line = result.text.endswith("\n") or (not result.text and text.endswith("\n"))

@@ -22,26 +22,30 @@ def add_conversations(parser: argparse.ArgumentParser, connection: argparse.Argu
     )
     new.set_defaults(run=conversations_new)
     show = actions.add_parser("show", help="a conversation, as JSON", parents=[connection])
-    show.add_argument("conversation_id", metavar="ID")
+    show.add_argument("conversation_id", metavar="ID", help="the conversation's id (conv_...)")
     show.set_defaults(run=conversations_show)
     items = actions.add_parser("items", help="a conversation's items, oldest first", parents=[connection])
-    items.add_argument("conversation_id", metavar="ID")
+    items.add_argument("conversation_id", metavar="ID", help="the conversation's id (conv_...)")
     items.add_argument("--json", action="store_true", help="print the items as JSON")
     items.set_defaults(run=conversations_items)
     say = actions.add_parser(
         "say", help="reply in a conversation to TEXT; prints the reply", parents=[connection]
     )
-    say.add_argument("conversation_id", metavar="ID")
+    say.add_argument("conversation_id", metavar="ID", help="the conversation's id (conv_...)")
     say.add_argument("text", metavar="TEXT", help="the user's message (continued verbatim without --message)")
     say.add_argument(
         "--message", action="store_true", help="send TEXT as a user message (needs a chat template)"
     )
     say.add_argument("--max-tokens", type=int, default=None, help="at most this many tokens in the reply")
-    say.add_argument("--temperature", type=float, default=None)
+    say.add_argument(
+        "--temperature", type=float, default=None, help="0: greedy (default: the server's, 1.0, as OpenAI's)"
+    )
     say.add_argument("--json", action="store_true", help="print the response as JSON")
     say.set_defaults(run=conversations_say)
     rm = actions.add_parser("rm", help="delete conversations (and their sessions)", parents=[connection])
-    rm.add_argument("conversation_ids", nargs="+", metavar="ID")
+    rm.add_argument(
+        "conversation_ids", nargs="+", metavar="ID", help="the ids of the conversations to delete"
+    )
     rm.set_defaults(run=conversations_rm)
 
 

@@ -16,7 +16,7 @@ def add_history(actions: argparse._SubParsersAction, connection: argparse.Argume
     history = actions.add_parser(
         "history", help="the versions a session keeps, newest first", parents=[connection]
     )
-    history.add_argument("session_id", metavar="ID")
+    history.add_argument("session_id", metavar="ID", help="the session's id (`txl sessions ls` lists them)")
     history.add_argument("--json", action="store_true", help="print JSON")
     history.set_defaults(run=sessions_history)
     rewind = actions.add_parser(
@@ -24,13 +24,13 @@ def add_history(actions: argparse._SubParsersAction, connection: argparse.Argume
         help="continue a session from one of its versions (itself a new version)",
         parents=[connection],
     )
-    rewind.add_argument("session_id", metavar="ID")
+    rewind.add_argument("session_id", metavar="ID", help="the session's id")
     rewind.add_argument("version", metavar="N", type=int, help="a version `txl sessions history ID` lists")
     rewind.set_defaults(run=sessions_rewind)
     fork = actions.add_parser(
         "fork", help="a new session from a session (its newest or a kept version)", parents=[connection]
     )
-    fork.add_argument("session_id", metavar="ID")
+    fork.add_argument("session_id", metavar="ID", help="the id of the session to fork (it stays as it is)")
     fork.add_argument("--version", type=int, metavar="N", help="fork this kept version (default: the newest)")
     fork.set_defaults(run=sessions_fork)
 

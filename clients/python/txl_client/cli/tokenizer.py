@@ -24,7 +24,8 @@ def add_tokenizer(parser: argparse.ArgumentParser) -> None:
         description="Write the tokenizer of a model directory (default: TXL_MODEL, else the bundled model) as a "
         "directory that HF transformers' AutoTokenizer.from_pretrained(DIR) loads and that encodes text as the "
         "server does: a fast tokenizer for byte-level models, HF's TransfoXLTokenizer (vocab.txt) for word-level "
-        "ones. model_max_length is TXL_MAX_TEXT_CHARS; the chat template is TXL_CHAT_TEMPLATE's, in Jinja.",
+        "ones. model_max_length is TXL_MAX_TEXT_CHARS; the chat template is the server's (TXL_CHAT_TEMPLATE, else "
+        "the model's own), in Jinja.",
     )
     export.add_argument("out_dir", metavar="DIR", type=Path, help="where to write the tokenizer directory")
     export.add_argument(
@@ -48,7 +49,7 @@ def export_tokenizer(args: argparse.Namespace) -> int:
         from pydantic import ValidationError
         from txl.tokenizers import TokenizerError, load_tokenizer
         from txl.tokenizers.hf_export import export_hf_tokenizer
-        from txl_server.api.shared.chat_template import ChatTemplate
+        from txl_server.api.shared.chat_template import ChatTemplate, served_settings
         from txl_server.settings import BUNDLED_MODEL_DIR, Settings
     except ModuleNotFoundError as exc:
         print(
@@ -57,9 +58,11 @@ def export_tokenizer(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
     try:
-        settings = Settings(**({"model": args.model} if args.model is not None else {}))
+        settings = served_settings(Settings(**({"model": args.model} if args.model is not None else {})))
     except ValidationError as exc:
         raise UsageError(f"the server's settings (TXL_* variables) are invalid: {exc}") from None
+    except ValueError as exc:  # the model directory's chat_template.json
+        raise UsageError(str(exc)) from None
     model_dir = settings.model or BUNDLED_MODEL_DIR
     template = ChatTemplate(settings.chat_template).jinja() if settings.chat_template is not None else None
     try:

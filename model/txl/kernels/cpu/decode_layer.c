@@ -19,6 +19,10 @@
  * attention's (head, row) items, are split over the team (torch's own: team.h), each stage ending at the team's
  * barrier. Every output element is computed by one thread in the order one thread would: the bits do not depend
  * on the thread count.
+ *
+ * `txl_decode_layers_f32` runs a step's layers one after the other in one call: the caller (Python, through ctypes)
+ * gives up the GIL once for the whole step instead of once a layer, and so does not wait for it between layers
+ * while another thread holds it (a server's event loop handling the last token meanwhile).
  */
 #include <math.h>
 #include <stdint.h>
@@ -248,4 +252,10 @@ void txl_decode_layer_f32(const TxlLayer *L, const TxlState *M, const TxlRows *r
         linear_rows(L->ff2_w, mid, L->ff2_b, x, R, D, Di, ADD_TO); /* x + FF(z) */
         if (!L->pre_lnorm) layer_norm_rows(x, L->ln2_w, L->ln2_b, L->eps2, R, D);
     }
+}
+
+/* Layers L[0..n) in order over the same rows, each with its state M[i]: the step's layers in one call. */
+void txl_decode_layers_f32(const TxlLayer *L, const TxlState *M, int64_t n, const TxlRows *rows, float *x,
+                           float *scratch, int64_t threads) {
+    for (int64_t i = 0; i < n; i++) txl_decode_layer_f32(L + i, M + i, rows, x, scratch, threads);
 }

@@ -71,6 +71,18 @@ class DecodeLayerKernel(Kernel):
                 INT64,
             ],
         )
+        self._layers = library.function(
+            "txl_decode_layers_f32",
+            [
+                ctypes.POINTER(LayerArgs),
+                ctypes.POINTER(StateArgs),
+                INT64,
+                ctypes.POINTER(RowsArgs),
+                ADDRESS,
+                ADDRESS,
+                INT64,
+            ],
+        )
 
     def threads(self) -> int:
         """The threads a call uses now: torch's count where the call shares torch's team, else 1."""
@@ -84,6 +96,21 @@ class DecodeLayerKernel(Kernel):
         The caller keeps every tensor the arguments point into alive through the call (the GIL is released during
         it)."""
         self._function(ctypes.byref(layer), ctypes.byref(state), ctypes.byref(rows), x, scratch, threads)
+
+    def layers(
+        self,
+        layers: ctypes.Array[LayerArgs],
+        states: ctypes.Array[StateArgs],
+        rows: RowsArgs,
+        x: int,
+        scratch: int,
+        threads: int,
+    ) -> None:
+        """Runs the step's layers, `layers[i]` with `states[i]`, one after the other in one call (the GIL released
+        once for them all: a layer's call each would take it back between layers); as many calls of one layer."""
+        n = len(layers)
+        assert len(states) == n
+        self._layers(layers, states, n, ctypes.byref(rows), x, scratch, threads)
 
 
 @functools.cache

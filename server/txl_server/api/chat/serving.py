@@ -28,11 +28,12 @@ from .protocol import (
 
 
 def chat_template(settings: AppSettings) -> ChatTemplate:
-    """404 before anything else when no template is configured (the request body does not matter then)."""
+    """404 before anything else when no template is in force (the request body does not matter then)."""
     if settings.chat_template is None:
         raise NotFound(
-            "this server serves a base language model, which continues text rather than chats: use "
-            "POST /v1/completions (the operator can enable /v1/chat/completions with TXL_CHAT_TEMPLATE)"
+            "this server serves a base language model, which continues text rather than chats, and neither the "
+            "model (its chat_template.json) nor the operator declares a chat template: use POST /v1/completions "
+            "(the operator can enable /v1/chat/completions with TXL_CHAT_TEMPLATE)"
         )
     return ChatTemplate(settings.chat_template)
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from txl.sampling import SamplingParams
 
+from ..shared.chat_template import ChatTemplateInfo
 from ..shared.limits import (
     MAX_MEMORY_ID_CHARS,
     MAX_USER_CHARS,
@@ -129,6 +130,16 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "txl-serve"
     serving: ServingInfo | None = Field(None, description="Extension: the device and how it serves the model")
+    chat_template: ChatTemplateInfo | None = Field(
+        None,
+        description="Extension: the chat template of /v1/chat/completions and message input, and where it comes "
+        "from; null: none (chat answers 404)",
+    )
+    bundled: bool = Field(
+        False,
+        description="Extension: the demonstration model bundled with the server (13.8 MB: it shows the API at "
+        "work, its text makes little sense; --model serves a real checkpoint)",
+    )
 
 
 class ModelList(BaseModel):

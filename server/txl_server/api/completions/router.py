@@ -20,14 +20,15 @@ router = APIRouter(tags=["openai"], responses=OPENAI_ERROR_RESPONSES, route_clas
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request, tenant: Tenant, model_id: ModelId) -> ModelList:
     state = request.app.state
-    return serving.list_models(state.runtime.device_report(), model_id, state.started_at)
+    return serving.list_models(state.runtime.device_report(), model_id, state.started_at, state.settings)
 
 
 @router.get("/v1/models/{model}", response_model=ModelCard)
 async def retrieve_model(model: str, request: Request, tenant: Tenant, model_id: ModelId) -> ModelCard:
     """The served model (OpenAI's model object); any other: 404 `model_not_found`."""
     state = request.app.state
-    return serving.retrieve_model(model, state.runtime.device_report(), model_id, state.started_at)
+    report = state.runtime.device_report()
+    return serving.retrieve_model(model, report, model_id, state.started_at, state.settings)
 
 
 @json_or_stream_post(router, "/v1/completions", Completion, "JSON, or SSE chunks with stream")

@@ -12,6 +12,8 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from ...engine.device_report import DeviceReport
+from ...settings import BUNDLED_MODEL_DIR, Settings
+from ..shared.chat_template import ChatTemplateInfo
 from ..shared.openai_errors import ModelNotFound
 from ..shared.serving_info import ServingInfo
 from ..shared.text_log import log_text
@@ -81,18 +83,26 @@ async def collect(
     return sorted(finished.items()), usage
 
 
-def list_models(report: DeviceReport | None, model_id: str, started_at: float) -> ModelList:
-    """The one model this server serves, and (once it is up) how its device serves it."""
-    return ModelList(data=[_card(report, model_id, started_at)])
+def list_models(
+    report: DeviceReport | None, model_id: str, started_at: float, settings: Settings
+) -> ModelList:
+    """The one model this server serves, its chat template, and (once it is up) how its device serves it."""
+    return ModelList(data=[_card(report, model_id, started_at, settings)])
 
 
-def retrieve_model(model: str, report: DeviceReport | None, model_id: str, started_at: float) -> ModelCard:
+def retrieve_model(
+    model: str, report: DeviceReport | None, model_id: str, started_at: float, settings: Settings
+) -> ModelCard:
     """The served model, if `model` names it."""
     if model != model_id:
         raise ModelNotFound(model, model_id)
-    return _card(report, model_id, started_at)
+    return _card(report, model_id, started_at, settings)
 
 
-def _card(report: DeviceReport | None, model_id: str, started_at: float) -> ModelCard:
+def _card(report: DeviceReport | None, model_id: str, started_at: float, settings: Settings) -> ModelCard:
     serving = ServingInfo.of(report) if report is not None else None
-    return ModelCard(id=model_id, created=int(started_at), serving=serving)
+    chat = ChatTemplateInfo.of(settings)
+    bundled = settings.model_dir.resolve() == BUNDLED_MODEL_DIR.resolve()
+    return ModelCard(
+        id=model_id, created=int(started_at), serving=serving, chat_template=chat, bundled=bundled
+    )

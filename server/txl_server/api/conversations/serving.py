@@ -23,8 +23,9 @@ def new_items(settings: Settings, items: list[InputItem], param: str) -> list[di
     with the chat template, so they need one."""
     if items and settings.chat_template is None:
         raise InvalidRequest(
-            "message items need a chat template, and this server has none: the operator sets TXL_CHAT_TEMPLATE "
-            "(e.g. transcript); or send a response's input as a string, which the model continues",
+            "message items need a chat template, and this server has none (its model declares none): the "
+            "operator sets TXL_CHAT_TEMPLATE (e.g. transcript); or send a response's input as a string, which the "
+            "model continues",
             param=param,
         )
     out = []

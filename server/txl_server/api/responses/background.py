@@ -12,7 +12,6 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
-from fastapi.responses import JSONResponse
 
 from ...errors import ServiceError
 from ...metrics import Metrics
@@ -24,6 +23,7 @@ from ..shared import sse
 from ..shared.chat_template import ChatMessage
 from ..shared.error_shapes import INTERNAL_ERROR
 from ..shared.event_stream import EventStream
+from ..shared.json_response import JSONResponse
 from ..shared.timing import TokenTiming, timed
 from .context import Responses
 from .conversation_turns import ConversationTurns

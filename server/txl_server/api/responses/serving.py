@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
-
 from ...admission.classes import request_class
 from ...errors import InvalidRequest, NotFound
 from ...metrics import Metrics
@@ -20,6 +18,7 @@ from ...settings import Settings
 from ...telemetry.spans import turn_started
 from ..shared.chat_template import ChatTemplate
 from ..shared.event_stream import EventStream
+from ..shared.json_response import JSONResponse
 from ..shared.limits import check_metadata, check_stop, check_text, check_unicode, max_tokens_of
 from ..shared.openai_errors import ModelNotFound
 from ..shared.text_log import log_text

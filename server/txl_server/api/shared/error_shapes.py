@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ...admission.retry import header_values
 from ...errors import Conflict, Overloaded, ServiceError, Unavailable
+from .json_response import JSONResponse
 
 # A 409 comes after the request already waited TXL_LEASE_WAIT_SECONDS for the session's writer, which holds it
 # for one step: a retry a second later usually finds the session free.

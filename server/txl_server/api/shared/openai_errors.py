@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ...errors import NotFound
 from . import sse
 from .error_shapes import error_responses
+from .json_response import json_bytes
 
 # The OpenAI routes: these paths, and everything under them (`/v1/models/{model}`, `/v1/responses/{id}`); and
 # vLLM's tokenizer routes, which answer as vLLM's do.
@@ -154,7 +155,7 @@ def _rewritten(status: int, body: bytes) -> tuple[int, bytes]:
             raise TypeError("not an error object")
     except (ValueError, KeyError, TypeError):  # not the server's error shape: leave it be
         return status, body
-    return openai_status(status), json.dumps(openai_body(status, error)).encode()
+    return openai_status(status), json_bytes(openai_body(status, error))
 
 
 class OpenAIErrorDetail(BaseModel):

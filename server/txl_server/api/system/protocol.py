@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from ..shared.chat_template import ChatTemplateInfo
 from ..shared.serving_info import ServingInfo
 
 
@@ -34,9 +35,24 @@ class AdmissionInfo(BaseModel):
     max_concurrent_requests_per_tenant: int | None
 
 
+class WorkInfo(BaseModel):
+    requests_running: int = Field(
+        ...,
+        description="Requests the device worker is running now, sharing its forwards (reading a text, scoring, "
+        "generating): a client waiting longer than usual for a token sees here what it waits beside",
+    )
+    requests_waiting: int = Field(
+        ..., description="Requests handed to the device worker that it has not yet taken into its forwards"
+    )
+
+
 class SystemInfo(BaseModel):
     object: Literal["system"] = "system"
     model: str
     version: str
     serving: ServingInfo
     admission: AdmissionInfo | None = None
+    chat_template: ChatTemplateInfo | None = Field(
+        None, description="The chat template in force and where it comes from; null: none (chat answers 404)"
+    )
+    work: WorkInfo | None = Field(None, description="What the device worker is doing now")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..shared.chat_template import ChatTemplateInfo
 from ..shared.dependencies import ModelId, Tenant
 from ..shared.error_shapes import ERROR_RESPONSES, ErrorBody
 from . import serving
@@ -46,8 +47,9 @@ async def ready(request: Request) -> Response:
 @router.get("/v1/system", response_model=SystemInfo, responses=ERROR_RESPONSES)
 async def system(request: Request, tenant: Tenant, model_id: ModelId) -> SystemInfo:
     """The device and how it serves: dtype, the attention kernel, CUDA graphs (and why not), the memory pool,
-    the window grid; what the start-up checks turned off says why."""
-    return serving.system_info(request.app.state.runtime, model_id)
+    the window grid; what the start-up checks turned off says why; the chat template in force."""
+    state = request.app.state
+    return serving.system_info(state.runtime, model_id, ChatTemplateInfo.of(state.settings))
 
 
 @router.get("/metrics", response_class=Response)

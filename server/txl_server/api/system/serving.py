@@ -3,14 +3,14 @@ stand."""
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
-
 from ... import __version__
 from ...errors import Unavailable
 from ...metrics import Metrics
 from ...runtime import Runtime
+from ..shared.chat_template import ChatTemplateInfo
+from ..shared.json_response import JSONResponse
 from ..shared.serving_info import ServingInfo
-from .protocol import AdmissionInfo, ReadyInfo, SystemInfo
+from .protocol import AdmissionInfo, ReadyInfo, SystemInfo, WorkInfo
 
 
 async def ready(runtime: Runtime) -> JSONResponse:
@@ -35,12 +35,21 @@ def health(runtime: Runtime) -> dict[str, str]:
     return {"status": "ok"}
 
 
-def system_info(runtime: Runtime, model_id: str) -> SystemInfo:
+def system_info(runtime: Runtime, model_id: str, chat: ChatTemplateInfo | None) -> SystemInfo:
     report = runtime.device_report()
     if report is None:
         raise Unavailable("the server is starting")
+    worker = runtime.worker
+    work = None
+    if worker is not None:
+        work = WorkInfo(requests_running=worker.active_jobs, requests_waiting=worker.queued_jobs)
     return SystemInfo(
-        model=model_id, version=__version__, serving=ServingInfo.of(report), admission=admission_info(runtime)
+        model=model_id,
+        version=__version__,
+        serving=ServingInfo.of(report),
+        admission=admission_info(runtime),
+        chat_template=chat,
+        work=work,
     )
 
 
