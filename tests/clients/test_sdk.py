@@ -244,9 +244,9 @@ def hold_the_only_slot(server: LiveServer, release_after: float) -> threading.Th
     runner = server.app.state.runtime.worker.runner
     run = runner.run
 
-    def slowly(decode, chunks):
+    def slowly(decode, chunks, **kwargs):
         time.sleep(0.02)
-        return run(decode, chunks)
+        return run(decode, chunks, **kwargs)
 
     runner.run = slowly
     holder = httpx.Client(base_url=server.url)

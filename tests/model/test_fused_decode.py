@@ -210,7 +210,7 @@ def test_fused_decoding_of_many_rows_on_one_thread_equals_the_layer_by_layer_pat
 def test_a_steps_layers_run_in_one_native_call_with_the_bits_of_one_call_a_layer(monkeypatch):
     """One call for the step's layers gives up the GIL once (a server's event loop then never holds it up between
     layers), and computes what one call a layer computes, bit for bit."""
-    from txl.kernels.decode_layer import DecodeLayerKernel
+    from txl.kernels.cpu.decode_layer import DecodeLayerKernel
 
     model = tiny_model(seed=36, d_head=16, n_head=2, d_model=24, d_embed=24, n_layer=3)
     # Once first: the linear kernels are chosen by timing on a shape's first use, and may differ from then on.

@@ -63,7 +63,11 @@ async def _create(client: httpx.AsyncClient, text: str) -> dict:
     deadline = time.monotonic() + 30
     while True:
         response = await client.post("/v1/sessions", json={"text": text})
-        if response.status_code == 201 or time.monotonic() > deadline or response.status_code not in (429, 503):
+        if (
+            response.status_code == 201
+            or time.monotonic() > deadline
+            or response.status_code not in (429, 503)
+        ):
             assert response.status_code == 201, response.text
             return response.json()
         await asyncio.sleep(float(response.headers.get("Retry-After", "1")))

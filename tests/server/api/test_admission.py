@@ -33,9 +33,9 @@ def slowed(live: LiveServer, seconds: float) -> Iterator[None]:
     runner = live.app.state.runtime.worker.runner
     run = runner.run
 
-    def slowly(decode, chunks):
+    def slowly(decode, chunks, **kwargs):
         time.sleep(seconds)
-        return run(decode, chunks)
+        return run(decode, chunks, **kwargs)
 
     runner.run = slowly
     try:

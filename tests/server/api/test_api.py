@@ -710,9 +710,11 @@ def test_too_many_concurrent_requests_get_429_with_retry_after(tiny_model_dir, r
         runner = live.app.state.runtime.worker.runner
         run = runner.run
 
-        def slowly(decode, chunks):  # a step of 10 ms: the stream below lasts 40 s unless it is left
+        def slowly(
+            decode, chunks, **kwargs
+        ):  # a step of 10 ms: the stream below lasts 40 s unless it is left
             time.sleep(0.01)
-            return run(decode, chunks)
+            return run(decode, chunks, **kwargs)
 
         runner.run = slowly
         body = {"max_tokens": 4000, "stream": True}

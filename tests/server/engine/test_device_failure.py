@@ -27,11 +27,11 @@ async def test_a_non_sticky_cuda_error_in_a_step_does_not_mark_the_device_failed
     calls = []
     real = runtime.worker.runner.run
 
-    def once(decode, chunks):
+    def once(decode, chunks, **kwargs):
         if not calls:
             calls.append(1)
             raise RuntimeError(CUBLAS)
-        return real(decode, chunks)
+        return real(decode, chunks, **kwargs)
 
     monkeypatch.setattr(runtime.worker.runner, "run", once)
     monkeypatch.setattr(selfcheck, "device_works", lambda device: True)  # the device runs on after it
@@ -54,13 +54,13 @@ async def test_a_batch_hit_by_a_recoverable_cuda_error_runs_its_rows_one_by_one(
     batched = []
     real = runtime.worker.runner.run
 
-    def failing_once_batched(decode, chunks):
+    def failing_once_batched(decode, chunks, **kwargs):
         if len(decode) >= 2 and not batched:
             batched.append(len(decode))
             raise RuntimeError(CUBLAS)
         if not batched:
             time.sleep(0.05)  # the first session's steps wait for the second to join them
-        return real(decode, chunks)
+        return real(decode, chunks, **kwargs)
 
     monkeypatch.setattr(runtime.worker.runner, "run", failing_once_batched)
     results = await asyncio.gather(*(generate(runtime.service, s.id, max_tokens=8) for s in sessions))
@@ -72,7 +72,7 @@ async def test_a_batch_hit_by_a_recoverable_cuda_error_runs_its_rows_one_by_one(
 async def test_a_cuda_error_after_which_the_device_runs_nothing_marks_it_failed(runtime, monkeypatch):
     meta = await runtime.service.create(OWNER, text="hello")
 
-    def broken(decode, chunks):
+    def broken(decode, chunks, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(runtime.worker.runner, "run", broken)

@@ -51,7 +51,7 @@ async def test_the_last_steps_events_go_out_when_the_next_steps_layers_start(mak
     next step's preparation (its sampling and planning), and goes out right before that step's layers run, in
     native code off the GIL: the loop handles it meanwhile. (Handed out before the preparation, the loop's share ran
     between the preparation's many small operations, each of which gave it the GIL, and held up every one.)"""
-    import txl.kernels.decode_layer as decode_layer
+    import txl.kernels.cpu.decode_layer as decode_layer
 
     async with running(make_settings()) as rt:
         worker = rt.worker
