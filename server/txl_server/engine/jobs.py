@@ -41,6 +41,13 @@ class ProgressEvent:
 
 
 @dataclass(frozen=True)
+class PromptFed:
+    """A generation's prompt is fed (a GenerateJob with `report_prompt_state`): the state decoding starts from."""
+
+    state: ModelState
+
+
+@dataclass(frozen=True)
 class Boundary:
     """The state an AdvanceJob reached at a multiple of its `boundaries` (positions fed), and the log-probs of
     the tokens it fed since the previous one (float32, on the host; NaN for a first token nothing predicts)."""
@@ -82,7 +89,7 @@ class ErrorEvent:
     error: BaseException
 
 
-Event = TokenEvent | ProgressEvent | DoneEvent | ErrorEvent
+Event = TokenEvent | ProgressEvent | PromptFed | DoneEvent | ErrorEvent
 
 
 class Outbox:
@@ -236,6 +243,9 @@ class GenerateJob(Job):
     )
     klass: RequestClass | None = None
     report_progress: bool = False  # a ProgressEvent after each prompt segment fed, before the first token
+    report_prompt_state: bool = (
+        False  # a PromptFed once the prompt is fed (its blocks can be stored meanwhile)
+    )
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -287,7 +297,7 @@ async def job_result(worker: Submitter, job: Job, on_event: Callable[[Event], No
     """Runs `job` to its result, passing its intermediate events to `on_event`; cancelled if abandoned."""
     async with contextlib.aclosing(run_job(worker, job)) as events:
         async for item in events:
-            if not isinstance(item, TokenEvent | ProgressEvent):
+            if not isinstance(item, TokenEvent | ProgressEvent | PromptFed):
                 return item
             if on_event is not None:
                 on_event(item)

@@ -21,6 +21,7 @@ from .jobs import (
     ErrorEvent,
     GenerateResult,
     ProgressEvent,
+    PromptFed,
     TokenEvent,
 )
 from .rows import ChunkOut, DecodeOut, TopLogprobs
@@ -73,6 +74,8 @@ class Outputs:
         generation = task.then
         assert generation is not None  # a GenerateJob's prompt
         generation.state = task.state
+        if generation.job.report_prompt_state:
+            generation.job.emit(PromptFed(task.state))
         generation.prompt_logprobs = logprobs
         generation.prompt_top = task.top if task.top_k else None
         self.start_decoding(generation)
