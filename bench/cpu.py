@@ -212,7 +212,7 @@ def _measure(spec: dict) -> dict:
     variants = spec["variants"]
     if variants == ["before"]:  # a tree of its own, from before the linear kernels and the decode path
         try:
-            from txl.kernels.allocator import keep_freed_memory
+            from txl.kernels.cpu.allocator import keep_freed_memory
         except ImportError:  # a tree from before it: its allocator as it was
             pass
         else:

@@ -42,23 +42,25 @@ def step_probe() -> None:
     """In a process of its own: for each line N read, the model's own decode step, median milliseconds of N
     chained steps (printed, one line each)."""
     import txl
-    from txl.kernels.allocator import keep_freed_memory
+    from txl.kernels import fastest
+    from txl.kernels.cpu.allocator import keep_freed_memory
     from txl_server.runtime import worker_threads
     from txl_server.settings import BUNDLED_MODEL_DIR, Settings
 
     keep_freed_memory()  # as the server does on a CPU
     torch.set_num_threads(worker_threads(Settings()))
     model = txl.load_pretrained(BUNDLED_MODEL_DIR)
+    path = fastest("cpu")  # the kernels a server chooses on this CPU (its start-up check confirms them)
     with torch.inference_mode():
         memory = model.empty_memory(1)
-        _, memory = model(torch.tensor([list(PROMPT.encode())]), memory)  # a full memory, as the stream's
+        _, memory = model(torch.tensor([list(PROMPT.encode())]), memory, path=path)  # full, as the stream's
         token = torch.tensor([[32]])
         for line in sys.stdin:
             seconds = []
             for _ in range(int(line)):
                 started = time.perf_counter()
-                hidden, memory = model(token, memory)
-                model.log_probs(hidden[:, -1])
+                hidden, memory = model(token, memory, path=path)
+                model.log_probs(hidden[:, -1], path)
                 seconds.append(time.perf_counter() - started)
             print(1000 * statistics.median(seconds), flush=True)
 
