@@ -17,6 +17,7 @@ from ...errors import ServiceError
 from ...metrics import Metrics
 from ...sessions.background import INTERRUPTED, BackgroundJobs
 from ...sessions.responses import Turn, TurnPlace, TurnStarted
+from ...sessions.responses_services import ResponsesServices
 from ...sessions.step import to_the_end
 from ...telemetry.spans import linked, turn_attributes
 from ..shared import sse
@@ -25,7 +26,6 @@ from ..shared.error_shapes import INTERNAL_ERROR
 from ..shared.event_stream import EventStream
 from ..shared.json_response import JSONResponse
 from ..shared.timing import TokenTiming, timed
-from .context import Responses
 from .conversation_turns import ConversationTurns
 from .protocol import ResponseCreateRequest
 from .reply import NumberedEvents, Payload, Reply, response_events, written
@@ -38,8 +38,9 @@ STATE_EVENTS = ("response.in_progress", "response.completed", "response.incomple
 
 
 async def start(
-    responses: Responses,
+    responses: ResponsesServices,
     body: ResponseCreateRequest,
+    *,
     turn: Turn,
     place: TurnPlace,
     messages: list[ChatMessage] | None,
@@ -52,8 +53,19 @@ async def start(
     """Writes the job as queued and starts it; the response as queued (or, with `stream`, its events)."""
     turns, jobs = responses.turns, responses.jobs
     meta = place.meta
-    started = TurnStarted(meta.id, meta.version + 1, place.cached, len(turn.tokens))
-    reply = Reply(body, turn, started, messages, model_id, turns, tenant, conversation=body.conversation_id)
+    started = TurnStarted(
+        session_id=meta.id, version=meta.version + 1, cached_tokens=place.cached, fed_tokens=len(turn.tokens)
+    )
+    reply = Reply(
+        body,
+        turn=turn,
+        started=started,
+        messages=messages,
+        model=model_id,
+        turns=turns,
+        tenant=tenant,
+        conversation=body.conversation_id,
+    )
     reply.queued = True
     if conversation is not None:
         reply.on_finish = conversation.commit
@@ -63,7 +75,7 @@ async def start(
         numbered.number({"type": t, "response": first}) for t in ("response.created", "response.queued")
     ]
     try:
-        await jobs.store.write(reply.id, response=first, events=announced, owner=tenant, holder=jobs.holder)
+        await jobs.announce(reply.id, owner=tenant, response=first, events=announced)
     except BaseException:
         await held.aclose()
         raise
@@ -95,7 +107,7 @@ async def _run(
                     batch = [numbered.number(p) for p in group if p["type"] != "response.created"]
                     state = any(event["type"] in STATE_EVENTS for event in batch)
                     response = reply.object().model_dump() if state else None
-                    await jobs.store.write(reply.id, response=response, events=batch)
+                    await jobs.write(reply.id, response=response, events=batch)
                     if jobs.asked_to_stop(reply.id) and reply.outcome is None:
                         raise asyncio.CancelledError  # however the task's own cancellation fared
 
@@ -128,7 +140,7 @@ async def _shielded(
             events = numbered.failure(500, {"type": "internal", **INTERRUPTED})
         else:
             reply.cancelled = True
-        await jobs.store.write(reply.id, response=reply.object().model_dump(), events=events)
+        await jobs.write(reply.id, response=reply.object().model_dump(), events=events)
 
     try:
         await to_the_end(write_end())
@@ -143,12 +155,12 @@ async def follow(
     it ends; then `[DONE]`."""
     cursor = 0 if after is None else after + 1
     while True:
-        for event in await jobs.store.events(response_id, cursor):
+        for event in await jobs.events(response_id, cursor):
             cursor += 1
             yield written(event)
         job = await jobs.find(owner, response_id)
         if job is None or job.finished:
-            for event in await jobs.store.events(response_id, cursor):  # written with its end
+            for event in await jobs.events(response_id, cursor):  # written with its end
                 yield written(event)
             yield sse.DONE
             return

@@ -12,10 +12,9 @@ from typing import Any
 from txl.tokenizers import Tokenizer
 
 from ...sessions.events import TokenEvent
-from ...sessions.responses import ResponseTurns, Turn, TurnStarted
+from ...sessions.responses import ResponseRecord, ResponseTurns, Turn, TurnStarted
 from ...sessions.service import GenerateOutcome
 from ...sessions.step import to_the_end
-from ...sessions.store.responses import ResponseRecord
 from ...telemetry.spans import annotate_request, usage
 from ..shared import sse
 from ..shared.chat_template import ChatMessage
@@ -60,13 +59,13 @@ class Reply:
     def __init__(
         self,
         body: ResponseCreateRequest,
+        *,
         turn: Turn,
         started: TurnStarted,
         messages: list[ChatMessage] | None,
         model: str,
         turns: ResponseTurns,
         tenant: str,
-        *,
         conversation: str | None = None,
         previous_response_id: str | None = None,
     ) -> None:
@@ -197,7 +196,7 @@ class Reply:
 
     async def _save(self) -> None:
         if self.body.store is not False:
-            await self.turns.store.save(self.record())
+            await self.turns.save(self.record())
         if self.on_finish is not None:
             await self.on_finish(self)
         self.saved = True
