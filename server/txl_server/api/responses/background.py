@@ -16,19 +16,16 @@ import anyio
 from ...errors import ServiceError
 from ...metrics import Metrics
 from ...sessions.background import INTERRUPTED, BackgroundJobs
-from ...sessions.responses import Turn, TurnPlace, TurnStarted
+from ...sessions.responses import TurnPlace, TurnStarted
 from ...sessions.responses_services import ResponsesServices
 from ...sessions.step import to_the_end
 from ...telemetry.spans import linked, turn_attributes
 from ..shared import sse
-from ..shared.chat_template import ChatMessage
 from ..shared.error_shapes import INTERNAL_ERROR
 from ..shared.event_stream import EventStream
 from ..shared.json_response import JSONResponse
 from ..shared.timing import TokenTiming, timed
-from .conversation_turns import ConversationTurns
-from .protocol import ResponseCreateRequest
-from .reply import NumberedEvents, Payload, Reply, response_events, written
+from .reply import NumberedEvents, Payload, Reply, ReplyTo, response_events, written
 
 log = logging.getLogger(__name__)
 
@@ -39,36 +36,23 @@ STATE_EVENTS = ("response.in_progress", "response.completed", "response.incomple
 
 async def start(
     responses: ResponsesServices,
-    body: ResponseCreateRequest,
+    to: ReplyTo,
     *,
-    turn: Turn,
     place: TurnPlace,
-    messages: list[ChatMessage] | None,
-    conversation: ConversationTurns | None,
-    model_id: str,
-    tenant: str,
     metrics: Metrics,
     held: contextlib.AsyncExitStack,
 ) -> Any:
-    """Writes the job as queued and starts it; the response as queued (or, with `stream`, its events)."""
-    turns, jobs = responses.turns, responses.jobs
-    meta = place.meta
+    """Writes the job as queued and starts it, its turn on `place` (`held` let go when it ends); the response as
+    queued (or, with `stream`, its events)."""
+    jobs, body, tenant, meta = responses.jobs, to.body, to.tenant, place.meta
     started = TurnStarted(
-        session_id=meta.id, version=meta.version + 1, cached_tokens=place.cached, fed_tokens=len(turn.tokens)
+        session_id=meta.id,
+        version=meta.version + 1,
+        cached_tokens=place.cached,
+        fed_tokens=len(to.turn.tokens),
     )
-    reply = Reply(
-        body,
-        turn=turn,
-        started=started,
-        messages=messages,
-        model=model_id,
-        turns=turns,
-        tenant=tenant,
-        conversation=body.conversation_id,
-    )
+    reply = Reply(to, started)
     reply.queued = True
-    if conversation is not None:
-        reply.on_finish = conversation.commit
     numbered = NumberedEvents(reply)
     first = reply.object().model_dump()
     announced = [
@@ -79,7 +63,7 @@ async def start(
     except BaseException:
         await held.aclose()
         raise
-    work = _run(jobs, reply, numbered, turns.run_at(tenant, place, turn), metrics, held)
+    work = _run(jobs, reply, numbered, to.turns.run_at(tenant, place, to.turn), metrics, held)
     conversation_id = body.conversation_id or meta.id
     jobs.start(reply.id, linked("background response", work, turn_attributes(reply.id, conversation_id)))
     if body.stream:

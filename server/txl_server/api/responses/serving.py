@@ -33,7 +33,7 @@ from .protocol import (
     InputMessageItem,
     ResponseCreateRequest,
 )
-from .reply import ClosingStream, NumberedEvents, Reply, stream_events
+from .reply import ClosingStream, NumberedEvents, Reply, ReplyTo, stream_events
 from .turn_input import turn_text
 
 
@@ -81,22 +81,20 @@ async def create_response(
         )
         if turn.klass is not None:
             turn.klass.decode_rows, turn.klass.decode_tokens = 1, max_tokens
+        to = ReplyTo(
+            body=body,
+            turn=turn,
+            messages=messages,
+            model=model_id,
+            turns=turns,
+            tenant=tenant,
+            on_finish=conversation.commit if conversation is not None else None,
+        )
         if conversation is not None:
             place = conversation.place()
         if body.background:
             place = place or await turns.place(tenant, previous)
-            return await background.start(
-                responses,
-                body,
-                turn=turn,
-                place=place,
-                messages=messages,
-                conversation=conversation,
-                model_id=model_id,
-                tenant=tenant,
-                metrics=metrics,
-                held=stack.pop_all(),
-            )
+            return await background.start(responses, to, place=place, metrics=metrics, held=stack.pop_all())
         source = turns.run_at(tenant, place, turn) if place is not None else turns.run(tenant, previous, turn)
         events = timed(source, TokenTiming(metrics), _token_choice)
         try:
@@ -106,18 +104,7 @@ async def create_response(
             raise
         assert isinstance(started, TurnStarted)
         turn_started(started.response_id, body.conversation_id or started.session_id)
-        reply = Reply(
-            body,
-            turn=turn,
-            started=started,
-            messages=messages,
-            model=model_id,
-            turns=turns,
-            tenant=tenant,
-            conversation=body.conversation_id,
-        )
-        if conversation is not None:
-            reply.on_finish = conversation.commit
+        reply = Reply(to, started)
         if body.stream:
             numbered = NumberedEvents(reply)
             kept = stack.pop_all()  # the conversation stays held until the stream ends

@@ -38,9 +38,9 @@ async def get_responses(request: Request) -> ResponsesServices:
     return responses
 
 
-async def get_conversations(request: Request) -> ConversationService:
-    responses = request.app.state.runtime.responses
-    assert responses is not None
+async def get_conversations(
+    responses: Annotated[ResponsesServices, Depends(get_responses)],
+) -> ConversationService:
     return responses.conversations
 
 
