@@ -1,7 +1,9 @@
 """Everything one server process runs, assembled from settings and torn down in reverse.
 
 model + tokenizer -> worker thread -> Redis (given or embedded) -> heartbeat, reconciliation -> session service
-(+ expiry reaper)
+(+ expiry reaper) -> the Responses API's services beside it (turns, conversations, background jobs)
+
+Every service is built here, once; the HTTP layer (api/) only takes them from the runtime and calls them.
 
 It says where sessions are kept when it starts, and again when it stops; stopping first saves the sessions only
 this process holds (persistence `evict`; sessions/recovery.py).
@@ -41,6 +43,7 @@ from .sessions.observer import SessionObserver
 from .sessions.placement import Released
 from .sessions.recovery import HEARTBEAT_SECONDS, HEARTBEAT_TTL_SECONDS, Recovery, Replica
 from .sessions.redis_server import EmbeddedRedis
+from .sessions.responses_services import ResponsesServices
 from .sessions.service import SessionService
 from .sessions.stateless import StatelessService
 from .sessions.store.connection import connect_redis
@@ -185,6 +188,7 @@ class Runtime:
         self.worker: Worker | None = None
         self.service: SessionService | None = None
         self.stateless: StatelessService | None = None
+        self.responses: ResponsesServices | None = None
         self.serving: CheckedPath | None = None
         self.budgets: MemoryBudgets | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -261,6 +265,7 @@ class Runtime:
             mem_len=self.service.default_mem_len,
             observer=self.session_observer,
         )
+        self.responses = ResponsesServices.over(self.service, keep_versions=settings.keep_versions)
         self._reaper = asyncio.create_task(self._reap_forever())
         sweeper = BlockSweeper(blocks, stores.sessions, hold_seconds=settings.block_store_hold_seconds)
         self._sweeper = asyncio.create_task(sweeper.run_forever())
@@ -355,6 +360,8 @@ class Runtime:
         self.stopping = True
         if deadline is None:
             deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+        if self.responses is not None:  # first: their turns end before the sessions they run on are let go
+            await self.responses.stop()
         for task in (self._reaper, self._heartbeat, self._sweeper, self._migration, *self._background):
             if task is not None:
                 task.cancel()

@@ -36,7 +36,6 @@ from .middleware import BodyLimit, BodyReader, RequestMetrics, RequestSlots, Une
 from .openapi_document import serve_document
 from .replica import REPLICA_HEADER, ReplicaHeader, replica_name
 from .request_ids import REQUEST_ID_HEADER, RequestIds, request_id_of
-from .responses.context import stop_background
 from .responses.router import router as responses_router
 from .score.router import router as score_router
 from .sessions.router import router as sessions_router
@@ -81,7 +80,6 @@ def create_app(settings: Settings, *, loaded: LoadedModel | None = None) -> Fast
         try:
             yield
         finally:  # after the drain (api/shutdown.py), within what is left of the grace period
-            await stop_background(app)
             await runtime.stop(deadline=shutdown.deadline)
             if tracing is not None:
                 await tracing.close()

@@ -20,6 +20,7 @@ from ..telemetry.context import (
     RequestContext,
     accepted_request_id,
     caller_trace_id,
+    carrying,
     enter,
     new_request_id,
 )
@@ -76,7 +77,8 @@ class RequestIds:
             context.root = span
         else:  # not sampled: nothing more is drawn, but its lines name the trace
             context.caller_trace_id = trace.format_trace_id(span.get_span_context().trace_id)
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        # The span's context continues the caller's trace, and carries the request (its log lines name it).
+        token = otel_context.attach(trace.set_span_in_context(span, carrying(context, parent)))
         try:
             await self.app(scope, receive, answer)
         except asyncio.CancelledError:

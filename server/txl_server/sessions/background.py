@@ -39,6 +39,26 @@ class BackgroundJobs:
         # Redis call can be absorbed by the client library, and must not let the work go on.
         self.stop_asked: set[str] = set()
 
+    async def announce(
+        self, response_id: str, *, owner: str, response: dict[str, Any], events: list[dict[str, Any]]
+    ) -> None:
+        """Writes a new job of the owner's, run by this process: its response as it stands and its first events."""
+        await self.store.write(response_id, response=response, events=events, owner=owner, holder=self.holder)
+
+    async def write(
+        self,
+        response_id: str,
+        *,
+        response: dict[str, Any] | None = None,
+        events: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """The job's progress: its response object as it stands now (None: unchanged), and its next events."""
+        await self.store.write(response_id, response=response, events=events)
+
+    async def events(self, response_id: str, start: int) -> list[dict[str, Any]]:
+        """The job's events from sequence number `start` on (those written so far)."""
+        return await self.store.events(response_id, start)
+
     def start(self, response_id: str, work: Coroutine[Any, Any, Any]) -> None:
         """Runs `work` (which writes the job's progress) until it ends or the job is cancelled."""
         task = asyncio.create_task(work)

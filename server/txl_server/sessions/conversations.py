@@ -26,6 +26,16 @@ from .service import SessionService
 from .store.conversations import ConversationRecord, ConversationStore, session_of
 from .store.sessions import SessionMeta
 
+# ConversationRecord too: the API reads conversations through this service, never through their store.
+__all__ = [
+    "ConversationNotFound",
+    "ConversationOutOfStep",
+    "ConversationRecord",
+    "ConversationService",
+    "ConversationTurn",
+    "ItemInMemory",
+]
+
 
 class ConversationNotFound(NotFound):
     def __init__(self, conversation_id: str) -> None:

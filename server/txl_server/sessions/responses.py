@@ -25,6 +25,17 @@ from ..engine.jobs import ProgressEvent, TokenEvent
 from ..errors import Conflict, Gone, InvalidRequest, NotFound
 from .service import GenerateOutcome, SessionService
 from .store.responses import ResponseRecord, ResponseStore, response_id
+
+# ResponseRecord too: the API reads stored responses through this service, never through their store.
+__all__ = [
+    "ContextTooLong",
+    "PreviousResponseNotFound",
+    "ResponseRecord",
+    "ResponseTurns",
+    "Turn",
+    "TurnPlace",
+    "TurnStarted",
+]
 from .store.sessions import SessionMeta
 
 log = logging.getLogger(__name__)
@@ -44,7 +55,7 @@ class PreviousResponseNotFound(InvalidRequest):
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Turn:
     """A turn's new input (text and its tokens) and how to reply to it. With `window`, the turn's whole context
     (what the session read, this input and the reply) must fit the memory's window (truncation "disabled")."""
@@ -60,7 +71,7 @@ class Turn:
     klass: RequestClass | None = None  # its request's class (admission.classes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TurnStarted:
     """The session a turn runs on, the version it will commit (naming its response), how many positions of its
     context were served from memory (a session's, or the prefix cache's) rather than fed, and how many of its
@@ -111,6 +122,18 @@ class ResponseTurns:
     def __init__(self, service: SessionService, store: ResponseStore) -> None:
         self.service = service
         self.store = store
+
+    async def find(self, owner: str, response_id: str) -> ResponseRecord | None:
+        """The owner's stored response, while its session keeps the version it names."""
+        return await self.store.find(owner, response_id)
+
+    async def save(self, record: ResponseRecord) -> None:
+        """Stores a finished response, so that it can be retrieved and continued."""
+        await self.store.save(record)
+
+    async def forget(self, record: ResponseRecord) -> None:
+        """Forgets a stored response (its session stays)."""
+        await self.store.delete(record)
 
     async def previous(self, owner: str, response_id: str) -> ResponseRecord:
         record = await self.store.find(owner, response_id)
@@ -222,10 +245,10 @@ class ResponseTurns:
                 await self._discard(owner, meta.id)
             raise
         started = TurnStarted(
-            meta.id,
-            meta.version + 1,
-            place.cached,
-            len(turn.tokens) - place.cached if place.prompted else len(turn.tokens),
+            session_id=meta.id,
+            version=meta.version + 1,
+            cached_tokens=place.cached,
+            fed_tokens=len(turn.tokens) - place.cached if place.prompted else len(turn.tokens),
         )
         return generation, started, first, meta.id if place.made else None
 

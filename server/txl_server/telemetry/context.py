@@ -2,19 +2,23 @@
 tracing is on) its trace. The request-id middleware (api/request_ids.py) makes one per HTTP request; log lines and
 spans read it.
 
-It lives in a context variable because it is the request's, not the code's: every task the request starts (a
-stream, a long work's task, several completions' pumps) copies the variable and shares the one object, so what a
-later step learns (the session, the tenant) shows in every line logged after it. A background response's work
-gets a context of its own, linked to the request that started it (spans.py: `linked`).
+It rides in OpenTelemetry's context, the standard carrier of what belongs to a request, which the spans ride in
+too (a variable of ours would be a second, hidden one): it is the request's, not the code's. Every task the request
+starts (a stream, a long work's task, several completions' pumps) copies that context and shares the one object,
+so what a later step learns (the session, the tenant) shows in every line logged after it. A background
+response's work gets a context of its own, linked to the request that started it (spans.py: `linked`). Whatever
+replaces the current OpenTelemetry context (a server span continuing the caller's trace, a background response's
+new trace) builds it with `carrying`, so that the request goes with it.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -72,23 +76,30 @@ class RequestContext:
             self.root.set_attributes(attributes)
 
 
-_current: ContextVar[RequestContext | None] = ContextVar("txl_request", default=None)
+_REQUEST = otel_context.create_key("txl.request")
 
 
 def current() -> RequestContext | None:
     """The request being served here, if any (None on the worker's thread, at start-up, in tests of parts)."""
-    return _current.get()
+    context = otel_context.get_value(_REQUEST)
+    return context if isinstance(context, RequestContext) else None
+
+
+def carrying(context: RequestContext, carrier: otel_context.Context | None = None) -> otel_context.Context:
+    """`carrier` (default: the current OpenTelemetry context) with `context` as its request."""
+    return otel_context.set_value(_REQUEST, context, carrier)
 
 
 def enter(context: RequestContext) -> None:
-    """Makes `context` the request of this task (and of the tasks it starts from now on). Never reset: each request
-    runs in a task of its own, and a background response's work in another."""
-    _current.set(context)
+    """Makes `context` the request of this task (and of the tasks it starts from now on). Never detached: each
+    request runs in a task of its own, and a background response's work in another; the lines logged after its
+    answer (an error the server reports once the application has raised) still name it."""
+    otel_context.attach(carrying(context))
 
 
 def bind_tenant(tenant: str) -> None:
     """The request's tenant (an API key's digest prefix, never the key), for its log lines and its span."""
-    context = _current.get()
+    context = current()
     if context is not None:
         context.tenant = tenant
         context.annotate({"txl.tenant": tenant})

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
-from .context import RequestContext, current, enter
+from .context import RequestContext, carrying, current
 
 if TYPE_CHECKING:
     from txl.sampling import SamplingParams
@@ -244,12 +244,12 @@ async def linked(name: str, work: Coroutine[Any, Any, T], attributes: dict[str, 
         name, context=otel_context.Context(), links=[link], attributes=_with_id(context, attributes)
     )
     conversation = attributes.get("gen_ai.conversation.id")
-    enter(
-        RequestContext(
-            context.request_id, context.tracing, root, tenant=context.tenant, conversation_id=conversation
-        )
+    own = RequestContext(
+        context.request_id, context.tracing, root, tenant=context.tenant, conversation_id=conversation
     )
-    otel_context.attach(trace.set_span_in_context(root, otel_context.Context()))  # this task's alone
+    # This task's alone (never detached: the task ends with the work): a new trace, which carries the work's own
+    # request context.
+    otel_context.attach(trace.set_span_in_context(root, carrying(own, otel_context.Context())))
     try:
         return await work
     except asyncio.CancelledError:  # cancelled by its client, or stopped with the server: not its failure

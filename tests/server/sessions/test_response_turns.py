@@ -1,12 +1,15 @@
-"""The session layer under the Responses API: a first turn's private session (read through the prefix cache, its
-first version not stored: the turn's first token does not wait for Redis) whose commit stores everything; a
+"""The session layer under the Responses API: its services built once by the runtime, beside the session service,
+their background jobs stopped with it; a first turn's private session (read through the prefix cache, its first
+version not stored: the turn's first token does not wait for Redis) whose commit stores everything; a
 conversation's items and turns in Redis; background jobs interrupted by a stopped replica."""
 
 from __future__ import annotations
 
+import asyncio
+
 from txl.sampling import SamplingParams
+from txl_server.runtime import Runtime
 from txl_server.sessions.background import BackgroundJobs
-from txl_server.sessions.conversations import ConversationService
 from txl_server.sessions.store.conversations import ConversationStore
 from txl_server.sessions.store.jobs import JobStore
 from txl_server.settings import Persistence
@@ -14,6 +17,34 @@ from txl_server.settings import Persistence
 from tests.helpers.runtimes import OWNER, generate, running
 
 GREEDY = SamplingParams(temperature=0)
+
+
+async def test_the_runtime_builds_the_responses_services_once_and_stops_their_jobs_first(make_settings):
+    runtime = Runtime(make_settings())
+    assert runtime.responses is None  # nothing is built before start-up
+    await runtime.start()
+    try:
+        responses = runtime.responses
+        assert responses is not None
+        service = runtime.service
+        assert responses.turns.service is service and responses.conversations.service is service
+        assert responses.jobs.holder == runtime.replica.id  # its jobs are this process's
+        assert responses.conversations.store.replica == runtime.replica.id
+        ended = asyncio.Event()
+
+        async def work() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                assert not service.worker.stopped  # the turn's work ends while the worker still serves it
+                ended.set()
+                raise
+
+        responses.jobs.start("resp_x.2", work())
+        await asyncio.sleep(0)
+    finally:
+        await runtime.stop()
+    assert ended.is_set() and responses.jobs.stopping and not responses.jobs.tasks
 
 
 async def test_a_private_session_waits_for_no_write_and_its_first_commit_stores_every_block(make_settings):
@@ -38,7 +69,8 @@ async def test_a_private_session_waits_for_no_write_and_its_first_commit_stores_
 
 async def test_a_conversations_pending_items_and_turns_are_kept_in_redis(make_settings):
     async with running(make_settings(persistence=Persistence.ALWAYS)) as rt:
-        conversations = ConversationService(rt.service, ConversationStore(rt.service.store))
+        assert rt.responses is not None
+        conversations = rt.responses.conversations
         item = {
             "id": "msg_1",
             "type": "message",

@@ -1,6 +1,7 @@
 """Log lines: JSON (one object per line, the request's fields while serving one) and text (as before, the request
 id at the end), uvicorn's access lines in the same format; without tracing, the caller's trace id from its
-traceparent still names the request's lines."""
+traceparent still names the request's lines. The request rides in OpenTelemetry's context, through the contexts
+that spans put in its place."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import sys
 
 import httpx
 import pytest
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
 from starlette.responses import PlainTextResponse
 from txl_server.api.request_ids import RequestIds
-from txl_server.telemetry.context import RequestContext, enter
+from txl_server.telemetry.context import RequestContext, carrying, current, enter
 from txl_server.telemetry.logs import JsonFormatter, TextFormatter, configure_logging
 
 
@@ -32,6 +35,26 @@ def in_request(context: RequestContext, function):
         return function()
 
     return contextvars.copy_context().run(run)
+
+
+def test_the_request_rides_in_opentelemetrys_context_through_a_span_that_replaces_it():
+    context = RequestContext("req-carried")
+
+    def run():
+        enter(context)
+        seen = [current()]
+        # A server span continuing the caller's trace starts from a context of its own (the extracted one).
+        parent = propagate.extract({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+        token = otel_context.attach(carrying(context, parent))
+        seen.append(current())
+        otel_context.detach(token)
+        seen.append(current())  # after the span: still the request's (its last lines name it)
+        otel_context.attach(parent)
+        seen.append(current())  # what a context built without `carrying` would lose
+        return seen
+
+    assert contextvars.copy_context().run(run) == [context, context, context, None]
+    assert current() is None  # the request's alone: nothing outside it sees it
 
 
 def test_a_json_line_outside_a_request_has_the_base_fields_only():

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 
 from ...errors import NotFound
-from ...sessions.conversations import ConversationService
-from ..responses.context import Responses, get_responses
-from ..shared.dependencies import AppSettings, Tenant
+from ..shared.dependencies import AppSettings, Conversations, Tenant
 from ..shared.json_body import JsonBodyRoute
 from ..shared.openai_errors import OPENAI_ERROR_RESPONSES
 from . import serving
@@ -28,12 +26,6 @@ from .protocol import (
 
 router = APIRouter(tags=["conversations"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
 
-
-async def get_conversations(responses: Annotated[Responses, Depends(get_responses)]) -> ConversationService:
-    return responses.conversations
-
-
-Conversations = Annotated[ConversationService, Depends(get_conversations)]
 Limit = Annotated[int, Query(ge=1, le=100)]
 After = Annotated[str | None, Query(max_length=128)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ...errors import InvalidRequest
-from ...sessions.store.conversations import ConversationRecord
+from ...sessions.conversations import ConversationRecord
 from ...settings import Settings
 from ..responses.paging import page_of
 from ..responses.protocol import InputItem, InputMessageItem

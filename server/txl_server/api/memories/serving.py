@@ -11,11 +11,11 @@ from typing import Any
 import anyio
 
 from ...errors import InvalidRequest
+from ...sessions.idempotency import IdempotentCall
 from ...sessions.memories import MemoryService
 from ...settings import Settings
 from ..shared import sse
 from ..shared.event_stream import EventStream
-from ..shared.idempotency import IdempotentCall
 from ..shared.limits import check_metadata, check_unicode
 from ..shared.progress import ProgressThrottle, progress_event, replayed_result
 from ..shared.text_log import log_text

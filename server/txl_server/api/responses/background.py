@@ -16,19 +16,16 @@ import anyio
 from ...errors import ServiceError
 from ...metrics import Metrics
 from ...sessions.background import INTERRUPTED, BackgroundJobs
-from ...sessions.responses import Turn, TurnPlace, TurnStarted
+from ...sessions.responses import TurnPlace, TurnStarted
+from ...sessions.responses_services import ResponsesServices
 from ...sessions.step import to_the_end
 from ...telemetry.spans import linked, turn_attributes
 from ..shared import sse
-from ..shared.chat_template import ChatMessage
 from ..shared.error_shapes import INTERNAL_ERROR
 from ..shared.event_stream import EventStream
 from ..shared.json_response import JSONResponse
 from ..shared.timing import TokenTiming, timed
-from .context import Responses
-from .conversation_turns import ConversationTurns
-from .protocol import ResponseCreateRequest
-from .reply import NumberedEvents, Payload, Reply, response_events, written
+from .reply import NumberedEvents, Payload, Reply, ReplyTo, response_events, written
 
 log = logging.getLogger(__name__)
 
@@ -38,36 +35,35 @@ STATE_EVENTS = ("response.in_progress", "response.completed", "response.incomple
 
 
 async def start(
-    responses: Responses,
-    body: ResponseCreateRequest,
-    turn: Turn,
+    responses: ResponsesServices,
+    to: ReplyTo,
+    *,
     place: TurnPlace,
-    messages: list[ChatMessage] | None,
-    conversation: ConversationTurns | None,
-    model_id: str,
-    tenant: str,
     metrics: Metrics,
     held: contextlib.AsyncExitStack,
 ) -> Any:
-    """Writes the job as queued and starts it; the response as queued (or, with `stream`, its events)."""
-    turns, jobs = responses.turns, responses.jobs
-    meta = place.meta
-    started = TurnStarted(meta.id, meta.version + 1, place.cached, len(turn.tokens))
-    reply = Reply(body, turn, started, messages, model_id, turns, tenant, conversation=body.conversation_id)
+    """Writes the job as queued and starts it, its turn on `place` (`held` let go when it ends); the response as
+    queued (or, with `stream`, its events)."""
+    jobs, body, tenant, meta = responses.jobs, to.body, to.tenant, place.meta
+    started = TurnStarted(
+        session_id=meta.id,
+        version=meta.version + 1,
+        cached_tokens=place.cached,
+        fed_tokens=len(to.turn.tokens),
+    )
+    reply = Reply(to, started)
     reply.queued = True
-    if conversation is not None:
-        reply.on_finish = conversation.commit
     numbered = NumberedEvents(reply)
     first = reply.object().model_dump()
     announced = [
         numbered.number({"type": t, "response": first}) for t in ("response.created", "response.queued")
     ]
     try:
-        await jobs.store.write(reply.id, response=first, events=announced, owner=tenant, holder=jobs.holder)
+        await jobs.announce(reply.id, owner=tenant, response=first, events=announced)
     except BaseException:
         await held.aclose()
         raise
-    work = _run(jobs, reply, numbered, turns.run_at(tenant, place, turn), metrics, held)
+    work = _run(jobs, reply, numbered, to.turns.run_at(tenant, place, to.turn), metrics, held)
     conversation_id = body.conversation_id or meta.id
     jobs.start(reply.id, linked("background response", work, turn_attributes(reply.id, conversation_id)))
     if body.stream:
@@ -95,7 +91,7 @@ async def _run(
                     batch = [numbered.number(p) for p in group if p["type"] != "response.created"]
                     state = any(event["type"] in STATE_EVENTS for event in batch)
                     response = reply.object().model_dump() if state else None
-                    await jobs.store.write(reply.id, response=response, events=batch)
+                    await jobs.write(reply.id, response=response, events=batch)
                     if jobs.asked_to_stop(reply.id) and reply.outcome is None:
                         raise asyncio.CancelledError  # however the task's own cancellation fared
 
@@ -128,7 +124,7 @@ async def _shielded(
             events = numbered.failure(500, {"type": "internal", **INTERRUPTED})
         else:
             reply.cancelled = True
-        await jobs.store.write(reply.id, response=reply.object().model_dump(), events=events)
+        await jobs.write(reply.id, response=reply.object().model_dump(), events=events)
 
     try:
         await to_the_end(write_end())
@@ -143,12 +139,12 @@ async def follow(
     it ends; then `[DONE]`."""
     cursor = 0 if after is None else after + 1
     while True:
-        for event in await jobs.store.events(response_id, cursor):
+        for event in await jobs.events(response_id, cursor):
             cursor += 1
             yield written(event)
         job = await jobs.find(owner, response_id)
         if job is None or job.finished:
-            for event in await jobs.store.events(response_id, cursor):  # written with its end
+            for event in await jobs.events(response_id, cursor):  # written with its end
                 yield written(event)
             yield sse.DONE
             return

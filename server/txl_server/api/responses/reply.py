@@ -7,15 +7,15 @@ import contextlib
 import itertools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from txl.tokenizers import Tokenizer
 
 from ...sessions.events import TokenEvent
-from ...sessions.responses import ResponseTurns, Turn, TurnStarted
+from ...sessions.responses import ResponseRecord, ResponseTurns, Turn, TurnStarted
 from ...sessions.service import GenerateOutcome
 from ...sessions.step import to_the_end
-from ...sessions.store.responses import ResponseRecord
 from ...telemetry.spans import annotate_request, usage
 from ..shared import sse
 from ..shared.chat_template import ChatMessage
@@ -54,26 +54,29 @@ def token_logprob(tokenizer: Tokenizer, event: TokenEvent) -> TokenLogprob:
     return TokenLogprob(**entry(event.text, event.logprob), top_logprobs=top)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReplyTo:
+    """What a response replies to, fixed once its turn is made, in the foreground or the background: the request,
+    its turn, the messages its input was written as (with a chat template), the served model, the turns' service
+    and the tenant; in a conversation, what is done once the reply is saved (its items appended)."""
+
+    body: ResponseCreateRequest
+    turn: Turn
+    messages: list[ChatMessage] | None
+    model: str
+    turns: ResponseTurns
+    tenant: str
+    on_finish: Callable[[Reply], Awaitable[None]] | None = None
+
+
 class Reply:
     """One response as its turn runs: the text so far, then the finished object, which `save` stores."""
 
-    def __init__(
-        self,
-        body: ResponseCreateRequest,
-        turn: Turn,
-        started: TurnStarted,
-        messages: list[ChatMessage] | None,
-        model: str,
-        turns: ResponseTurns,
-        tenant: str,
-        *,
-        conversation: str | None = None,
-        previous_response_id: str | None = None,
-    ) -> None:
-        self.body, self.turn, self.started, self.messages = body, turn, started, messages
-        self.model, self.turns, self.tenant = model, turns, tenant
-        self.conversation = conversation
-        self.previous_response_id = previous_response_id or body.previous_response_id
+    def __init__(self, to: ReplyTo, started: TurnStarted) -> None:
+        self.body, self.turn, self.started, self.messages = to.body, to.turn, started, to.messages
+        self.model, self.turns, self.tenant = to.model, to.turns, to.tenant
+        self.conversation = to.body.conversation_id
+        self.previous_response_id = to.body.previous_response_id
         self.id, self.message_id = started.response_id, item_id()
         self.created_at = int(time.time())
         self.text = ""
@@ -83,8 +86,7 @@ class Reply:
         self.cancelled = False
         self.queued = False
         self.saved = False
-        # Called once the response is saved (a conversation's turn appends its items there).
-        self.on_finish: Callable[[Reply], Awaitable[None]] | None = None
+        self.on_finish = to.on_finish  # once the response is saved
         self._final: ResponseObject | None = None
 
     def take(self, item: Any) -> tuple[str, list[TokenLogprob]]:
@@ -197,7 +199,7 @@ class Reply:
 
     async def _save(self) -> None:
         if self.body.store is not False:
-            await self.turns.store.save(self.record())
+            await self.turns.save(self.record())
         if self.on_finish is not None:
             await self.on_finish(self)
         self.saved = True

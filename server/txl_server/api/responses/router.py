@@ -8,26 +8,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 
-from ..shared.dependencies import AppSettings, MetricsDep, ModelId, Tenant
+from ..shared.dependencies import AppSettings, MetricsDep, ModelId, Responses, Tenant
 from ..shared.event_stream import json_or_events, json_or_stream_post
 from ..shared.json_body import JsonBodyRoute
 from ..shared.openai_errors import OPENAI_ERROR_RESPONSES
 from . import serving
-from .context import Responses, get_responses
 from .protocol import DeletedResponse, InputItemList, ResponseCreateRequest, ResponseObject
 
 router = APIRouter(tags=["responses"], responses=OPENAI_ERROR_RESPONSES, route_class=JsonBodyRoute)
 
-ResponsesDep = Annotated[Responses, Depends(get_responses)]
 CANCEL_WAIT_SECONDS = 5.0
 
 
 @json_or_stream_post(router, "/v1/responses", ResponseObject)
 async def create_response(
     body: ResponseCreateRequest,
-    responses: ResponsesDep,
+    responses: Responses,
     tenant: Tenant,
     settings: AppSettings,
     model_id: ModelId,
@@ -35,7 +33,9 @@ async def create_response(
 ) -> Any:
     """A reply to `input`, continuing `previous_response_id`'s session from its version (only the new input is
     fed), or `conversation`'s, or a new session; with `background`, answered at once as queued."""
-    return await serving.create_response(body, responses, tenant, settings, model_id, metrics)
+    return await serving.create_response(
+        body, responses, tenant=tenant, settings=settings, model_id=model_id, metrics=metrics
+    )
 
 
 @router.get(
@@ -45,7 +45,7 @@ async def create_response(
 )
 async def get_response(
     response_id: str,
-    responses: ResponsesDep,
+    responses: Responses,
     tenant: Tenant,
     stream: bool = False,
     starting_after: Annotated[int | None, Query(ge=-1, le=10**9)] = None,
@@ -56,13 +56,13 @@ async def get_response(
 
 
 @router.post("/v1/responses/{response_id}/cancel", response_model=ResponseObject)
-async def cancel_response(response_id: str, responses: ResponsesDep, tenant: Tenant) -> Any:
+async def cancel_response(response_id: str, responses: Responses, tenant: Tenant) -> Any:
     """Cancels a background response: `cancelled`, nothing committed. One already finished is answered as it is."""
     return await serving.cancel(responses, tenant, response_id, CANCEL_WAIT_SECONDS)
 
 
 @router.delete("/v1/responses/{response_id}", response_model=DeletedResponse)
-async def delete_response(response_id: str, responses: ResponsesDep, tenant: Tenant) -> DeletedResponse:
+async def delete_response(response_id: str, responses: Responses, tenant: Tenant) -> DeletedResponse:
     """Forgets a response: it can no longer be retrieved or continued (the session stays); a background one that
     runs is cancelled first."""
     return await serving.delete(responses, tenant, response_id, CANCEL_WAIT_SECONDS)
@@ -71,7 +71,7 @@ async def delete_response(response_id: str, responses: ResponsesDep, tenant: Ten
 @router.get("/v1/responses/{response_id}/input_items", response_model=InputItemList)
 async def list_input_items(
     response_id: str,
-    responses: ResponsesDep,
+    responses: Responses,
     tenant: Tenant,
     after: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,

@@ -12,8 +12,8 @@ from ...admission.classes import request_class
 from ...errors import InvalidRequest, NotFound
 from ...metrics import Metrics
 from ...sessions.events import TokenEvent
-from ...sessions.responses import ResponseTurns, Turn, TurnStarted
-from ...sessions.store.responses import ResponseRecord
+from ...sessions.responses import ResponseRecord, ResponseTurns, Turn, TurnStarted
+from ...sessions.responses_services import ResponsesServices
 from ...settings import Settings
 from ...telemetry.spans import turn_started
 from ..shared.chat_template import ChatTemplate
@@ -24,7 +24,6 @@ from ..shared.openai_errors import ModelNotFound
 from ..shared.text_log import log_text
 from ..shared.timing import TokenTiming, timed
 from . import background
-from .context import Responses
 from .conversation_turns import ConversationTurns
 from .paging import page_of
 from .protocol import (
@@ -34,13 +33,14 @@ from .protocol import (
     InputMessageItem,
     ResponseCreateRequest,
 )
-from .reply import ClosingStream, NumberedEvents, Reply, stream_events
+from .reply import ClosingStream, NumberedEvents, Reply, ReplyTo, stream_events
 from .turn_input import turn_text
 
 
 async def create_response(
     body: ResponseCreateRequest,
-    responses: Responses,
+    responses: ResponsesServices,
+    *,
     tenant: str,
     settings: Settings,
     model_id: str,
@@ -68,35 +68,33 @@ async def create_response(
         stop = template.stop() if template is not None and messages is not None else None
         stops = ([stop] if stop else []) + check_stop(settings, body.stop)
         turn = Turn(
-            text,
-            turns.service.tokenizer.encode(text),
-            max_tokens,
-            body.to_sampling_params(),
-            stops,
-            body.store is not False or conversation is not None,
-            body.top_logprobs or (1 if body.logprobs else 0),
-            body.truncation == "disabled",
+            text=text,
+            tokens=turns.service.tokenizer.encode(text),
+            max_tokens=max_tokens,
+            sampling=body.to_sampling_params(),
+            stop=stops,
+            store=body.store is not False or conversation is not None,
+            top_logprobs=body.top_logprobs or (1 if body.logprobs else 0),
+            window=body.truncation == "disabled",
             # Background responses are batch work: they never delay an interactive first token.
             klass=request_class(tenant, body.service_tier, batch=bool(body.background)),
         )
         if turn.klass is not None:
             turn.klass.decode_rows, turn.klass.decode_tokens = 1, max_tokens
+        to = ReplyTo(
+            body=body,
+            turn=turn,
+            messages=messages,
+            model=model_id,
+            turns=turns,
+            tenant=tenant,
+            on_finish=conversation.commit if conversation is not None else None,
+        )
         if conversation is not None:
             place = conversation.place()
         if body.background:
             place = place or await turns.place(tenant, previous)
-            return await background.start(
-                responses,
-                body,
-                turn,
-                place,
-                messages,
-                conversation,
-                model_id,
-                tenant,
-                metrics,
-                stack.pop_all(),
-            )
+            return await background.start(responses, to, place=place, metrics=metrics, held=stack.pop_all())
         source = turns.run_at(tenant, place, turn) if place is not None else turns.run(tenant, previous, turn)
         events = timed(source, TokenTiming(metrics), _token_choice)
         try:
@@ -106,11 +104,7 @@ async def create_response(
             raise
         assert isinstance(started, TurnStarted)
         turn_started(started.response_id, body.conversation_id or started.session_id)
-        reply = Reply(
-            body, turn, started, messages, model_id, turns, tenant, conversation=body.conversation_id
-        )
-        if conversation is not None:
-            reply.on_finish = conversation.commit
+        reply = Reply(to, started)
         if body.stream:
             numbered = NumberedEvents(reply)
             kept = stack.pop_all()  # the conversation stays held until the stream ends
@@ -142,14 +136,14 @@ def _checked(body: ResponseCreateRequest, settings: Settings, model_id: str) -> 
 
 async def find(turns: ResponseTurns, tenant: str, response_id: str) -> ResponseRecord:
     """A stored response of the tenant's, or 404."""
-    record = await turns.store.find(tenant, response_id)
+    record = await turns.find(tenant, response_id)
     if record is None:
         raise NotFound(f"no response {response_id[:100]!r}", param="response_id")
     return record
 
 
 async def retrieve(
-    responses: Responses, tenant: str, response_id: str, stream: bool, after: int | None
+    responses: ResponsesServices, tenant: str, response_id: str, stream: bool, after: int | None
 ) -> Any:
     """A response as it stands: a background one's job (any replica has it), else the stored response. With
     `stream`, a background response's events after sequence number `after`, then those still to come."""
@@ -166,7 +160,7 @@ async def retrieve(
     return JSONResponse(record.response)
 
 
-async def cancel(responses: Responses, tenant: str, response_id: str, wait_seconds: float) -> Any:
+async def cancel(responses: ResponsesServices, tenant: str, response_id: str, wait_seconds: float) -> Any:
     """Cancels a background response that has not finished: nothing of it is committed (the session is as it
     was). One that finished is answered as it is: its step committed, and a cancel does not undo it."""
     job = await responses.jobs.find(tenant, response_id)
@@ -177,19 +171,19 @@ async def cancel(responses: Responses, tenant: str, response_id: str, wait_secon
     return JSONResponse(job.response)
 
 
-async def delete(responses: Responses, tenant: str, response_id: str, wait_seconds: float) -> DeletedResponse:
+async def delete(
+    responses: ResponsesServices, tenant: str, response_id: str, wait_seconds: float
+) -> DeletedResponse:
     """Forgets the response: its stored record and its background job, if any (one that runs is cancelled)."""
     job = await responses.jobs.find(tenant, response_id)
-    record = await responses.turns.store.find(tenant, response_id)
+    record = await responses.turns.find(tenant, response_id)
     if job is None and record is None:
         raise NotFound(f"no response {response_id[:100]!r}", param="response_id")
     if job is not None:
         await responses.jobs.delete(tenant, job, wait_seconds)
-        record = await responses.turns.store.find(
-            tenant, response_id
-        )  # a job that finished meanwhile saved it
+        record = await responses.turns.find(tenant, response_id)  # a job that finished meanwhile saved it
     if record is not None:
-        await responses.turns.store.delete(record)
+        await responses.turns.forget(record)
     return DeletedResponse(id=response_id)
 
 

@@ -12,11 +12,11 @@ from ...admission.classes import request_class
 from ...errors import InvalidRequest
 from ...metrics import Metrics
 from ...sessions.events import ProgressEvent
+from ...sessions.idempotency import IdempotentCall
 from ...sessions.service import AppendOutcome, GenerateOutcome, SessionMeta, SessionService
 from ...settings import Settings
 from ..shared import sse
 from ..shared.event_stream import EventStream
-from ..shared.idempotency import IdempotentCall
 from ..shared.limits import check_metadata, check_stop, check_text, max_tokens_of
 from ..shared.progress import Progress, ProgressThrottle, long_work, progress_event
 from ..shared.text_log import log_text

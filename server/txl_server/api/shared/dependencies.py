@@ -1,4 +1,5 @@
-"""What a route takes from the application: its services, settings and metrics, and the caller's tenant.
+"""What a route takes from the application: its services (built once at start-up by the runtime: runtime.py),
+settings and metrics, and the caller's tenant.
 
 Each is `async def`: FastAPI runs a plain `def` dependency in its thread pool, a hop of the event loop and a
 thread for every one of them on every request (dozens per request, a third of what a refused request cost)."""
@@ -11,6 +12,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
 
 from ...metrics import Metrics
+from ...sessions.conversations import ConversationService
+from ...sessions.responses_services import ResponsesServices
 from ...sessions.service import SessionService
 from ...sessions.stateless import StatelessService
 from ...settings import Settings
@@ -27,6 +30,18 @@ async def get_stateless(request: Request) -> StatelessService:
     stateless = request.app.state.runtime.stateless
     assert stateless is not None
     return stateless
+
+
+async def get_responses(request: Request) -> ResponsesServices:
+    responses = request.app.state.runtime.responses
+    assert responses is not None
+    return responses
+
+
+async def get_conversations(
+    responses: Annotated[ResponsesServices, Depends(get_responses)],
+) -> ConversationService:
+    return responses.conversations
 
 
 async def get_metrics(request: Request) -> Metrics:
@@ -61,6 +76,8 @@ async def get_tenant(request: Request, _: Annotated[object, Depends(API_KEY)] = 
 
 Service = Annotated[SessionService, Depends(get_service)]
 Stateless = Annotated[StatelessService, Depends(get_stateless)]
+Responses = Annotated[ResponsesServices, Depends(get_responses)]
+Conversations = Annotated[ConversationService, Depends(get_conversations)]
 ModelId = Annotated[str, Depends(get_model_id)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 Tenant = Annotated[str, Depends(get_tenant)]

@@ -8,163 +8,29 @@ runs: if its process dies (`kill -9`, a lost node), the claim lapses and a retry
 reused with a different body is refused with 422 `idempotency_key_reused` (as the IETF Idempotency-Key draft and
 Stripe do): replaying the first result would answer a question nobody asked.
 
-Routes take the `Idempotent` dependency and run their work through it:
+Routes take the `Idempotent` dependency (the request's call, sessions/idempotency.py: the claim, the replay and
+the record) and run their work through it:
 
     return await idempotent.run(lambda: service.append(...))
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
 import math
-import weakref
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 from urllib.parse import parse_qsl
 
 from fastapi import Depends, Header, Request
 
-from ...errors import Conflict, IdempotencyKeyReused, OutcomeUnknown, Unavailable
-from ...sessions.step import to_the_end
-from ...sessions.store.idempotency import IdempotencyStore, Receipt
+from ...sessions.idempotency import IdempotentCall
 from .dependencies import AppSettings, Service, Tenant
 
 # What a key may be: the header's `pattern` in the OpenAPI document, checked with the request's other fields (422).
 KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 # Fields that change how a result is delivered, not what is done: a streamed retry of a JSON request replays it.
 _DELIVERY_FIELDS = ("stream",)
-Outcome = TypeVar("Outcome")
-
-
-class IdempotentCall:
-    def __init__(
-        self,
-        store: IdempotencyStore,
-        owner: str,
-        scope: str,
-        key: str | None,
-        fingerprint: str,
-        ttl: int,
-        claim_ttl: int = 10,
-    ) -> None:
-        self.store, self.owner, self.fingerprint, self.ttl = store, owner, fingerprint, ttl
-        self.claim_ttl = claim_ttl  # seconds a claim outlives its process
-        self.key = f"{scope}:{key}" if key else None
-        self._keeper: asyncio.Task[None] | None = None
-        self._recorded = False  # the record is written by the step's commit (`receipt`)
-
-    async def run(self, work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-        """The stored response of an earlier call with this key, else `work()`'s (stored under the key)."""
-        if (stored := await self.replay()) is not None:
-            return stored
-        return await self.execute(work)
-
-    async def run_unanswered(self, work: Callable[[], Awaitable[object]]) -> None:
-        """`run` for a request whose answer is empty (a deletion): `work()` once per key."""
-
-        async def answered() -> dict[str, Any]:
-            await work()
-            return {}
-
-        await self.run(answered)
-
-    async def execute(self, work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-        """`work()`'s response, stored under the key that `replay()` claimed (or the key released if it fails)."""
-        try:
-            response = await work()
-        except BaseException as exc:
-            await self.failed(exc)
-            raise
-        await self.succeeded(response)
-        return response
-
-    def receipt(self, render: Callable[[Outcome], dict[str, Any]]) -> Callable[[Outcome], Receipt | None]:
-        """For the step this request runs: the key's record of its outcome (`render(outcome)`, the response),
-        which the step's commit writes in the same step as its change (None without a key). A retry then finds
-        the response even if the commit's own reply was lost, and never runs the step twice."""
-
-        def record(outcome: Outcome) -> Receipt | None:
-            if self.key is None:
-                return None
-            self._recorded = True
-            return self.store.receipt(self.owner, self.key, self.fingerprint, render(outcome), self.ttl)
-
-        return record
-
-    async def replay(self) -> dict[str, Any] | None:
-        """The stored result of an earlier call with this key, if any; claims the key otherwise."""
-        if self.key is None:
-            return None
-        if await self._claim(self.key):
-            return None
-        stored = await self.store.get(self.owner, self.key)
-        if stored is None:  # expired between the two calls: run
-            return None if await self._claim(self.key) else await self.replay()
-        if stored.get("fingerprint", self.fingerprint) != self.fingerprint:
-            raise IdempotencyKeyReused(
-                "this Idempotency-Key was used with a different request body; use a new key for a new request",
-                param="Idempotency-Key",
-            )
-        if stored.get("state") == "pending":
-            raise Conflict(
-                "a request with this Idempotency-Key is still in progress", param="Idempotency-Key"
-            )
-        return dict(stored["response"])
-
-    async def succeeded(self, response: dict[str, Any]) -> None:
-        self._stop_keeping()
-        if self.key is not None and not self._recorded:  # a step's commit wrote its record already
-            # Even if the client leaves meanwhile: the work is done, and a retry must get it, not redo it.
-            await to_the_end(self.store.put(self.owner, self.key, self.fingerprint, response, self.ttl))
-
-    async def failed(self, error: BaseException | None = None) -> None:
-        """The request failed with `error`: the key is released for a retry to run anew, unless the outcome of
-        the request's change is unknown (it may have been applied: its commit then wrote the key's record, else
-        the claim lapses once the change can no longer arrive, and a retry runs then)."""
-        self._stop_keeping()
-        if self.key is not None and not isinstance(error, OutcomeUnknown):
-            await to_the_end(self.store.drop(self.owner, self.key))
-
-    async def _claim(self, key: str) -> bool:
-        """Claims `key` for `claim_ttl` seconds, renewed while this request runs (a claim that lasted the
-        record's whole TTL would answer every retry 409 for a day after its process died)."""
-        if not await self.store.claim(self.owner, key, self.claim_ttl, self.fingerprint):
-            return False
-        self._keeper = asyncio.create_task(
-            _keep_claim(weakref.ref(self), self.store, self.owner, key, self.fingerprint, self.claim_ttl)
-        )
-        return True
-
-    def _stop_keeping(self) -> None:
-        # Not awaited: the outcome's write must not wait (a cancellation there would lose it), and a renewal still
-        # in flight cannot touch it (renew extends only this claim's own pending record).
-        keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            keeper.cancel()
-
-
-async def _keep_claim(
-    call: weakref.ref[IdempotentCall],
-    store: IdempotencyStore,
-    owner: str,
-    key: str,
-    fingerprint: str,
-    ttl: int,
-) -> None:
-    """Renews a claim at a third of its TTL until its request has an outcome, or is gone without one (then the
-    claim lapses). Holds the request only weakly, so that a request dropped unfinished cannot keep it forever."""
-    while True:
-        await asyncio.sleep(ttl / 3)
-        if call() is None:
-            return
-        renewed = True
-        with contextlib.suppress(Unavailable):  # Redis away for a moment: the claim may still hold; next tick
-            renewed = await store.renew(owner, key, ttl, fingerprint)
-        if not renewed:
-            return  # the request's outcome replaced the claim
 
 
 def fingerprint(body: bytes, query: str) -> str:
@@ -201,11 +67,11 @@ async def idempotent_call(
     scope = f"{request.method} {request.url.path}"
     return IdempotentCall(
         service.idempotency,
-        tenant,
-        scope,
-        idempotency_key,
-        fingerprint(await request.body(), request.url.query) if idempotency_key else "",
-        settings.idempotency_ttl_seconds,
+        owner=tenant,
+        scope=scope,
+        key=idempotency_key,
+        fingerprint=fingerprint(await request.body(), request.url.query) if idempotency_key else "",
+        ttl=settings.idempotency_ttl_seconds,
         claim_ttl=max(1, math.ceil(settings.lease_ttl_seconds)),
     )
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import anyio
 
+from ...sessions.idempotency import IdempotentCall
 from . import sse
 from .event_stream import EventStream
-from .idempotency import IdempotentCall
 
 # Below any sane client timeout, above the time a step may wait for its session's writer.
 FIRST_EVENT_WAIT_SECONDS = 15.0
