@@ -136,7 +136,8 @@ def test_a_streamed_session_step_is_one_trace_under_the_callers_trace(client, re
     assert commit.attributes["txl.commit.blocks"] >= 1 and commit.attributes["txl.commit.store_bytes"] > 0
     assert 0 < commit.attributes["txl.commit.redis_bytes"] < commit.attributes["txl.commit.store_bytes"]
     writes = [s for s in trace_of(receiver, trace_id, "blocks.write") if s.name == "blocks.write"]
-    (written,) = [s for s in writes if s.parent_span_id == commit.span_id]  # the block store, within the commit
+    # The block store, within the commit.
+    (written,) = [s for s in writes if s.parent_span_id == commit.span_id]
     # The generation's fed prompt, written while it decoded (Persistence.prewrite), which the commit waited for.
     assert all(s.end_ns <= written.start_ns for s in writes if s is not written)
     assert commit.start_ns <= written.start_ns <= written.end_ns <= commit.end_ns
