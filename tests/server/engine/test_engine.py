@@ -15,7 +15,7 @@ from txl.scoring import score_tokens
 from txl_server.engine.worker import WorkerObserver
 from txl_server.errors import Conflict, Gone, InvalidRequest, NotFound
 from txl_server.runtime import Runtime
-from txl_server.sessions import service as service_module
+from txl_server.sessions import outcomes as outcomes_module
 from txl_server.sessions.service import new_session_id
 from txl_server.sessions.state_cache import DEVICE, HOST
 from txl_server.settings import Persistence
@@ -437,7 +437,7 @@ async def test_sessions_per_tenant_are_limited(make_settings):
 def test_session_ids_never_start_with_a_dash(monkeypatch):
     """`txl sessions show -abc...` would be read as an option: such draws are discarded, the next one kept."""
     draws = iter(["-" + "a" * 31, "-" + "b" * 31, "Q" + "c" * 31])
-    monkeypatch.setattr(service_module.secrets, "token_urlsafe", lambda n: next(draws))
+    monkeypatch.setattr(outcomes_module.secrets, "token_urlsafe", lambda n: next(draws))
     assert new_session_id() == "Q" + "c" * 31
     monkeypatch.undo()
     ids = [new_session_id() for _ in range(2000)]  # ~31 of these would start with '-' if nothing prevented it
