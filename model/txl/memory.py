@@ -15,9 +15,9 @@ together in one forward.
 A memory a step returns (or `retain`, `to_pool`, `from_tensors`, `with_mem_len` make) holds its blocks: its owner
 calls `release` when done with it (a server: when a session's version is replaced or evicted, a job ends or
 fails), and the blocks no other memory holds go back to the pool at once. `row`, `stack` and `like` are views
-that hold nothing: they are valid while the memory they came from is. A memory dropped without `release` gives
-its blocks back when Python frees it, and the pool counts it (`BlockPool.collected`): a server's owners release
-theirs, and its tests check that none was collected.
+that hold nothing: they are valid while the memory they came from is. Nothing is given back by the garbage
+collector: a memory dropped without `release` keeps its blocks until its pool goes (`BlockPool.live_tables`
+counts the tables still held, for leak checks).
 
 `HiddenMemory` is the paper's form (detached hidden states, re-projected every step with gradients flowing into the
 projection): training uses it, and it is the form HF exchanges (`mems`), so memories can be imported and exported.
@@ -129,14 +129,6 @@ class Memory:
     def owns(self) -> bool:
         """It holds its blocks (not a view, not released)."""
         return self._owns
-
-    def __del__(self) -> None:
-        # A memory nobody released: its blocks go back now, counted (owners release theirs: tests check this).
-        # At interpreter shutdown numpy may already be gone; the pool goes with it.
-        if getattr(self, "_owns", False):
-            with contextlib.suppress(Exception):
-                self.pool.collected += 1
-                self.release()
 
     # ------------------------------------------------------------------ reading
 

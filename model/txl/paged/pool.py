@@ -75,8 +75,7 @@ class BlockPool:
         self.block_size = block_size
         self.keep_hidden = keep_hidden
         self.growable = growable
-        # Re-entrant: a table released while this thread holds the lock (a memory dropped without release, see
-        # txl.memory) frees its blocks.
+        # Re-entrant: a memory releases its tables under one hold of the lock (txl.memory).
         self._lock = threading.RLock()
         # Bumped whenever the tensors are reallocated (CUDA graphs captured on the old ones are then stale).
         self.generation = 0
@@ -95,9 +94,6 @@ class BlockPool:
         self._zero_later: list[np.ndarray] | None = None  # ids allocated inside zeroing_together()
         self._ids_to_device = StagedIds(layout.device)
         self.live_tables = 0  # block tables held (not yet released): 0 once everything was released
-        self.collected = (
-            0  # memories dropped without release, whose blocks Python's freeing gave back (txl.memory)
-        )
 
     def _allocate_tensors(self, blocks: int) -> None:
         lay = self.layout

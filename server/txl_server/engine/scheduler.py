@@ -23,9 +23,10 @@ the time-between-tokens target, and flex and batch prompts take at most as much 
 segment runs whenever one waits.
 
 A pool that never grows (a GPU's) holds what runs: the rows whose new blocks it lacks wait for a later
-iteration, and if nothing can run for PREEMPT_AFTER_SECONDS, the youngest job of the lowest lane is preempted (as
-vLLM preempts its newest requests) so that the others finish. The block pool holds no policy; the worker runs
-what this decides.
+iteration (blocks come back when their holders release them: commits, evictions, jobs that end), and if nothing
+can run for PREEMPT_AFTER_SECONDS, the youngest job of the lowest lane among those holding blocks of their own is
+preempted (as vLLM preempts its newest requests) so that the others finish: the worker queues it again from its
+input (engine.preemption). The block pool holds no policy; the worker runs what this decides.
 
 Bookkeeping over anything with a token count, a block need and a class (`Decoding`, `Ingesting`): testable
 without a model.
@@ -33,7 +34,6 @@ without a model.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -44,10 +44,8 @@ from ..admission.classes import Lane
 from ..admission.fair_share import VirtualCounters, even, max_min_shares
 from ..admission.pacing import Pacing
 
-# With a pool that may not grow: how long nothing may run for lack of blocks before a job is preempted, and how
-# often, meanwhile, the cycle collector is run to free blocks that only a reference cycle still holds.
+# With a pool that may not grow: how long nothing may run for lack of blocks before a job is preempted.
 PREEMPT_AFTER_SECONDS = 2.0
-COLLECT_INTERVAL_SECONDS = 0.1
 
 
 class Classed(Protocol):
@@ -136,7 +134,10 @@ class Schedule(Generic[D, I]):
 
     iteration: Iteration[D, I]  # what runs now (empty: nothing fits, or nothing waits)
     lacking: int  # blocks the rows left out need: idle sessions may be moved off the device to free them
-    preempt: D | I | None  # to end with a retryable error now, so that the others finish (still queued)
+    preempt: D | I | None  # to queue again from its input now, so that the others finish (still queued)
+    starved: bool = (
+        False  # nothing could run for PREEMPT_AFTER_SECONDS (a job that could never fit then fails)
+    )
 
 
 class Scheduler(Generic[D, I]):
@@ -170,7 +171,8 @@ class Scheduler(Generic[D, I]):
         self._background_tokens = 0  # flex and batch prompt tokens in the last iteration picked
         self._streams = False  # whether interactive rows decoded in it
         self._starved_since: float | None = None
-        self._collected_at = 0.0
+        # Whether a job holds blocks of its own (beyond its input): only such a job's preemption frees any.
+        self.preemptible: Callable[[D | I], bool] = lambda task: True
 
     # ------------------------------------------------------------------ the jobs it holds
 
@@ -223,21 +225,15 @@ class Scheduler(Generic[D, I]):
             return Schedule(iteration, 0, None)
         fitted, lacking = self.fit(iteration)
         now = self.clock()
-        if not fitted and now - self._collected_at >= COLLECT_INTERVAL_SECONDS:
-            # Blocks are freed when the last table holding them goes; one held by a reference cycle (a failed
-            # request's traceback) goes only when the cycle collector runs.
-            self._collected_at = now
-            gc.collect()
-            fitted, lacking = self.fit(iteration)
-        preempt = None
+        preempt, starved = None, False
         if fitted:
             self._starved_since = None
         elif self._starved_since is None:
             self._starved_since = now
         elif now - self._starved_since >= PREEMPT_AFTER_SECONDS:
-            preempt = self.youngest()
+            preempt, starved = self.youngest(), True
             self._starved_since = None
-        return Schedule(fitted, lacking, preempt)
+        return Schedule(fitted, lacking, preempt, starved)
 
     def next(self) -> Iteration[D, I]:
         """Picks this iteration's work: the rows with a place in the batch, then prompt segments in the budget
@@ -339,6 +335,8 @@ class Scheduler(Generic[D, I]):
         return Iteration(decode, chunks), lacking
 
     def youngest(self) -> D | I | None:
-        """The job preempted: of the lowest lane (batch, then flex), the one that arrived last."""
-        tasks: list[D | I] = [*self.ingesting, *self.decoding]
+        """The job preempted: of those holding blocks of their own (`preemptible`), of the lowest lane (batch,
+        then flex), the one that arrived last."""
+        queued: list[D | I] = [*self.ingesting, *self.decoding]
+        tasks = [t for t in queued if self.preemptible(t)]
         return max(tasks, key=lambda t: (t.lane, t.arrival)) if tasks else None

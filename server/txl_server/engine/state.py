@@ -17,7 +17,11 @@ TAIL_TOKENS = 8
 
 @dataclass(frozen=True)
 class ModelState:
-    """Immutable: a step returns a new state; the old one stays valid (rollback is keeping the old one)."""
+    """Immutable: a step returns a new state; the old one stays valid (rollback is keeping the old one).
+
+    A state holds its memory's blocks until its owner releases it (`release`): the state cache when a version is
+    replaced or evicted, a job when it ends or fails (txl.memory). Whoever keeps a state another owner holds
+    takes its own hold (`retain`)."""
 
     memory: Memory  # keys/values of the last positions (one row): as many as its window rule keeps
     last_hidden: Tensor | None  # [D]: the last position's output, which predicts the next token (None: empty)
@@ -41,6 +45,14 @@ class ModelState:
     @classmethod
     def empty(cls, memory: Memory) -> ModelState:
         return cls(memory, None, ())
+
+    def retain(self) -> ModelState:
+        """This state, held once more: its new owner releases it (ReleasedError if it was released already)."""
+        return ModelState(self.memory.retain(), self.last_hidden, self.tail)
+
+    def release(self) -> None:
+        """Gives this state's blocks back (those no other state holds go to the pool now); idempotent."""
+        self.memory.release()
 
     def advanced(self, memory: Memory, last_hidden: Tensor, tokens: list[int]) -> ModelState:
         if memory.rows[0].fed != self.fed + len(tokens):
