@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -133,6 +136,20 @@ class ModelState:
             layout, tensors, mem_len=mem_len, pool=pool, grid=grid, fed=fed, keep=keep
         )
         return cls(memory, last_hidden, tail)
+
+
+S = TypeVar("S", bound=ModelState | None)
+
+
+@contextlib.contextmanager
+def released(state: S) -> Iterator[S]:
+    """`state` (a hold of the caller's, or None) for the block, released when it ends whatever happens: a request's
+    own hold on a job's result while it is committed (the state cache keeps its own)."""
+    try:
+        yield state
+    finally:
+        if state is not None:
+            state.release()
 
 
 def snapshot_metadata(data: bytes) -> dict[str, str]:

@@ -34,7 +34,7 @@ from txl.tokenizers import Tokenizer
 
 from ..admission.classes import RequestClass
 from ..engine.jobs import AdvanceJob, AdvanceResult, Event, ProgressEvent, job_result
-from ..engine.state import ModelState
+from ..engine.state import ModelState, released
 from ..engine.worker import Worker
 from ..errors import Gone, InvalidRequest, NotFound
 from ..settings import Settings
@@ -96,7 +96,30 @@ class MemoryService:
         self.admission.fits(mem_len)
         # Not through the prefix cache: the memory keeps the state it reaches, and sessions start from that.
         read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, through_cache=False)
-        state = read.state
+        with released(read.state) as state:  # the state cache keeps its own hold
+            return await self._create(
+                owner,
+                name=name,
+                text=text,
+                tokens=tokens,
+                ttl=ttl,
+                metadata=metadata,
+                mem_len=mem_len,
+                state=state,
+            )
+
+    async def _create(
+        self,
+        owner: str,
+        *,
+        name: str | None,
+        text: str,
+        tokens: builtins.list[int],
+        ttl: int,
+        metadata: dict[str, Any] | None,
+        mem_len: int,
+        state: ModelState,
+    ) -> MemoryMeta:
         stamp = now()
         meta = MemoryMeta(
             id=new_memory_id(),
@@ -194,6 +217,7 @@ class MemoryService:
         async with self.using(owner, memory_id) as (_, state):
             job = AdvanceJob(state, tokens, token_logprobs=token_logprobs, report_progress=True, klass=klass)
             result: AdvanceResult = await job_result(self.worker, job, report)
+        result.state.release()  # nothing is kept
         self.observer.on_tokens("scored", len(tokens))
         return ScoreOutcome(
             len(tokens),
@@ -216,7 +240,7 @@ class MemoryService:
     ) -> tuple[ModelState, PromptScores]:
         """Feeds a prompt after the memory (nothing is stored); with `logprobs`, scores every prompt token given
         the document and the tokens before it. What stateless completions (and /v1/responses) start from when a
-        request names a memory."""
+        request names a memory: the caller's state, which it releases when done."""
         async with self.using(owner, memory_id) as (_, state):
             job = AdvanceJob(state, tokens, token_logprobs=logprobs, top_logprobs=top_logprobs, klass=klass)
             result: AdvanceResult = await job_result(self.worker, job)
@@ -263,7 +287,8 @@ class MemoryService:
             state = await self.persistence.restore(stored)
         except ValueError as exc:
             raise Gone("this memory's stored state does not fit the loaded model", param="memory") from exc
-        await self.placement.place_memory(meta.id, state, meta.expires_at)
+        with released(state):  # the cache holds it: what is returned reads through the cache's hold
+            await self.placement.place_memory(meta.id, state, meta.expires_at)
         return state
 
 

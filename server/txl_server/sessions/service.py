@@ -27,7 +27,7 @@ from txl.tokenizers import Tokenizer
 
 from ..admission.classes import RequestClass
 from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateJob, GenerateResult, ProgressEvent, TokenEvent
-from ..engine.state import ModelState
+from ..engine.state import ModelState, released
 from ..engine.worker import Worker
 from ..errors import Conflict, InvalidRequest
 from ..limits import check_max_tokens
@@ -246,17 +246,18 @@ class SessionService:
         if progress is not None:
             progress(0, len(tokens))
         read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, klass=asked.klass)
-        meta = await self._register(
-            owner,
-            read.state,
-            len(tokens),
-            ttl,
-            dict(asked.metadata or {}),
-            kind="create",
-            text=asked.text,
-            private=private,
-            receipt=asked.receipt,
-        )
+        with released(read.state):
+            meta = await self._register(
+                owner,
+                read.state,
+                len(tokens),
+                ttl,
+                dict(asked.metadata or {}),
+                kind="create",
+                text=asked.text,
+                private=private,
+                receipt=asked.receipt,
+            )
         self.observer.on_tokens("ingested", len(tokens) + 1)
         self.observer.on_prefix_cache(read.cached, len(tokens) + 1)
         return meta, max(0, read.cached - 1)  # the start token is not the caller's
@@ -272,22 +273,24 @@ class SessionService:
                 )
             await self.admission.session(owner, memory.mem_len)
             tokens = self.tokenizer.encode(asked.text)
+            fed: ModelState | None = None  # this call's hold on what it fed (the memory's is the cache's)
             if tokens:
                 progress = asked.progress
                 job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=asked.klass)
                 result = await self.steps.run(job, progress=progress)
                 assert isinstance(result, AdvanceResult)
-                state = result.state
-            meta = await self._register(
-                owner,
-                state,
-                memory.tokens + len(tokens),
-                ttl,
-                dict(asked.metadata or {}),
-                kind="create",
-                text=asked.text,
-                receipt=asked.receipt,
-            )
+                state = fed = result.state
+            with released(fed):
+                meta = await self._register(
+                    owner,
+                    state,
+                    memory.tokens + len(tokens),
+                    ttl,
+                    dict(asked.metadata or {}),
+                    kind="create",
+                    text=asked.text,
+                    receipt=asked.receipt,
+                )
         self.observer.on_tokens("ingested", len(tokens))
         return meta
 
@@ -360,16 +363,18 @@ class SessionService:
             state, summary = await self.history.state_at(meta, version)
             tokens = summary.tokens
         child_metadata = dict(meta.metadata if metadata is None else metadata)
-        return await self._register(
-            owner, state, tokens, meta.ttl_seconds, child_metadata, kind="fork", receipt=receipt
-        )
+        with released(state):
+            return await self._register(
+                owner, state, tokens, meta.ttl_seconds, child_metadata, kind="fork", receipt=receipt
+            )
 
     # ------------------------------------------------------------------ moving sessions between deployments
 
     async def export_snapshot(self, owner: str, session_id: str) -> bytes:
         """The session as one safetensors blob: its memory, and its metadata in the header."""
         meta = await self.get(owner, session_id)
-        return await self.persistence.export(meta, await self.placement.fetch(meta))
+        with released(await self.placement.fetch(meta)) as state:
+            return await self.persistence.export(meta, state)
 
     async def import_snapshot(
         self, owner: str, data: bytes, *, ttl_seconds: int | None = None, receipt: ReceiptOf | None = None
@@ -378,9 +383,10 @@ class SessionService:
         imported = await self.persistence.imported(data)
         await self.admission.session(owner, imported.state.mem_len)
         ttl = self.admission.ttl(ttl_seconds)
-        return await self._register(
-            owner, imported.state, imported.tokens, ttl, imported.metadata, kind="import", receipt=receipt
-        )
+        with released(imported.state):
+            return await self._register(
+                owner, imported.state, imported.tokens, ttl, imported.metadata, kind="import", receipt=receipt
+            )
 
     # ------------------------------------------------------------------ steps
 
@@ -402,15 +408,16 @@ class SessionService:
             result = await self.steps.run(job, lease, progress=progress)
             assert isinstance(result, AdvanceResult)
             logprob = result.logprob
-            committed = await self.steps.commit(
-                meta,
-                result.state,
-                meta.tokens + len(tokens),
-                lease=lease,
-                kind="append",
-                text=text,
-                receipt=of_outcome(receipt, lambda new: AppendOutcome(new, len(tokens), logprob)),
-            )
+            with released(result.state):
+                committed = await self.steps.commit(
+                    meta,
+                    result.state,
+                    meta.tokens + len(tokens),
+                    lease=lease,
+                    kind="append",
+                    text=text,
+                    receipt=of_outcome(receipt, lambda new: AppendOutcome(new, len(tokens), logprob)),
+                )
         self.observer.on_tokens("ingested", len(tokens))
         step_text(text)
         return AppendOutcome(committed, len(tokens), result.logprob)
@@ -472,15 +479,16 @@ class SessionService:
                         result = dataclasses.replace(event, prompt_tokens=len(prompt))
             assert result is not None
             finished = result
-            committed = await self.steps.commit(
-                meta,
-                result.state,
-                meta.tokens + len(prompt) + result.completion_tokens,
-                lease=lease,
-                kind="generate",
-                text=text + result.text,
-                receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
-            )
+            with released(result.state):
+                committed = await self.steps.commit(
+                    meta,
+                    result.state,
+                    meta.tokens + len(prompt) + result.completion_tokens,
+                    lease=lease,
+                    kind="generate",
+                    text=text + result.text,
+                    receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
+                )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
         step_text(text, result.text)

@@ -120,13 +120,14 @@ class Steps:
             except NotFound:
                 raise await self.recovery.not_found(owner, session_id) from None
             session_held(owner, session_id, since=since)
-            state = await self.placement.fetch(meta)
+            state = await self.placement.fetch(meta)  # this step's hold, released when it ends
             cache = self.placement.cache
             cache.pin(session_id)
             try:
                 yield meta, state, lease
             finally:
                 cache.unpin(session_id)
+                state.release()
 
     @contextlib.asynccontextmanager
     async def exclusive(self, owner: str, session_id: str) -> AsyncIterator[Lease]:
@@ -161,7 +162,8 @@ class Steps:
     ) -> SessionMeta:
         """Commits `state` as the version after `meta`'s, holding `tokens` tokens of text (`kind` and `text`: what
         the step was and what it added, for the versions list), with the Idempotency-Key's record `receipt`
-        makes of the version. With persistence `always`, only the blocks Redis does not hold yet are written."""
+        makes of the version. With persistence `always`, only the blocks Redis does not hold yet are written.
+        The state cache takes its own hold of `state`: the caller releases theirs."""
         new = dataclasses.replace(
             meta,
             tokens=tokens,
