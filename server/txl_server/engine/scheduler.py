@@ -24,9 +24,9 @@ segment runs whenever one waits.
 
 A pool that never grows (a GPU's) holds what runs: the rows whose new blocks it lacks wait for a later
 iteration (blocks come back when their holders release them: commits, evictions, jobs that end), and if nothing
-can run for PREEMPT_AFTER_SECONDS, the youngest job of the lowest lane among those holding blocks of their own is
-preempted (as vLLM preempts its newest requests) so that the others finish: the worker queues it again from its
-input (engine.preemption). The block pool holds no policy; the worker runs what this decides.
+can run for PREEMPT_AFTER_SECONDS, a job is preempted (as vLLM preempts its newest requests) so that the others
+finish: engine.preemption decides which, and whether it runs again from its input or fails. The block pool holds
+no policy; the worker runs what this decides.
 
 Bookkeeping over anything with a token count, a block need and a class (`Decoding`, `Ingesting`): testable
 without a model.
@@ -134,10 +134,7 @@ class Schedule(Generic[D, I]):
 
     iteration: Iteration[D, I]  # what runs now (empty: nothing fits, or nothing waits)
     lacking: int  # blocks the rows left out need: idle sessions may be moved off the device to free them
-    preempt: D | I | None  # to queue again from its input now, so that the others finish (still queued)
-    starved: bool = (
-        False  # nothing could run for PREEMPT_AFTER_SECONDS (a job that could never fit then fails)
-    )
+    preempt: D | I | None  # nothing could run for PREEMPT_AFTER_SECONDS: the youngest job (engine.preemption)
 
 
 class Scheduler(Generic[D, I]):
@@ -171,8 +168,6 @@ class Scheduler(Generic[D, I]):
         self._background_tokens = 0  # flex and batch prompt tokens in the last iteration picked
         self._streams = False  # whether interactive rows decoded in it
         self._starved_since: float | None = None
-        # Whether a job holds blocks of its own (beyond its input): only such a job's preemption frees any.
-        self.preemptible: Callable[[D | I], bool] = lambda task: True
 
     # ------------------------------------------------------------------ the jobs it holds
 
@@ -225,15 +220,15 @@ class Scheduler(Generic[D, I]):
             return Schedule(iteration, 0, None)
         fitted, lacking = self.fit(iteration)
         now = self.clock()
-        preempt, starved = None, False
+        preempt = None
         if fitted:
             self._starved_since = None
         elif self._starved_since is None:
             self._starved_since = now
         elif now - self._starved_since >= PREEMPT_AFTER_SECONDS:
-            preempt, starved = self.youngest(), True
+            preempt = self.youngest()
             self._starved_since = None
-        return Schedule(fitted, lacking, preempt, starved)
+        return Schedule(fitted, lacking, preempt)
 
     def next(self) -> Iteration[D, I]:
         """Picks this iteration's work: the rows with a place in the batch, then prompt segments in the budget
@@ -335,8 +330,6 @@ class Scheduler(Generic[D, I]):
         return Iteration(decode, chunks), lacking
 
     def youngest(self) -> D | I | None:
-        """The job preempted: of those holding blocks of their own (`preemptible`), of the lowest lane (batch,
-        then flex), the one that arrived last."""
-        queued: list[D | I] = [*self.ingesting, *self.decoding]
-        tasks = [t for t in queued if self.preemptible(t)]
+        """The job preempted: of the lowest lane (batch, then flex), the one that arrived last."""
+        tasks: list[D | I] = [*self.ingesting, *self.decoding]
         return max(tasks, key=lambda t: (t.lane, t.arrival)) if tasks else None

@@ -32,8 +32,7 @@ from ..admission.fair_share import even
 from ..admission.targets import LatencyTargets
 from ..errors import Overloaded, Unavailable
 from . import device_failure, preemption
-from .comparison import first_line
-from .device_failure import is_device_error
+from .device_failure import first_line, is_device_error
 from .gate import QUEUE_FULL, Gate, GateObserver
 from .jobs import AdvanceJob, CallJob, DoneEvent, ErrorEvent, GenerateJob, Job, Outbox
 from .launched import Pending
@@ -96,7 +95,6 @@ class Worker:
         )
         self.weight = weight
         self.outputs = Outputs(self.scheduler, tokenizer)
-        self.scheduler.preemptible = lambda task: task.progressed
         # Every session's windows sit on the grid the model was trained with: a session's state is then a
         # function of its tokens, however they arrive (txl.window).
         self.grid = model.config.segment_len
@@ -295,14 +293,7 @@ class Worker:
         if schedule.lacking and self.on_pool_pressure is not None:
             self.on_pool_pressure(schedule.lacking)
         if schedule.preempt is not None:
-            preemption.requeue(schedule.preempt, self.scheduler, self.outputs)
-        elif schedule.starved:
-            never = preemption.never_fitting(self.scheduler, self.pool)
-            self.outputs.fail(
-                [t for t in never if isinstance(t, DecodeTask)],
-                [t for t in never if isinstance(t, IngestTask)],
-                preemption.too_large(),
-            )
+            preemption.preempt(schedule.preempt, self.scheduler, self.outputs, self.pool)
         return schedule.iteration
 
     # ------------------------------------------------------------------ admission
