@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.state import ModelState, released
+from ..engine.state import ModelState
 from ..errors import NotFound
 from .persistence import Persistence
 from .placement import Placement
@@ -50,8 +50,8 @@ class SessionHistory:
         return [VersionSummary(meta.version, meta.tokens, meta.last_used, "append")]
 
     async def state_at(self, meta: SessionMeta, version: int) -> tuple[ModelState, VersionSummary]:
-        """Version `version` of the session: its state, on the device (the caller's hold: it releases it), and its
-        summary. NotFound (code `version_not_found`, naming the oldest kept version) if it is not kept."""
+        """Version `version` of the session: its state, on the device (the caller's hold), and its summary. NotFound
+        (code `version_not_found`, naming the oldest kept version) if it is not kept."""
         kept = await self._kept(meta)
         summary = next((s for s in kept if s.version == version), None)
         if summary is not None and version == meta.version:
@@ -85,13 +85,12 @@ class SessionHistory:
         the Idempotency-Key's record of it, written with the commit."""
         async with self.steps.hold(owner, session_id) as (meta, _, lease):
             state, summary = await self.state_at(meta, version)
-            with released(state):
-                return await self.steps.commit(
-                    meta,
-                    state,
-                    summary.tokens,
-                    lease=lease,
-                    kind="rewind",
-                    text=summary.text_tail,
-                    receipt=receipt,
-                )
+            return await self.steps.commit(
+                meta,
+                state,
+                summary.tokens,
+                lease=lease,
+                kind="rewind",
+                text=summary.text_tail,
+                receipt=receipt,
+            )

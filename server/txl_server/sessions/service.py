@@ -246,18 +246,17 @@ class SessionService:
         if progress is not None:
             progress(0, len(tokens))
         read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, klass=asked.klass)
-        with released(read.state):
-            meta = await self._register(
-                owner,
-                read.state,
-                len(tokens),
-                ttl,
-                dict(asked.metadata or {}),
-                kind="create",
-                text=asked.text,
-                private=private,
-                receipt=asked.receipt,
-            )
+        meta = await self._register(
+            owner,
+            read.state,
+            len(tokens),
+            ttl,
+            dict(asked.metadata or {}),
+            kind="create",
+            text=asked.text,
+            private=private,
+            receipt=asked.receipt,
+        )
         self.observer.on_tokens("ingested", len(tokens) + 1)
         self.observer.on_prefix_cache(read.cached, len(tokens) + 1)
         return meta, max(0, read.cached - 1)  # the start token is not the caller's
@@ -273,24 +272,24 @@ class SessionService:
                 )
             await self.admission.session(owner, memory.mem_len)
             tokens = self.tokenizer.encode(asked.text)
-            fed: ModelState | None = None  # this call's hold on what it fed (the memory's is the cache's)
             if tokens:
                 progress = asked.progress
                 job = AdvanceJob(state, tokens, report_progress=progress is not None, klass=asked.klass)
                 result = await self.steps.run(job, progress=progress)
                 assert isinstance(result, AdvanceResult)
-                state = fed = result.state
-            with released(fed):
-                meta = await self._register(
-                    owner,
-                    state,
-                    memory.tokens + len(tokens),
-                    ttl,
-                    dict(asked.metadata or {}),
-                    kind="create",
-                    text=asked.text,
-                    receipt=asked.receipt,
-                )
+                state = result.state
+            else:
+                state = state.retain()  # the session's own hold (the memory's is the cache's)
+            meta = await self._register(
+                owner,
+                state,
+                memory.tokens + len(tokens),
+                ttl,
+                dict(asked.metadata or {}),
+                kind="create",
+                text=asked.text,
+                receipt=asked.receipt,
+            )
         self.observer.on_tokens("ingested", len(tokens))
         return meta
 
@@ -307,8 +306,8 @@ class SessionService:
         private: bool = False,
         receipt: ReceiptOf | None = None,
     ) -> SessionMeta:
-        """A new session at version 1 holding `state`: metadata (and its stored version) to Redis, state to the
-        device. A `private` one (made for a turn that will commit its next version before anyone learns its id)
+        """A new session at version 1 holding `state` (the caller's hold, which this takes): metadata (and its
+        stored version) to Redis, state to the device. A `private` one (made for a turn that will commit its next version before anyone learns its id)
         skips the stored version, which that commit writes with its own: the turn's first token does not wait for
         it. Its state stays on the device (pinned) until that step ends."""
         stamp = now()
@@ -363,10 +362,9 @@ class SessionService:
             state, summary = await self.history.state_at(meta, version)
             tokens = summary.tokens
         child_metadata = dict(meta.metadata if metadata is None else metadata)
-        with released(state):
-            return await self._register(
-                owner, state, tokens, meta.ttl_seconds, child_metadata, kind="fork", receipt=receipt
-            )
+        return await self._register(
+            owner, state, tokens, meta.ttl_seconds, child_metadata, kind="fork", receipt=receipt
+        )
 
     # ------------------------------------------------------------------ moving sessions between deployments
 
@@ -383,10 +381,9 @@ class SessionService:
         imported = await self.persistence.imported(data)
         await self.admission.session(owner, imported.state.mem_len)
         ttl = self.admission.ttl(ttl_seconds)
-        with released(imported.state):
-            return await self._register(
-                owner, imported.state, imported.tokens, ttl, imported.metadata, kind="import", receipt=receipt
-            )
+        return await self._register(
+            owner, imported.state, imported.tokens, ttl, imported.metadata, kind="import", receipt=receipt
+        )
 
     # ------------------------------------------------------------------ steps
 
@@ -408,16 +405,15 @@ class SessionService:
             result = await self.steps.run(job, lease, progress=progress)
             assert isinstance(result, AdvanceResult)
             logprob = result.logprob
-            with released(result.state):
-                committed = await self.steps.commit(
-                    meta,
-                    result.state,
-                    meta.tokens + len(tokens),
-                    lease=lease,
-                    kind="append",
-                    text=text,
-                    receipt=of_outcome(receipt, lambda new: AppendOutcome(new, len(tokens), logprob)),
-                )
+            committed = await self.steps.commit(
+                meta,
+                result.state,
+                meta.tokens + len(tokens),
+                lease=lease,
+                kind="append",
+                text=text,
+                receipt=of_outcome(receipt, lambda new: AppendOutcome(new, len(tokens), logprob)),
+            )
         self.observer.on_tokens("ingested", len(tokens))
         step_text(text)
         return AppendOutcome(committed, len(tokens), result.logprob)
@@ -479,16 +475,15 @@ class SessionService:
                         result = dataclasses.replace(event, prompt_tokens=len(prompt))
             assert result is not None
             finished = result
-            with released(result.state):
-                committed = await self.steps.commit(
-                    meta,
-                    result.state,
-                    meta.tokens + len(prompt) + result.completion_tokens,
-                    lease=lease,
-                    kind="generate",
-                    text=text + result.text,
-                    receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
-                )
+            committed = await self.steps.commit(
+                meta,
+                result.state,
+                meta.tokens + len(prompt) + result.completion_tokens,
+                lease=lease,
+                kind="generate",
+                text=text + result.text,
+                receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
+            )
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
         step_text(text, result.text)
