@@ -128,6 +128,7 @@ class Outputs:
             # The model gave this row no finite log-probabilities (the sampler then still returns an id in
             # range, and NaN for its log-prob): this request ends; the rows batched with it go on.
             log.warning("a decoding row's log-probabilities were not finite: ending its request")
+            out.memory.release()
             self.fail([task], [], RowFailed())
             return
         task.job.timing.decoded()
