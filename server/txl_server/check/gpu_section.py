@@ -26,6 +26,12 @@ def section(report: CheckReport) -> Section:
         "memory-bandwidth floor measured in the same run (the bytes a decoding step reads, the weights once and "
         "each session's keys and values at the served mem_len, over a device copy's bandwidth)."
     )
+    path = d.decode_path
+    result.note(
+        f"Decode path: attention {path.attention}, prompt attention {path.prefill}, layers {path.layers}, linear "
+        f"{'/'.join(path.linear)}, embedding {path.embedding}, softmax {path.softmax}, sampler {path.sampler}, "
+        f"graphs {path.graphs}."
+    )
     result.table(
         "Checks",
         ["check", "result", "passes"],

@@ -41,6 +41,14 @@ class ProgressEvent:
 
 
 @dataclass(frozen=True)
+class PromptFed:
+    """A generation's prompt is fed (a GenerateJob with `report_prompt_state`): the state decoding starts from,
+    held for the event's taker (who releases it)."""
+
+    state: ModelState
+
+
+@dataclass(frozen=True)
 class Boundary:
     """The state an AdvanceJob reached at a multiple of its `boundaries` (positions fed), and the log-probs of
     the tokens it fed since the previous one (float32, on the host; NaN for a first token nothing predicts)."""
@@ -77,6 +85,14 @@ class DoneEvent:
     result: Any  # AdvanceResult | GenerateResult, or a CallJob's return value
 
 
+@dataclass(frozen=True)
+class ErrorEvent:
+    error: BaseException
+
+
+Event = TokenEvent | ProgressEvent | PromptFed | DoneEvent | ErrorEvent
+
+
 def release_result(result: object) -> None:
     """Gives back the states a job's result holds (a result nobody takes: its requester went away)."""
     if isinstance(result, AdvanceResult):
@@ -87,12 +103,12 @@ def release_result(result: object) -> None:
         (result if isinstance(result, ModelState) else result.state).release()
 
 
-@dataclass(frozen=True)
-class ErrorEvent:
-    error: BaseException
-
-
-Event = TokenEvent | ProgressEvent | DoneEvent | ErrorEvent
+def release_event(event: Event) -> None:
+    """Gives back the states an event holds (an event nobody takes)."""
+    if isinstance(event, DoneEvent):
+        release_result(event.result)
+    elif isinstance(event, PromptFed):
+        event.state.release()
 
 
 class Outbox:
@@ -157,8 +173,7 @@ class Outbox:
         self.lag += self.LAG_SMOOTHING * (now - flushed - self.lag)
         for job, event in events:
             if job.abandoned:  # nobody reads its events: a result's states go back now
-                if isinstance(event, DoneEvent):
-                    release_result(event.result)
+                release_event(event)
                 continue
             klass = job.klass
             if klass is not None and klass.first_token_at is None and isinstance(event, TokenEvent):
@@ -206,8 +221,7 @@ class Job:
 
     def _put(self, event: Event) -> None:
         if self.abandoned:
-            if isinstance(event, DoneEvent):
-                release_result(event.result)
+            release_event(event)
             return
         self._events.put_nowait(event)
 
@@ -220,9 +234,7 @@ class Job:
         self.cancel()
         self.abandoned = True
         while not self._events.empty():
-            event = self._events.get_nowait()
-            if isinstance(event, DoneEvent):
-                release_result(event.result)
+            release_event(self._events.get_nowait())
 
     async def events(self) -> AsyncIterator[Event]:
         """Events until (and including) the terminal one."""
@@ -281,6 +293,9 @@ class GenerateJob(Job):
     )
     klass: RequestClass | None = None
     report_progress: bool = False  # a ProgressEvent after each prompt segment fed, before the first token
+    report_prompt_state: bool = (
+        False  # a PromptFed once the prompt is fed (its blocks can be stored meanwhile)
+    )
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -336,7 +351,7 @@ async def job_result(worker: Submitter, job: Job, on_event: Callable[[Event], No
     """Runs `job` to its result, passing its intermediate events to `on_event`; cancelled if abandoned."""
     async with contextlib.aclosing(run_job(worker, job)) as events:
         async for item in events:
-            if not isinstance(item, TokenEvent | ProgressEvent):
+            if not isinstance(item, TokenEvent | ProgressEvent | PromptFed):
                 return item
             if on_event is not None:
                 on_event(item)

@@ -23,6 +23,7 @@ from .jobs import (
     GenerateJob,
     GenerateResult,
     ProgressEvent,
+    PromptFed,
     TokenEvent,
 )
 from .rows import ChunkOut, DecodeOut, TopLogprobs
@@ -108,6 +109,8 @@ class Outputs:
         generation = task.then
         assert generation is not None  # a GenerateJob's prompt
         generation.state = task.state
+        if generation.job.report_prompt_state:
+            generation.job.emit(PromptFed(task.state.retain()))  # the prewrite's own hold
         generation.prompt_logprobs = logprobs
         generation.prompt_top = task.top if task.top_k else None
         self.start_decoding(generation)

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from txl import TransfoXLLMHeadModel
 
-from ..engine.state import ModelState, snapshot_metadata
+from ..engine.state import ModelState, released, snapshot_metadata
 from ..engine.worker import Worker
 from ..errors import Gone, InvalidRequest
 from ..settings import Persistence as PersistenceMode
@@ -35,7 +35,7 @@ from ..settings import Settings
 from .blocks.backend import Payload
 from .blocks.store import BlocksLost, BlockStore
 from .state_cache import Entry
-from .store.blocks import BlockIndex, StoredVersion, legacy_state, restore, snapshot
+from .store.blocks import BlockIndex, BlockKey, StoredVersion, legacy_state, restore, snapshot
 from .store.plumbing import now
 from .store.sessions import SessionMeta, SessionStore
 from .store.versions import BlocksMissing, LoadedVersion, VersionSummary, VersionWrite
@@ -67,6 +67,30 @@ class Durable(Generic[W]):
             outcome = await self.persistence.write(write, self.version, self.state)
         await place(outcome)
         return outcome
+
+
+@dataclass(frozen=True)
+class Prewritten:
+    """Blocks of a state written to the block store ahead of its commit: each block's key and id, and when."""
+
+    blocks: dict[BlockKey, str]
+    written_at: float
+
+
+class Prewrite:
+    """A `Persistence.prewrite` under way: its result, or None if it failed (the commit writes them itself)."""
+
+    def __init__(self, task: asyncio.Future[Prewritten]) -> None:
+        self.task = task
+
+    async def result(self) -> Prewritten | None:
+        try:
+            return await asyncio.shield(self.task)
+        except Exception:  # the block store away: the commit tries again, and says so if it fails too
+            return None
+
+    def cancel(self) -> None:
+        self.task.cancel()
 
 
 @dataclass(frozen=True)
@@ -104,11 +128,17 @@ class Persistence:
     # ------------------------------------------------------------------ writing versions
 
     async def prepare(
-        self, state: ModelState, summary: VersionSummary, *, full: bool = False
+        self,
+        state: ModelState,
+        summary: VersionSummary,
+        *,
+        full: bool = False,
+        early: Prewritten | None = None,
     ) -> Durable[VersionWrite]:
         """`state` ready to be written durably as the version `summary` describes: its new blocks (all with
-        `full`) already in the block store. Cancellable: no version names them yet."""
-        return Durable(self, state, await self.version_write(state, summary, full=full))
+        `full`) already in the block store (`early`: those written beforehand, see `prewrite`). Cancellable: no
+        version names them yet."""
+        return Durable(self, state, await self.version_write(state, summary, full=full, early=early))
 
     def unstored(self, state: ModelState) -> Durable[None]:
         """`state` to be made durable by its metadata alone (no stored version: its memory stays in this
@@ -116,19 +146,48 @@ class Persistence:
         return Durable(self, state, None)
 
     async def version_write(
-        self, state: ModelState, summary: VersionSummary, *, full: bool = False
+        self,
+        state: ModelState,
+        summary: VersionSummary,
+        *,
+        full: bool = False,
+        early: Prewritten | None = None,
     ) -> VersionWrite:
         """The state as a version to store, its new blocks (those the store does not hold yet; all with `full`)
-        read off the loop and written to the block store: a version never names a block not yet written."""
+        read off the loop and written to the block store: a version never names a block not yet written.
+        `early`: blocks of this state written beforehand (`prewrite`), not written again."""
+        known = early.blocks if early is not None else None
 
         def encode() -> tuple[StoredVersion, list[tuple[str, Payload]]]:  # one hand-off to a thread for both
-            stored = snapshot(state, self.index, full=full)
+            stored = snapshot(state, self.index, full=full, prewritten=known)
             return stored, self.blocks.encoded(stored.new_blocks)
 
-        stored, encoded = await asyncio.to_thread(encode)
         written_at = now()
+        stored, encoded = await asyncio.to_thread(encode)
         await self.blocks.write_encoded(encoded)
+        if early is not None and stored.prewritten:
+            written_at = min(written_at, early.written_at)
         return VersionWrite(stored, summary, self.settings.keep_versions, written_at)
+
+    def prewrite(self, state: ModelState) -> Prewrite:
+        """Starts writing, now, the blocks of a state a step will commit a later state of (a generation's fed
+        prompt, while it decodes): its blocks that the decoding leaves as they are are then written before the
+        commit, not by it. Nothing names them until that commit does (the sweeper collects them otherwise).
+        `state` is the caller's hold, which this takes: released once its blocks are read (or it is cancelled)."""
+
+        async def write() -> Prewritten:
+            def encode() -> tuple[StoredVersion, list[tuple[str, Payload]]]:
+                with released(state):  # its blocks are read: the decoding's newer states hold what they keep
+                    stored = snapshot(state, self.index)
+                    return stored, self.blocks.encoded(stored.new_blocks)
+
+            with released(state):  # cancelled before it was read (idempotent after)
+                written_at = now()
+                stored, encoded = await asyncio.to_thread(encode)
+            await self.blocks.write_encoded(encoded)
+            return Prewritten(dict(stored.learned), written_at)
+
+        return Prewrite(asyncio.ensure_future(write()))
 
     async def write(
         self, call: Callable[[VersionWrite], Awaitable[T]], write: VersionWrite, state: ModelState

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import secrets
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
 
 from txl import TransfoXLLMHeadModel
@@ -26,7 +24,15 @@ from txl.sampling import SamplingParams
 from txl.tokenizers import Tokenizer
 
 from ..admission.classes import RequestClass
-from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateJob, GenerateResult, ProgressEvent, TokenEvent
+from ..engine.jobs import (
+    AdvanceJob,
+    AdvanceResult,
+    GenerateJob,
+    GenerateResult,
+    ProgressEvent,
+    PromptFed,
+    TokenEvent,
+)
 from ..engine.state import ModelState, released
 from ..engine.worker import Worker
 from ..errors import Conflict, InvalidRequest
@@ -39,7 +45,8 @@ from .blocks.store import BlockStore
 from .history import SessionHistory
 from .memories import MemoryService
 from .observer import SessionObserver
-from .persistence import Persistence
+from .outcomes import AppendOutcome, GenerateOutcome, NewSession, new_session_id
+from .persistence import Persistence, Prewrite
 from .placement import Placement, Released
 from .prefix_cache import PrefixCache, PromptReader, start_token
 from .recovery import Recovery, Replica
@@ -50,42 +57,6 @@ from .store.plumbing import now
 from .store.sessions import SessionMeta
 from .store.stores import Stores
 from .store.versions import VersionSummary
-
-
-@dataclass(frozen=True)
-class AppendOutcome:
-    session: SessionMeta
-    tokens: int
-    logprob: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class NewSession:
-    """What a new session is asked to hold and be (`create`'s arguments), whichever way it is made."""
-
-    text: str = ""
-    mem_len: int | None = None
-    ttl_seconds: int | None = None
-    metadata: dict[str, Any] | None = None
-    progress: Progress | None = None
-    receipt: ReceiptOf | None = None
-    klass: RequestClass | None = None
-
-
-@dataclass(frozen=True)
-class GenerateOutcome:
-    session: SessionMeta
-    result: GenerateResult
-
-
-def new_session_id() -> str:
-    """32 URL-safe characters holding ~192 random bits. Never starting with '-': command lines (ours included)
-    would read such an id as an option, so those draws are discarded (which costs 0.02 bits); nor with `mem_`,
-    which names preloaded memories (store/memories.py)."""
-    while True:
-        candidate = secrets.token_urlsafe(24)
-        if not candidate.startswith(("-", "mem_")):
-            return candidate
 
 
 class SessionService:
@@ -465,25 +436,35 @@ class SessionService:
                 klass=klass,
                 # The worker reports a long prompt's segments as it feeds them, in the same job as the tokens.
                 report_progress=report_progress and len(prompt) > self.segment_len,
+                # Its fed prompt's blocks are written while it decodes, not by its commit (persistence.prewrite).
+                report_prompt_state=self.persistence.always,
             )
             result: GenerateResult | None = None
-            async with contextlib.aclosing(self.steps.events(job, lease)) as events:
-                async for event in events:
-                    if isinstance(event, TokenEvent | ProgressEvent):
-                        yield event
-                    elif isinstance(event, GenerateResult):
-                        result = dataclasses.replace(event, prompt_tokens=len(prompt))
-            assert result is not None
-            finished = result
-            committed = await self.steps.commit(
-                meta,
-                result.state,
-                meta.tokens + len(prompt) + result.completion_tokens,
-                lease=lease,
-                kind="generate",
-                text=text + result.text,
-                receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
-            )
+            prewrite: Prewrite | None = None
+            try:
+                async with contextlib.aclosing(self.steps.events(job, lease)) as events:
+                    async for event in events:
+                        if isinstance(event, PromptFed):
+                            prewrite = self.persistence.prewrite(event.state)
+                        elif isinstance(event, TokenEvent | ProgressEvent):
+                            yield event
+                        elif isinstance(event, GenerateResult):
+                            result = dataclasses.replace(event, prompt_tokens=len(prompt))
+                assert result is not None
+                finished = result
+                committed = await self.steps.commit(
+                    meta,
+                    result.state,
+                    meta.tokens + len(prompt) + result.completion_tokens,
+                    lease=lease,
+                    kind="generate",
+                    text=text + result.text,
+                    receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
+                    prewrite=prewrite,
+                )
+            finally:
+                if prewrite is not None:
+                    prewrite.cancel()  # done by now, unless the generation ended without a commit
         self.observer.on_tokens("ingested", len(prompt))
         self.observer.on_tokens("generated", result.completion_tokens)
         step_text(text, result.text)

@@ -26,7 +26,7 @@ from ..errors import Conflict, InvalidRequest, NotFound, OutcomeUnknown, Unavail
 from ..settings import Settings
 from ..telemetry.spans import commit_written, session_held, span_start, traced
 from .observer import SessionObserver
-from .persistence import Persistence
+from .persistence import Persistence, Prewrite
 from .placement import Placement
 from .recovery import Lost, Recovery, gone_error
 from .request_queue import RequestQueues
@@ -176,12 +176,13 @@ class Steps:
         kind: str,
         text: str | None = None,
         receipt: ReceiptOf | None = None,
+        prewrite: Prewrite | None = None,
     ) -> SessionMeta:
         """Commits `state` as the version after `meta`'s, holding `tokens` tokens of text (`kind` and `text`: what
         the step was and what it added, for the versions list), with the Idempotency-Key's record `receipt`
-        makes of the version. With persistence `always`, only the blocks Redis does not hold yet are written.
-        `state` is the caller's hold, which this takes: released once committed or failed (the state cache
-        keeps its own)."""
+        makes of the version. With persistence `always`, only the blocks the block store does not hold yet are
+        written (those `prewrite` wrote while the step ran are not written again). `state` is the caller's hold,
+        which this takes: released once committed or failed (the state cache keeps its own)."""
         new = dataclasses.replace(
             meta,
             tokens=tokens,
@@ -194,8 +195,9 @@ class Steps:
         summary = VersionSummary.of(new.version, new.tokens, new.last_used, kind, text)
         persistence = self.persistence
         with released_on_failure(state):
+            early = await prewrite.result() if prewrite is not None else None
             durable = (
-                await persistence.prepare(state, summary)
+                await persistence.prepare(state, summary, early=early)
                 if persistence.always
                 else persistence.unstored(state)
             )

@@ -14,7 +14,7 @@ from txl_server.check import command, gpu_section
 from txl_server.check.parity import Parity
 from txl_server.check.report import CheckReport
 from txl_server.check.speed import Speed
-from txl_server.engine.device_report import DeviceReport, PoolReport, WindowReport
+from txl_server.engine.device_report import DeviceReport, PathReport, PoolReport, WindowReport
 from txl_server.memory_budgets import MemoryBudgets
 
 REPO = Path(__file__).resolve().parents[3]
@@ -85,6 +85,7 @@ def test_the_gpu_section_holds_the_checks_and_the_speed_against_the_floor(tmp_pa
         device="cuda:0",
         device_name="NVIDIA H100 80GB HBM3",
         dtype="bfloat16",
+        decode_path=PathReport("triton", "torch", "triton", ["torch"], "triton", "triton", "triton", "cuda"),
         attention="triton",
         attention_reason=None,
         cuda_graphs="on",
@@ -109,3 +110,4 @@ def test_the_gpu_section_holds_the_checks_and_the_speed_against_the_floor(tmp_pa
     assert "| decode, 1 session | 10,000 | 0.1 | 0.0094 | 10.6 |" in text
     assert "| decode, 64 sessions | 320,000 | 0.2 | 0.04 | 5 |" in text
     assert "CUDA graphs on, memories of 512)" in text
+    assert "Decode path: attention triton, prompt attention torch, layers triton, linear torch," in text

@@ -158,3 +158,37 @@ async def test_a_snapshot_reads_back_and_one_that_does_not_fit_is_refused():
     foreign = dataclasses.replace(st, tail=(999,))  # a token this model's vocabulary does not have
     with pytest.raises(InvalidRequest, match="vocabulary"):
         await s.persistence.imported(await s.persistence.export(session, foreign))
+
+
+async def test_blocks_written_ahead_of_a_commit_are_not_written_again_and_read_back_alike():
+    """A generation's fed prompt is written while it decodes (Persistence.prewrite): its commit sends only what
+    the decoding added, the version names the blocks written ahead, and it reads back as the state it commits."""
+    s = Stores()
+    prompt = state(s.worker.pool, 8)  # two full blocks
+    early = await s.persistence.prewrite(prompt).result()
+    assert early is not None and len(early.blocks) == 2 and s.blocks.writes == [list(early.blocks.values())]
+    decoded = ModelState(prompt.memory, torch.full_like(prompt.last_hidden, 2.0), (4, 5))
+    durable = await s.persistence.prepare(decoded, summary(1), early=early)
+    stored = durable.version.stored
+    assert stored.new_blocks == {} and len(s.blocks.writes) == 1  # nothing sent twice
+    assert set(stored.block_ids) == set(early.blocks.values())
+    assert durable.version.written_at <= early.written_at  # the freshness check dates them from the prewrite
+
+    async def write(version):
+        await s.store.create(meta("s1"), version, lease=Lease("s1", "t", 10))
+
+    async def place(_):
+        pass
+
+    await durable.write_then_place(write, place)
+    read = await s.persistence.read(meta("s1", version=1))
+    assert read is not None and same_values(read, decoded)
+
+
+async def test_a_prewrite_that_failed_leaves_its_blocks_to_the_commit():
+    s = Stores()
+    prompt = state(s.worker.pool, 8)
+    s.blocks.fail("write_encoded", OSError("the block store is away"))
+    assert await s.persistence.prewrite(prompt).result() is None
+    durable = await s.persistence.prepare(prompt, summary(1), early=None)
+    assert len(durable.version.stored.new_blocks) == 2 and len(s.blocks.writes) == 1

@@ -56,6 +56,14 @@ class StoredVersion:
     new_blocks: dict[str, Buffer]
     # What the index learns once the store has them: each new block's key and id.
     learned: list[tuple[BlockKey, str]] = field(default_factory=list)
+    # Blocks written to the block store beforehand for this version (`prewritten`), which no version lists yet:
+    # new to Redis's references like `new_blocks`, their bytes already stored.
+    prewritten: list[str] = field(default_factory=list)
+
+    @property
+    def new_ids(self) -> list[str]:
+        """The blocks this version is the first to list: Redis counts their references from it."""
+        return [*self.new_blocks, *self.prewritten]
 
     @property
     def block_ids(self) -> list[str]:
@@ -130,9 +138,16 @@ def new_block_id() -> str:
     return secrets.token_hex(12)
 
 
-def snapshot(state: ModelState, index: BlockIndex, *, full: bool = False) -> StoredVersion:
-    """The state as a version to store: the ids of its blocks, with the data of those `index` does not know
-    (all of them with `full`)."""
+def snapshot(
+    state: ModelState,
+    index: BlockIndex,
+    *,
+    full: bool = False,
+    prewritten: dict[BlockKey, str] | None = None,
+) -> StoredVersion:
+    """The state as a version to store: the ids of its blocks, with the data of those neither `index` nor
+    `prewritten` (blocks written beforehand, which no version lists yet) knows (all of them with `full`)."""
+    early = {} if full or prewritten is None else prewritten
     memory = state.memory
     if memory.batch_size != 1:
         raise ValueError("a session's memory has one row")
@@ -141,8 +156,13 @@ def snapshot(state: ModelState, index: BlockIndex, *, full: bool = False) -> Sto
     ids: list[str] = []
     wanted: list[int] = []
     learned: list[tuple[BlockKey, str]] = []
+    listed_early: list[str] = []
     for i, key in enumerate(keys):
         known = None if full else index.get(key)
+        if known is None and key in early:
+            known = early[key]
+            listed_early.append(known)
+            learned.append((key, known))
         if known is None:
             known = new_block_id()
             wanted.append(i)
@@ -184,7 +204,7 @@ def snapshot(state: ModelState, index: BlockIndex, *, full: bool = False) -> Sto
     hidden = None
     if state.last_hidden is not None:
         hidden = state.last_hidden.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
-    return StoredVersion(header, hidden, new_blocks, learned)
+    return StoredVersion(header, hidden, new_blocks, learned, listed_early)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ class VersionWrite:
             max(1, self.keep),
             int(self.written_at),
             MAX_BLOCK_AGE_SECONDS,
-            *stored.new_blocks,
+            *stored.new_ids,
         ]
 
 
