@@ -45,7 +45,7 @@ from .placement import Placement
 from .prefix_cache import PromptReader
 from .state_cache import DEVICE
 from .stateless import PromptScores, ScoreOutcome
-from .step import to_the_end
+from .step import released_on_failure, then_released, to_the_end
 from .store.memories import MemoryMeta, MemoryStore, new_memory_id
 from .store.plumbing import now
 from .store.versions import BlocksMissing, VersionSummary, VersionWrite
@@ -96,30 +96,7 @@ class MemoryService:
         self.admission.fits(mem_len)
         # Not through the prefix cache: the memory keeps the state it reaches, and sessions start from that.
         read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, through_cache=False)
-        with released(read.state) as state:  # the state cache keeps its own hold
-            return await self._create(
-                owner,
-                name=name,
-                text=text,
-                tokens=tokens,
-                ttl=ttl,
-                metadata=metadata,
-                mem_len=mem_len,
-                state=state,
-            )
-
-    async def _create(
-        self,
-        owner: str,
-        *,
-        name: str | None,
-        text: str,
-        tokens: builtins.list[int],
-        ttl: int,
-        metadata: dict[str, Any] | None,
-        mem_len: int,
-        state: ModelState,
-    ) -> MemoryMeta:
+        state = read.state  # this call's hold, released once placed (the state cache keeps its own) or failed
         stamp = now()
         meta = MemoryMeta(
             id=new_memory_id(),
@@ -136,7 +113,8 @@ class MemoryService:
             metadata=dict(metadata or {}),
         )
         summary = VersionSummary.of(1, meta.tokens, meta.created_at, "create", text)
-        durable = await self.persistence.prepare(state, summary, full=True)
+        with released_on_failure(state):
+            durable = await self.persistence.prepare(state, summary, full=True)
 
         async def write(stored: VersionWrite) -> None:
             await self.store.create(meta, stored)
@@ -144,7 +122,7 @@ class MemoryService:
         async def place(_: None) -> None:
             await self.placement.place_memory(meta.id, state, meta.expires_at)
 
-        await to_the_end(durable.write_then_place(write, place))
+        await to_the_end(then_released(state, durable.write_then_place(write, place)))
         self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
