@@ -71,9 +71,9 @@ async def test_a_full_fixed_pool_preempts_instead_of_growing(make_settings, monk
     assert len(finished) >= 2
     for tokens, want in zip(got, expected, strict=True):  # no token lost or sent twice by a re-queued job
         assert tokens is None or tokens == want
-    # A job re-queued finished with the tokens it would have had alone, none sent twice.
-    for job, _ in requeued:
-        assert job.tokens_sent in (0, 40)
+    # A job re-queued that finished had the tokens it would have had alone, none sent twice (above); one re-queued
+    # and later failed never sent more than it had.
+    assert all(job.tokens_sent <= 40 for job, _ in requeued)
 
 
 @pytest.mark.parametrize("prompt", ["", " and a prompt fed first"])
