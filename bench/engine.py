@@ -93,6 +93,7 @@ async def _collect(job: GenerateJob) -> list[float]:
         elif isinstance(event, ErrorEvent):
             raise event.error
         elif isinstance(event, DoneEvent):
+            event.result.state.release()  # its blocks go back to the pool
             break
     return stamps
 
@@ -118,6 +119,8 @@ async def measure(
     started = time.perf_counter()
     for job in jobs:
         worker.submit(job)
+    for state in states:  # each job holds its own
+        state.release()
     stamps = await asyncio.gather(*(_collect(job) for job in jobs))
     ended = max(s[-1] for s in stamps)
     gaps = [b - a for s in stamps for a, b in itertools.pairwise(s)]

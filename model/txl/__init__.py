@@ -7,7 +7,8 @@ memory = model.empty_memory()                            # holds nothing yet
 hidden, memory = model(tokens, memory)                   # tokens [B, T]; memory in, new memory out
 log_probs = model.log_probs(hidden[:, -1])               # [B, vocab], float32
 path = txl.fastest(model.device)                         # the C or Triton kernels (default: torch's, the reference)
-hidden, memory = model(tokens, memory, path=path)
+hidden, after = model(tokens, memory, path=path)
+memory.release()                                         # done with it: its blocks go back to the pool now
 
 The top level reads like the paper (Dai et al., 2019), small parts first: `config`; the layers `positional`
 (relative positional embedding), `attention` (relative partial-learnable attention), `feedforward`, `adaptive`

@@ -8,9 +8,16 @@ function.
 
 A `Memory` is an immutable view of one or more sequences (rows) whose positions live in a shared pool of
 fixed-size blocks (`txl.paged.pool`). A step never changes the memory it was given: it returns a new one, and the old
-one stays valid until dropped, so a server can roll a step back or fork a session; the two share every block
+one stays valid until released, so a server can roll a step back or fork a session; the two share every block
 they have in common. Rows of one memory may hold different lengths, and memories of different lengths step
 together in one forward.
+
+A memory a step returns (or `retain`, `to_pool`, `from_tensors`, `with_mem_len` make) holds its blocks: its owner
+calls `release` when done with it (a server: when a session's version is replaced or evicted, a job ends or
+fails), and the blocks no other memory holds go back to the pool at once. `row`, `stack` and `like` are views
+that hold nothing: they are valid while the memory they came from is. Nothing is given back by the garbage
+collector: a memory dropped without `release` keeps its blocks until its pool goes (`BlockPool.live_tables`
+counts the tables still held, for leak checks).
 
 `HiddenMemory` is the paper's form (detached hidden states, re-projected every step with gradients flowing into the
 projection): training uses it, and it is the form HF exchanges (`mems`), so memories can be imported and exported.
@@ -18,7 +25,8 @@ projection): training uses it, and it is the form HF exchanges (`mems`), so memo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +35,7 @@ from torch import Tensor
 
 from .attention import LayerInput, ProjectKV
 from .paged.layout import MemoryLayout
-from .paged.pool import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, default_pool
+from .paged.pool import DEFAULT_BLOCK_SIZE, BlockPool, BlockTable, default_pool, retain_all
 from .paged.rows import EMPTY_ROW, PagedRow, gather_positions, peak_blocks
 from .window import WindowRule, window_rule
 
@@ -39,7 +47,14 @@ class Memory:
     may hold different lengths.
     """
 
-    __slots__ = ("__weakref__", "grid", "mem_len", "pool", "rows")  # weakly referenced: a batch's rows
+    __slots__ = (
+        "__weakref__",
+        "_owns",
+        "grid",
+        "mem_len",
+        "pool",
+        "rows",
+    )  # weakly referenced: a batch's rows
 
     def __init__(
         self,
@@ -60,6 +75,7 @@ class Memory:
         # alone, however they were cut into steps. None: HF's windows, which follow the steps as fed.
         self.grid = grid
         self.rows: tuple[PagedRow, ...] = tuple(rows) if rows is not None else (EMPTY_ROW,) * batch_size
+        self._owns = True  # the rows' holds on their tables were handed to it
 
     @classmethod
     def empty(
@@ -79,13 +95,40 @@ class Memory:
         """The window rule this memory's steps follow, for a model with `same_length`."""
         return window_rule(self.mem_len, same_length, self.grid)
 
-    def like(self, rows: Sequence[PagedRow]) -> Memory:
-        """A memory of the same pool and window rule holding `rows`."""
+    def like(self, rows: Sequence[PagedRow], *, owns: bool = False) -> Memory:
+        """A memory of the same pool and window rule of `rows`: a view holding nothing, or with `owns`, the owner
+        of the rows' holds on their tables (a step's results)."""
         # Not through __init__: this one's parameters are checked, and a decoding step makes one per row.
         memory = Memory.__new__(Memory)
         memory.pool, memory.mem_len, memory.grid = self.pool, self.mem_len, self.grid
         memory.rows = tuple(rows)
+        memory._owns = owns
         return memory
+
+    # ------------------------------------------------------------------ lifetime
+
+    def retain(self) -> Memory:
+        """The same rows, held once more: a memory its new owner releases (ReleasedError if this one's blocks
+        were released already)."""
+        retain_all(self.pool, [row.table for row in self.rows])
+        return self.like(self.rows, owns=True)
+
+    def release(self) -> None:
+        """Gives this memory's holds back (idempotent; a view holds nothing): blocks no other memory holds go back
+        to the pool now. Reading it afterwards is an error the pool cannot see: its blocks may hold another
+        sequence."""
+        if not self._owns:
+            return
+        self._owns = False
+        with self.pool.lock:
+            for row in self.rows:
+                if row.table is not None:
+                    row.table.release()
+
+    @property
+    def owns(self) -> bool:
+        """It holds its blocks (not a view, not released)."""
+        return self._owns
 
     # ------------------------------------------------------------------ reading
 
@@ -181,21 +224,27 @@ class Memory:
     def with_mem_len(self, mem_len: int, *, same_length: bool = False) -> Memory:
         """The same memory governed by another `mem_len`; shrinking drops the oldest positions (no copy)."""
         rule = WindowRule(mem_len, same_length, self.grid)
-        rows = [_last(row, rule.keep(row.fed), self.pool) for row in self.rows]
+        with self.pool.lock:
+            rows = [_last(row, rule.keep(row.fed), self.pool) for row in self.rows]
         return Memory(self.pool, mem_len=mem_len, rows=rows, grid=self.grid)
 
     def to_pool(self, pool: BlockPool) -> Memory:
         """A copy in another pool (another device or dtype: tier moves), block for block."""
         if pool.block_size != self.pool.block_size or pool.keep_hidden != self.keep_hidden:
             raise ValueError("the target pool has another block size or hidden-state setting")
-        rows = []
-        for row in self.rows:
-            if row.table is None:
-                rows.append(PagedRow(None, fed=row.fed))
-                continue
-            source = torch.from_numpy(row.ids).to(self.pool.keys.device)
-            ids = pool.allocate(row.ids.size, zero=False)  # every position written below
-            table = BlockTable(pool, ids, owned=True)
+        rows: list[PagedRow] = []
+        with _released_on_failure(rows):
+            for row in self.rows:
+                rows.append(self._copy_row(row, pool))
+        return Memory(pool, mem_len=self.mem_len, rows=rows, grid=self.grid)
+
+    def _copy_row(self, row: PagedRow, pool: BlockPool) -> PagedRow:
+        if row.table is None:
+            return PagedRow(None, fed=row.fed)
+        source = torch.from_numpy(row.ids).to(self.pool.keys.device)
+        ids = pool.allocate(row.ids.size, zero=False)  # every position written below
+        table = BlockTable(pool, ids, owned=True)
+        with _released_on_failure([PagedRow(table)]):
             target = torch.from_numpy(ids).to(pool.keys.device)
             pool.keys[:, :, target] = self.pool.keys[:, :, source].to(pool.keys)
             pool.values[:, :, target] = self.pool.values[:, :, source].to(pool.values)
@@ -205,8 +254,7 @@ class Memory:
             for block in ids:
                 pool.set_filled(int(block), pool.block_size)  # nothing appends into a copy in place
             pool.set_filled(int(ids[-1]), row.end - (ids.size - 1) * pool.block_size)
-            rows.append(PagedRow(table, row.start, row.length, row.fed))
-        return Memory(pool, mem_len=self.mem_len, rows=rows, grid=self.grid)
+        return PagedRow(table, row.start, row.length, row.fed)
 
     def compact(
         self, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
@@ -285,32 +333,62 @@ class Memory:
             t = torch.cat([t, t.new_zeros(pad)], dim=position_dim)
             return t.unflatten(position_dim, (n_blocks, bs))
 
-        rows = []
-        for b in range(batch):
-            ids = pool.allocate(n_blocks, zero=False)  # whole blocks written below
-            table = BlockTable(pool, ids, owned=True)
-            index = torch.from_numpy(ids).to(pool.keys.device)
-            for i in range(layout.n_layer):
-                pool.keys[i][:, index] = blocks(tensors[f"keys.{i}"][b], 1)
-                pool.values[i][:, index] = blocks(tensors[f"values.{i}"][b], 1)
-                if pool.hidden is not None:
-                    pool.hidden[i][index] = blocks(tensors[f"hidden.{i}"][b], 0)
-            for block in ids:
-                pool.set_filled(int(block), bs)
-            pool.set_filled(int(ids[-1]), keep - (n_blocks - 1) * bs)
-            rows.append(PagedRow(table, 0, keep, fed))
+        rows: list[PagedRow] = []
+        with _released_on_failure(rows):
+            for b in range(batch):
+                rows.append(_row_from_tensors(pool, tensors, b, blocks, keep, fed))
         return cls(pool, mem_len=mem_len, rows=rows, grid=grid)
 
 
+def _row_from_tensors(
+    pool: BlockPool,
+    tensors: dict[str, Tensor],
+    b: int,
+    blocks: Callable[[Tensor, int], Tensor],
+    keep: int,
+    fed: int,
+) -> PagedRow:
+    """Row `b` of `tensors` (`Memory.from_tensors`), its last `keep` positions written into fresh blocks."""
+    layout, bs = pool.layout, pool.block_size
+    n_blocks = pool.blocks_for(keep)
+    ids = pool.allocate(n_blocks, zero=False)  # whole blocks written below
+    table = BlockTable(pool, ids, owned=True)
+    with _released_on_failure([PagedRow(table)]):
+        index = torch.from_numpy(ids).to(pool.keys.device)
+        for i in range(layout.n_layer):
+            pool.keys[i][:, index] = blocks(tensors[f"keys.{i}"][b], 1)
+            pool.values[i][:, index] = blocks(tensors[f"values.{i}"][b], 1)
+            if pool.hidden is not None:
+                pool.hidden[i][index] = blocks(tensors[f"hidden.{i}"][b], 0)
+        for block in ids:
+            pool.set_filled(int(block), bs)
+        pool.set_filled(int(ids[-1]), keep - (n_blocks - 1) * bs)
+    return PagedRow(table, 0, keep, fed)
+
+
+@contextlib.contextmanager
+def _released_on_failure(rows: list[PagedRow]) -> Iterator[None]:
+    """The rows made so far give their holds back if making the others fails."""
+    try:
+        yield
+    except BaseException:
+        for row in rows:
+            if row.table is not None:
+                row.table.release()
+        raise
+
+
 def _last(row: PagedRow, keep: int, pool: BlockPool) -> PagedRow:
-    """The last `keep` positions of `row` (no copy: a shorter table over the same blocks)."""
+    """The last `keep` positions of `row` (no copy: a shorter table over the same blocks), holding its table."""
     if keep >= row.length:
+        if row.table is not None:
+            row.table.retain()
         return row
     if keep == 0 or row.table is None:
         return PagedRow(None, fed=row.fed)
     start = row.end - keep
     drop = start // pool.block_size
-    table = row.table if drop == 0 else BlockTable(pool, row.ids[drop:])
+    table = row.table.retain() if drop == 0 else BlockTable(pool, row.ids[drop:])
     return PagedRow(table, start - drop * pool.block_size, keep, row.fed)
 
 

@@ -183,7 +183,7 @@ class TransfoXLModel(nn.Module):
         hidden, results = self.forward_rows(tokens.reshape(-1), [qlen] * batch, rows, rules, pool, path=path)
         out: list[AnyMemory] = []
         for m in memories:
-            out.append(m.like(results[: m.batch_size]))
+            out.append(m.like(results[: m.batch_size], owns=True))
             results = results[m.batch_size :]
         return hidden.view(batch, qlen, -1), out
 
@@ -204,13 +204,21 @@ class TransfoXLModel(nn.Module):
         after its memory `rows[r]`, its queries' windows and what it keeps given by rules[r] (txl.window),
         through the kernels `path` names.
 
-        Returns the last layer's output [N, D] and each row's memory after the step. Inference only.
-        `before_layers`: see `forward_step`.
+        Returns the last layer's output [N, D] and each row's memory after the step, each holding its table once:
+        the caller's to release (`Memory.like(rows, owns=True)` makes it their owner). Inference only; a step that
+        fails gives back what it took. `before_layers`: see `forward_step`.
         """
         if pool.layout != self.memory_layout():
             raise ValueError(f"the memory pool holds {pool.layout}, the model needs {self.memory_layout()}")
         step = PagedStep(pool, rows, queries, rules, reservation=reservation)
-        return self.forward_step(tokens, step, path=path, before_layers=before_layers), step.results
+        try:
+            hidden = self.forward_step(tokens, step, path=path, before_layers=before_layers)
+        except BaseException:
+            step.release(results=True)
+            raise
+        results = step.results
+        step.release()
+        return hidden, results
 
     @torch.no_grad()
     def forward_step(

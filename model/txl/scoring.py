@@ -93,7 +93,8 @@ def score_tokens(
     path: DecodePath = REFERENCE,
 ) -> ScoreResult:
     """Scores `tokens` segment by segment (through the kernels `path` names); `progress(done, total)` is called
-    after each segment."""
+    after each segment. The memory returned is the caller's to release (`memory`, if given, stays theirs too);
+    the memories between segments are released as it goes."""
     ids = torch.as_tensor(tokens, dtype=torch.long, device=model.device)
     segment_len = segment_len or model.config.segment_len
     if memory is None:
@@ -103,7 +104,10 @@ def score_tokens(
     per_token: list[float] | None = [] if token_logprobs else None
     for start in range(0, ids.numel(), segment_len):
         chunk = ids[start : start + segment_len]
+        before = memory
         logprobs, memory, last_hidden = advance(model, chunk, memory, last_hidden, path)
+        if start:  # the memory of the segment before: this call's own
+            before.release()
         valid = logprobs[~torch.isnan(logprobs)]
         total += float(valid.double().sum())
         scored += valid.numel()

@@ -17,7 +17,7 @@ from txl.kernels.cpu.plan_marks import cpu_plan_marks
 from txl.paged import decode_plan
 from txl.paged.decode_plan import DecodePlan, plan_decode
 from txl.paged.pool import BlockPool, BlockTable
-from txl.paged.rows import PagedRow, plan_row
+from txl.paged.rows import PagedRow, RowStep, plan_row
 from txl.window import WindowRule, keeps_after, windows_at
 
 from tests.helpers.tiny_models import tiny_model
@@ -25,15 +25,18 @@ from tests.helpers.tiny_models import tiny_model
 BLOCK = 4
 
 
-def _history(pool: BlockPool, seed: int) -> list[PagedRow]:
-    """Rows of a random history: new sessions, steps of random sizes, forks of older versions, empty rows."""
+def _history(pool: BlockPool, seed: int, steps: list[RowStep] | None = None) -> list[PagedRow]:
+    """Rows of a random history: new sessions, steps of random sizes, forks of older versions, empty rows (each
+    step made goes to `steps`, holding its table and its result; without, they are kept to the pool's end)."""
+    made: list[RowStep] = [] if steps is None else steps
     rng = random.Random(seed)
     rows: list[PagedRow] = [PagedRow(None, fed=0)]
     for _ in range(40):
         base = rng.choice(rows)
         new = rng.choice([1, 1, 1, 2, 3, 4, 5, 9])
         keep = rng.choice([0, 3, 6, 8, 11, 100])
-        rows.append(plan_row(pool, base, new, keep).result)
+        made.append(plan_row(pool, base, new, keep))
+        rows.append(made[-1].result)
     return [rng.choice(rows) for _ in range(rng.randint(1, 40))]
 
 
@@ -62,7 +65,8 @@ def test_planning_rows_together_is_planning_them_one_by_one(seed, few_rows, nati
     monkeypatch.setattr(decode_plan, "FEW_ROWS", few_rows)
     layout = tiny_model(seed=1).memory_layout()
     pools = [BlockPool(layout, block_size=BLOCK, blocks=8) for _ in range(2)]
-    histories = [_history(pool, seed) for pool in pools]  # the same history: the same block ids
+    made: list[list[RowStep]] = [[], []]
+    histories = [_history(pool, seed, steps) for pool, steps in zip(pools, made)]  # the same block ids
     handed_out = [pool._incarnations.copy() for pool in pools]
     rng = random.Random(seed + 100)
     keeps = np.array([rng.choice([0, 1, 2, 3, 5, 8, 100]) for _ in histories[0]], dtype=np.int64)
@@ -97,9 +101,14 @@ def test_planning_rows_together_is_planning_them_one_by_one(seed, few_rows, nati
     assert pools[0].used_blocks == pools[1].used_blocks and pools[0].n_blocks == pools[1].n_blocks
     every = np.arange(1, pools[0].n_blocks)
     assert _state(pools[0], every) == _state(pools[1], np.array([pairs.get(b, b) for b in every.tolist()]))
-    # Dropping the plans and results gives every block back in both pools alike.
-    del one_by_one, together, histories, a, b
+    # Releasing the plans, their results and the history gives every block back in both pools alike.
+    one_by_one.release(results=True)
+    together.release(results=True)
+    for steps in made:
+        for rs in steps:
+            rs.release(result=True)
     assert pools[0].used_blocks == pools[1].used_blocks == 0
+    assert pools[0].live_tables == pools[1].live_tables == 0
 
 
 def test_rows_ending_in_one_block_at_its_mark_extend_it_once_and_copy_it_after(native):
@@ -137,21 +146,26 @@ def test_window_arrays_are_the_rules_row_by_row(same_length):
     ]
 
 
-def test_a_plan_holds_the_blocks_its_step_reads_until_it_is_dropped():
+def test_a_plan_holds_the_blocks_its_step_reads_until_it_is_released():
     layout = tiny_model(seed=1).memory_layout()
     pool = BlockPool(layout, block_size=BLOCK, blocks=16)
-    row = plan_row(pool, PagedRow(None, fed=0), 8, 100).result  # two full blocks: the step starts a third
+    first = plan_row(pool, PagedRow(None, fed=0), 8, 100)  # two full blocks: the step starts a third
+    first.release()
+    row = first.result
     decode_plan.FEW_ROWS, saved = 0, decode_plan.FEW_ROWS
     try:
         plan = plan_decode(pool, [row], np.array([4]))  # keeps 4: the result drops the first two blocks
     finally:
         decode_plan.FEW_ROWS = saved
     assert plan.widths.tolist() == [3] and len(plan.results[0].ids) == 2
-    del row
+    assert row.table is not None
+    row.table.release()
     assert pool.used_blocks == 3  # the step's table still holds all three
     result = plan.results[0]
-    del plan
-    assert pool.used_blocks == 2 and isinstance(result.table, BlockTable)
+    plan.release()
+    assert pool.used_blocks == 2 and isinstance(result.table, BlockTable)  # released, at once
+    result.table.release()
+    assert pool.used_blocks == 0 and pool.live_tables == 0
     del result
     assert pool.used_blocks == 0
 
@@ -164,7 +178,8 @@ def test_a_batch_going_on_plans_the_same_from_the_arrays_its_last_step_left(seed
     monkeypatch.setattr(decode_plan, "FEW_ROWS", 0)
     layout = tiny_model(seed=1).memory_layout()
     pools = [BlockPool(layout, block_size=BLOCK, blocks=8) for _ in range(2)]
-    rows = [_history(pool, seed) for pool in pools]
+    made: list[list[RowStep]] = [[], []]
+    rows = [_history(pool, seed, steps) for pool, steps in zip(pools, made)]
     rng = random.Random(seed + 200)
     keeps_per_row = [rng.choice([0, 1, 3, 5, 8, 11, 100]) for _ in rows[0]]
     after = None
@@ -198,9 +213,19 @@ def test_a_batch_going_on_plans_the_same_from_the_arrays_its_last_step_left(seed
         np.testing.assert_array_equal(carried.after.fed, [r.fed for r in carried.results])
         every = np.arange(1, pools[0].n_blocks)
         assert pools[0].n_blocks == pools[1].n_blocks and _state(pools[0], every) == _state(pools[1], every)
+        for plan in (read, carried):
+            plan.release()
+        if step:  # the last step's results, which these plans read: released as a batch going on does
+            for row in [*rows[0], *rows[1]]:
+                if row.table is not None:
+                    row.table.release()
         rows = [read.results, carried.results]
         after = carried.after
-    del read, carried, rows, a, b
+    for row in [*rows[0], *rows[1]]:
+        if row.table is not None:
+            row.table.release()
+    for rs in [*made[0], *made[1]]:
+        rs.release(result=True)
     assert pools[0].used_blocks == pools[1].used_blocks == 0
 
 

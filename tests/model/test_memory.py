@@ -130,12 +130,13 @@ def test_blocks_stay_within_the_bounds_capacity_planning_uses(model, seg_len):
             for start in starts:
                 _, after = model(steps[:, start : start + size], memory)
                 during.append((pool.used_blocks, 2 * peak_blocks(mem_len, size, block_size)))
+                memory.release()
                 memory = after
                 rest.append(pool.used_blocks)
     assert all(used <= bound for used, bound in during), during
     assert max(rest) <= rest_bound and rest[-40:].count(rest_bound) > 0
     assert any(used == bound for used, bound in during[-40:])
-    del memory, after
+    memory.release()
     assert pool.used_blocks == 0  # every block went back
 
 

@@ -3,13 +3,14 @@ alone; blocks are shared by forks, reused without leaking, and always returned t
 
 from __future__ import annotations
 
+import gc
 import math
 
 import numpy as np
 import pytest
 import torch
 import txl
-from txl.paged.pool import BlockPool
+from txl.paged.pool import BlockPool, ReleasedError
 from txl.paged.rows import PagedRow
 from txl.window import WindowRule
 
@@ -27,7 +28,8 @@ def _fed(model, pool, n, *, mem_len, seed):
     with torch.inference_mode():
         while start < n:
             size = min(n - start, 1 + (start * 7 + seed) % 9)
-            _, memory = model(tokens[:, start : start + size], memory)
+            before, (_, memory) = memory, model(tokens[:, start : start + size], memory)
+            before.release()
             start += size
     return memory, tokens
 
@@ -162,15 +164,17 @@ def test_rows_enter_and_leave_between_steps_without_changing_each_others_results
                 if step == 2 * i:
                     active[i] = (model.empty_memory(1, mem_len=12, pool=pool), 0)
                 if step == 2 * i + 16:
-                    del active[i]
+                    active.pop(i)[0].release()  # its blocks go back now
             ids = sorted(active)
             tokens = torch.cat([streams[i][:, active[i][1] : active[i][1] + 1] for i in ids])
             hidden, memories = model(tokens, [active[i][0] for i in ids])
             log_probs = model.log_probs(hidden)
             for row, i in enumerate(ids):
                 outputs[i].append(log_probs[row])
+                active[i][0].release()
                 active[i] = (memories[row], active[i][1] + 1)
-    active.clear()
+    for memory, _ in active.values():
+        memory.release()
     for i, tokens in streams.items():
         alone = []
         memory = model.empty_memory(1, mem_len=12, pool=BlockPool(model.memory_layout(), block_size=4))
@@ -179,8 +183,7 @@ def test_rows_enter_and_leave_between_steps_without_changing_each_others_results
                 hidden, memory = model(tokens[:, t : t + 1], memory)
                 alone.append(model.log_probs(hidden)[0])
         torch.testing.assert_close(torch.cat(outputs[i]), torch.cat(alone), rtol=0, atol=1e-5)
-    del memories, memory
-    assert pool.used_blocks == 0
+    assert pool.used_blocks == 0 and pool.live_tables == 0
 
 
 def test_a_reused_block_never_shows_its_previous_contents():
@@ -197,13 +200,14 @@ def test_a_reused_block_never_shows_its_previous_contents():
     with torch.inference_mode():
         stale = txl.Memory.from_tensors(layout, poison, mem_len=32, pool=pool)
         assert pool.available_blocks == 0  # every block holds NaN now
-        del stale
+        stale.release()
         assert pool.used_blocks == 0
         tokens = torch.randint(0, VOCAB, (1, 11), generator=torch.Generator().manual_seed(2))
         memory = model.empty_memory(1, mem_len=16, pool=pool)
         outputs = []
         for t in range(11):
-            hidden, memory = model(tokens[:, t : t + 1], memory)
+            before, (hidden, memory) = memory, model(tokens[:, t : t + 1], memory)
+            before.release()  # a pool of 8 blocks holds the newest memory only
             outputs.append(model.log_probs(hidden))
     expected, _ = _alone(model, tokens, 10, tokens[:, 10:], mem_len=16, block_size=4)
     torch.testing.assert_close(outputs[-1], expected, rtol=0, atol=1e-5)
@@ -241,11 +245,64 @@ def test_a_thousand_memories_come_and_go_without_leaking_a_block():
                 live.append(fork)
             live.append(memory)
             if len(live) > 20:
+                for gone in live[:-7]:
+                    gone.release()
                 live = live[-7:]
     assert pool.used_blocks > 0
-    live.clear()
-    del memory, fork
-    assert pool.used_blocks == 0 and pool.available_blocks == pool.capacity
+    for memory in live:
+        memory.release()
+    assert pool.used_blocks == 0 and pool.available_blocks == pool.capacity and pool.live_tables == 0
+
+
+def test_a_released_memory_gives_its_blocks_back_at_once_and_only_its_own():
+    """No garbage collector is involved: the blocks a memory alone holds are free the moment it is released, the
+    ones another memory shares stay until that one is released too, and releasing twice changes nothing."""
+    model = tiny_model(seed=18, mem_len=16)
+    pool = BlockPool(model.memory_layout(), block_size=4)
+    gc.disable()
+    try:
+        parent, _ = _fed(model, pool, 10, mem_len=8, seed=4)  # the child slides past its first block
+        with torch.inference_mode():
+            _, child = model(torch.zeros((1, 5), dtype=torch.long), parent)
+        kept = pool.used_blocks
+        shared = set(parent.block_ids().tolist()) & set(child.block_ids().tolist())
+        assert shared and pool.live_tables > 0
+        parent.release()
+        assert pool.used_blocks == child.block_ids().size < kept  # the parent's own blocks came back now
+        parent.release()  # idempotent
+        assert pool.used_blocks == child.block_ids().size
+        held = child.retain()  # a second owner: one release is not the last
+        child.release()
+        assert pool.used_blocks == held.block_ids().size
+        held.release()
+        assert pool.used_blocks == 0 and pool.live_tables == 0
+        with pytest.raises(ReleasedError):
+            held.retain()  # nothing holds its blocks any more: they may be another sequence's
+    finally:
+        gc.enable()
+
+
+def test_a_step_that_fails_gives_back_what_it_took_at_once():
+    model = tiny_model(seed=19, mem_len=8)
+    pool = BlockPool(model.memory_layout(), block_size=4, blocks=4, growable=False)  # 3 usable blocks
+    with torch.inference_mode():
+        _, first = model(torch.zeros((1, 5), dtype=torch.long), model.empty_memory(1, pool=pool))  # 2 blocks
+        used = pool.used_blocks
+        # Two rows: the first takes the last free block, the second finds none.
+        with pytest.raises(txl.PoolExhausted):
+            model(torch.zeros((2, 4), dtype=torch.long), [model.empty_memory(1, pool=pool), first])
+    assert pool.used_blocks == used and pool.live_tables == 1
+    first.release()
+    assert pool.used_blocks == 0
+
+
+def test_a_reservation_gives_back_what_it_did_not_use_when_its_block_ends():
+    model = tiny_model(seed=17, mem_len=8)
+    pool = BlockPool(model.memory_layout(), block_size=4, blocks=5, growable=False)
+    with pool.reserve(3) as reservation:
+        pool.decref(pool.allocate(1, reservation))
+        assert pool.available_blocks == 4 - 2
+    assert pool.available_blocks == 4 and reservation.remaining == 0
 
 
 def test_a_pool_that_may_not_grow_refuses_and_reservations_hold_room():

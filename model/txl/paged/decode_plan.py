@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels.cpu.plan_marks import Marks, RowEnds, cpu_plan_marks
-from .pool import BlockPool, BlockTable
+from .pool import BlockPool, BlockTable, retain_all
 from .rows import PagedRow, RowStep, plan_row
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
@@ -52,7 +52,8 @@ class DecodePlan:
     write_blocks: np.ndarray  # [n] the block each new position is written to
     write_slots: np.ndarray  # [n] its slot in that block
     results: list[PagedRow]  # each row's memory after the step
-    # Tables of rows planned by `plan_row` (their step read new blocks): held until the step has run.
+    # The step's own holds on the tables its rows read where they changed (a fresh block, a copy): released when
+    # the step has run (`release`). Each of `results` holds its table once more, for the caller.
     keep_alive: list[BlockTable]
     # The results as arrays, for the next step of the same rows (`plan_decode(previous=...)`); None when planned
     # row by row.
@@ -60,6 +61,16 @@ class DecodePlan:
 
     def __len__(self) -> int:
         return len(self.results)
+
+    def release(self, *, results: bool = False) -> None:
+        """The step's holds go (it has run); with `results`, the results' holds too (nobody takes them)."""
+        for table in self.keep_alive:
+            table.release()
+        self.keep_alive.clear()
+        if results:
+            for row in self.results:
+                if row.table is not None:
+                    row.table.release()
 
     @classmethod
     def of_row_steps(cls, steps: Sequence[RowStep]) -> DecodePlan:
@@ -139,8 +150,15 @@ def plan_decode(
     arrays change): pass each `after` once."""
     n, bs = len(rows), pool.block_size
     if n <= FEW_ROWS:
-        with pool.zeroing_together():
-            steps = [plan_row(pool, row, 1, keep) for row, keep in zip(rows, keeps.tolist(), strict=True)]
+        steps: list[RowStep] = []
+        try:
+            with pool.zeroing_together():
+                for row, keep in zip(rows, keeps.tolist(), strict=True):
+                    steps.append(plan_row(pool, row, 1, keep))
+        except BaseException:  # what was taken so far goes back at once
+            for rs in steps:
+                rs.release(result=True)
+            raise
         return DecodePlan.of_row_steps(steps)
     tables: list[BlockTable | None] = [row.table for row in rows]
     if previous is not None:
@@ -163,36 +181,46 @@ def plan_decode(
     write_blocks, write_slots = lasts, marks.slots
     keep_alive: list[BlockTable] = []
     plans: dict[int, RowStep] = {}
-    with pool.zeroing_together():
-        fresh_rows = marks.fresh
-        if fresh_rows.size:
-            fresh = pool.allocate(fresh_rows.size)  # one reference each, which the step's table takes over
-            pool.set_filled(fresh, 1)
-            write_blocks[fresh_rows] = fresh
-            widths[fresh_rows] += 1
-            # The step's tables: one reference more to the memory's blocks, the fresh block's own.
-            extended = fresh_rows.tolist()
-            memory_ids = [ids[i] for i in extended]
-            pool.incref(np.concatenate(memory_ids))
-            # Each is its memory's ids and the fresh block: views of one array made in one concatenation
-            # (np.append row by row is slower).
-            pieces: list[np.ndarray] = []
-            for j, old in enumerate(memory_ids):
-                pieces += (old, fresh[j : j + 1])
-            joined = np.concatenate(pieces)
-            end = 0
-            for i, old in zip(extended, memory_ids, strict=True):
-                start, end = end, end + old.size + 1
-                ids[i] = joined[start:end]
-                step_table = tables[i] = BlockTable(pool, ids[i], owned=True)
-                keep_alive.append(step_table)
-        for i in planned:
-            rs = plans[i] = plan_row(pool, rows[i], 1, int(keeps[i]))
-            keep_alive.append(rs.table)
-            ids[i] = rs.ids
-            position = rs.start + rs.mem_length
-            write_blocks[i] = rs.ids[position // bs]
-            write_slots[i] = position % bs
+    try:
+        with pool.zeroing_together():
+            fresh_rows = marks.fresh
+            if fresh_rows.size:
+                fresh = pool.allocate(
+                    fresh_rows.size
+                )  # one reference each, which the step's table takes over
+                pool.set_filled(fresh, 1)
+                write_blocks[fresh_rows] = fresh
+                widths[fresh_rows] += 1
+                # The step's tables: one reference more to the memory's blocks, the fresh block's own.
+                extended = fresh_rows.tolist()
+                memory_ids = [ids[i] for i in extended]
+                pool.incref(np.concatenate(memory_ids))
+                # Each is its memory's ids and the fresh block: views of one array made in one concatenation
+                # (np.append row by row is slower).
+                pieces: list[np.ndarray] = []
+                for j, old in enumerate(memory_ids):
+                    pieces += (old, fresh[j : j + 1])
+                joined = np.concatenate(pieces)
+                end = 0
+                for i, old in zip(extended, memory_ids, strict=True):
+                    start, end = end, end + old.size + 1
+                    ids[i] = joined[start:end]
+                    step_table = tables[i] = BlockTable(pool, ids[i], owned=True)
+                    keep_alive.append(step_table)
+            for i in planned:
+                rs = plans[i] = plan_row(pool, rows[i], 1, int(keeps[i]))
+                keep_alive.append(rs.table)
+                ids[i] = rs.ids
+                position = rs.start + rs.mem_length
+                write_blocks[i] = rs.ids[position // bs]
+                write_slots[i] = position % bs
+    except BaseException:  # what was taken so far goes back at once
+        for table in keep_alive:
+            table.release()
+        for rs in plans.values():
+            if rs.result.table is not None:
+                rs.result.table.release()
+        raise
     if planned:  # their tables changed in any way
         widths = np.fromiter((a.size for a in ids), dtype=np.int64, count=n)
     if previous is not None or planned or fresh_rows.size:  # one concatenation (np.insert costs more)
@@ -214,6 +242,12 @@ def plan_decode(
         ids_after[i] = _NO_IDS
     widths_after[emptied] = 0
     starts_after, fed_after = marks.starts_after, marks.fed_after
+    # A result whose table is the step's or its memory's (no block dropped) holds it once more, for the caller.
+    sharing = np.ones(n, dtype=bool)
+    sharing[dropping] = False
+    sharing[emptied] = False
+    sharing[planned] = False
+    retain_all(pool, [tables[i] for i in np.flatnonzero(sharing).tolist()])
     results = list(map(PagedRow, tables, starts_after.tolist(), keeps.tolist(), fed_after.tolist()))
     lasts_after = np.where(keeps > 0, write_blocks, 0)  # a kept row's last block: where its new position went
     for i, rs in plans.items():

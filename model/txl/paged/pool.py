@@ -6,15 +6,16 @@ offset of its first position in the first block and its length (vLLM's PagedAtte
 2023). Sliding past `mem_len` frees whole blocks; sequences that share a past (a fork; a step and the memory it
 started from) share its blocks, so a fork costs a table, not a copy.
 
-Blocks are reference counted by the `BlockTable`s that list them and returned to the pool when the last one is
-dropped. They are written append-only: the positions of a block below its `filled` mark are never written again,
+Blocks are reference counted by the `BlockTable`s that list them and go back to the pool when the last table
+holding them is released. Release is explicit, by the table's holders (a memory, a step, a server's state cache):
+nothing waits for the garbage collector, as vLLM's block pool frees a request's blocks when the request ends. They are written append-only: the positions of a block below its `filled` mark are never written again,
 so every table that reads them sees the same values. A step appends in place when its memory ends exactly at its
 last block's mark (the newest version of a session: the common case); otherwise that partial block is copied
 first (copy-on-write: a second branch from an older memory, or a fork that writes). A block handed out again
 is zeroed first, and attention reads only the positions of its own rows, so nothing of one sequence is ever read
 by another.
 
-Pools are driven by one thread at a time (the one stepping); reference counts may be dropped from any thread.
+Pools are driven by one thread at a time (the one stepping); tables may be held and released from any thread.
 How a row of memory sits in the pool and how a step makes room after it: txl.paged.rows.
 """
 
@@ -24,7 +25,7 @@ import contextlib
 import heapq
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +40,10 @@ DEFAULT_BLOCK_SIZE = 16
 
 class PoolExhausted(RuntimeError):
     """No free block is left in a pool that may not grow."""
+
+
+class ReleasedError(RuntimeError):
+    """A table (or a memory) used after its last holder released it."""
 
 
 # Tables of up to this many blocks count their references one by one: a decoding step drops or extends a few
@@ -70,7 +75,7 @@ class BlockPool:
         self.block_size = block_size
         self.keep_hidden = keep_hidden
         self.growable = growable
-        # Re-entrant: a table dropped by the garbage collector while this thread holds the lock frees its blocks.
+        # Re-entrant: a memory releases its tables under one hold of the lock (txl.memory).
         self._lock = threading.RLock()
         # Bumped whenever the tensors are reallocated (CUDA graphs captured on the old ones are then stale).
         self.generation = 0
@@ -88,6 +93,7 @@ class BlockPool:
         self._reserved = 0
         self._zero_later: list[np.ndarray] | None = None  # ids allocated inside zeroing_together()
         self._ids_to_device = StagedIds(layout.device)
+        self.live_tables = 0  # block tables held (not yet released): 0 once everything was released
 
     def _allocate_tensors(self, blocks: int) -> None:
         lay = self.layout
@@ -109,6 +115,11 @@ class BlockPool:
         self.values[:, :, NULL_BLOCK] = 0
         if self.hidden is not None:
             self.hidden[:, NULL_BLOCK] = 0
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The pool's lock (re-entrant): held, several holds are given back as one."""
+        return self._lock
 
     # ------------------------------------------------------------------ sizes
 
@@ -321,39 +332,81 @@ class BlockPool:
 
 
 class Reservation:
-    """Blocks promised to one piece of work; what it did not use goes back when it is released or dropped."""
+    """Blocks promised to one piece of work; what it did not use goes back when it is released (a context
+    manager: at the end of its block)."""
 
     def __init__(self, pool: BlockPool, n: int) -> None:
         self.pool = pool
         self.remaining = n
 
     def release(self) -> None:
+        """Gives back the blocks not used (idempotent)."""
         remaining, self.remaining = self.remaining, 0
         if remaining:
             self.pool._release(remaining)
 
-    def __del__(self) -> None:
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
 class BlockTable:
-    """An immutable list of block ids holding one reference to each; the references go when it is dropped."""
+    """An immutable list of block ids holding one reference to each, for as long as it has holders.
 
-    __slots__ = ("ids", "pool")
+    Whoever makes a table holds it; `retain` adds a holder (a second memory sharing it), `release` removes one,
+    and the last release gives the references back to the pool at once. A table is never released by the garbage
+    collector: its holders release it (txl.memory, txl.paged.rows)."""
+
+    __slots__ = ("holders", "ids", "pool")
 
     def __init__(self, pool: BlockPool, ids: np.ndarray, *, owned: bool = False) -> None:
         self.pool = pool
         self.ids = ids
-        if not owned:
-            pool.incref(ids)
+        self.holders = 1
+        with pool._lock:
+            if not owned:
+                pool.incref(ids)
+            pool.live_tables += 1
 
     def __len__(self) -> int:
         return int(self.ids.size)
 
-    def __del__(self) -> None:
-        # At interpreter shutdown numpy may already be gone; the pool goes with it.
-        with contextlib.suppress(Exception):
-            self.pool.decref(self.ids)
+    def retain(self) -> BlockTable:
+        """One more holder (the caller's); this table."""
+        with self.pool._lock:
+            if self.holders <= 0:
+                raise ReleasedError("this block table was released: its blocks may hold another sequence now")
+            self.holders += 1
+        return self
+
+    def release(self) -> None:
+        """One holder fewer; the last gives the table's blocks back to the pool."""
+        pool = self.pool
+        with pool._lock:
+            if self.holders <= 0:
+                raise ReleasedError("this block table was released more often than it was held")
+            self.holders -= 1
+            if self.holders == 0:
+                pool.live_tables -= 1
+                pool.decref(self.ids)
+
+    @property
+    def released(self) -> bool:
+        return self.holders == 0
+
+
+def retain_all(pool: BlockPool, tables: Sequence[BlockTable | None]) -> None:
+    """`retain` on each of `tables` (of `pool`), under one hold of the pool's lock: a decoding step's results
+    share the tables of most of its rows."""
+    with pool._lock:
+        for table in tables:
+            if table is None:
+                continue
+            if table.holders <= 0:
+                raise ReleasedError("this block table was released: its blocks may hold another sequence now")
+            table.holders += 1
 
 
 _default_pools: dict[tuple[MemoryLayout, bool], BlockPool] = {}

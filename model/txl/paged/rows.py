@@ -54,7 +54,7 @@ EMPTY_ROW = PagedRow(None)
 class RowStep:
     """One row of a step: where its new positions are written, what attention reads, what it keeps."""
 
-    table: BlockTable  # blocks attention reads: the memory and the new positions (kept alive by this)
+    table: BlockTable  # blocks attention reads: the memory and the new positions (held by the step)
     start: int  # offset of the memory's first position in ids[0]
     mem_length: int  # positions before this step's
     new: int  # positions this step writes
@@ -64,6 +64,13 @@ class RowStep:
     @property
     def ids(self) -> np.ndarray:
         return self.table.ids
+
+    def release(self, *, result: bool = False) -> None:
+        """Releases the step's hold on its table (after its forward ran), and with `result` its hold on the
+        result too (a step that failed, or whose result nobody takes)."""
+        self.table.release()
+        if result and self.result.table is not None:
+            self.result.table.release()
 
     @property
     def write_positions(self) -> np.ndarray:
@@ -76,32 +83,36 @@ def plan_row(
     pool: BlockPool, row: PagedRow, new: int, keep: int, reservation: Reservation | None = None
 ) -> RowStep:
     """Makes room for `new` positions after `row` (claiming, copying on write, allocating) and describes the
-    step, whose memory keeps at most `keep` positions (`WindowRule.keep`). A step that fails leaves what it
-    claimed or allocated unused (freed with its tables)."""
+    step, whose memory keeps at most `keep` positions (`WindowRule.keep`). The step holds its table and its result
+    one hold each (`RowStep.release`; the result's hold is the caller's once the step ran). A step that fails
+    leaves what it claimed unused, and what it allocated is given back at once."""
     bs = pool.block_size
     ids = row.ids
     end = row.end
     tail_used = end % bs
     # Fresh blocks come with one reference each, held by these guards until the step's table holds its own.
-    guards = []
-    if tail_used and not pool.claim(int(ids[-1]), tail_used, min(bs - tail_used, new)):
-        # Something was appended after this memory's end in its last block: continue in a copy of that block.
-        copy = pool.allocate(1, reservation, zero=False)  # every position written by copy_positions
-        guards.append(BlockTable(pool, copy, owned=True))
-        pool.copy_positions(int(ids[-1]), int(copy[0]), tail_used)
-        pool.set_filled(int(copy[0]), tail_used + min(bs - tail_used, new))
-        ids = np.concatenate([ids[:-1], copy])
-    more = pool.blocks_for(end + new) - ids.size
-    if more > 0:
-        added = pool.allocate(more, reservation)
-        guards.append(BlockTable(pool, added, owned=True))
-        for block in added[:-1]:
-            pool.set_filled(int(block), bs)
-        pool.set_filled(int(added[-1]), (end + new) - (ids.size + more - 1) * bs)
-        ids = np.concatenate([ids, added])
-    unchanged = not guards and row.table is not None
-    step_table = row.table if unchanged else BlockTable(pool, ids)
-    assert step_table is not None
+    guards: list[BlockTable] = []
+    try:
+        if tail_used and not pool.claim(int(ids[-1]), tail_used, min(bs - tail_used, new)):
+            # Something was appended after this memory's end in its last block: continue in a copy of that block.
+            copy = pool.allocate(1, reservation, zero=False)  # every position written by copy_positions
+            guards.append(BlockTable(pool, copy, owned=True))
+            pool.copy_positions(int(ids[-1]), int(copy[0]), tail_used)
+            pool.set_filled(int(copy[0]), tail_used + min(bs - tail_used, new))
+            ids = np.concatenate([ids[:-1], copy])
+        more = pool.blocks_for(end + new) - ids.size
+        if more > 0:
+            added = pool.allocate(more, reservation)
+            guards.append(BlockTable(pool, added, owned=True))
+            for block in added[:-1]:
+                pool.set_filled(int(block), bs)
+            pool.set_filled(int(added[-1]), (end + new) - (ids.size + more - 1) * bs)
+            ids = np.concatenate([ids, added])
+        unchanged = not guards and row.table is not None
+        step_table = row.table.retain() if unchanged and row.table is not None else BlockTable(pool, ids)
+    finally:
+        for guard in guards:
+            guard.release()
     keep = min(keep, row.length + new)
     new_start = end + new - keep
     fed = row.fed + new
@@ -109,7 +120,7 @@ def plan_row(
         result = PagedRow(None, fed=fed)
     else:
         drop = new_start // bs
-        table = step_table if drop == 0 else BlockTable(pool, ids[drop:])
+        table = step_table.retain() if drop == 0 else BlockTable(pool, ids[drop:])
         result = PagedRow(table, new_start - drop * bs, keep, fed)
     return RowStep(step_table, row.start, row.length, new, result, row.fed)
 

@@ -133,11 +133,14 @@ class PagedStep(GroupedStep):
         self.pool = pool
         device = pool.layout.device
         bs = pool.block_size
-        with pool.zeroing_together():
-            self.row_steps: list[RowStep] = [
-                plan_row(pool, row, q, rule.keep(row.fed + q), reservation)
-                for row, q, rule in zip(rows, queries, rules, strict=True)
-            ]
+        self.row_steps: list[RowStep] = []
+        try:
+            with pool.zeroing_together():
+                for row, q, rule in zip(rows, queries, rules, strict=True):
+                    self.row_steps.append(plan_row(pool, row, q, rule.keep(row.fed + q), reservation))
+        except BaseException:
+            self.release(results=True)  # what the rows planned so far took goes back at once
+            raise
         offsets = np.cumsum([0, *queries])
         self.n_tokens = int(offsets[-1])
         self.token_offsets = offsets  # row r's tokens are [offsets[r], offsets[r + 1])
@@ -176,8 +179,15 @@ class PagedStep(GroupedStep):
 
     @property
     def results(self) -> list[PagedRow]:
-        """Each row's memory after the step."""
+        """Each row's memory after the step, each holding its table once (for the caller, once the step ran)."""
         return [rs.result for rs in self.row_steps]
+
+    def release(self, *, results: bool = False) -> None:
+        """The step's holds on its tables go (after its forward ran); with `results`, the results' holds too (a
+        step that failed: nobody takes them)."""
+        steps, self.row_steps = self.row_steps, []
+        for rs in steps:
+            rs.release(result=results)
 
     def _group(
         self, members: list[int], queries: int, offsets: np.ndarray, rules: Sequence[WindowRule]

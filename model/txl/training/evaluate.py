@@ -65,7 +65,9 @@ def continue_text(
     for _ in range(tokens):
         token, _ = sample(model.log_probs(hidden[0, -1], path), params, generator)
         out.append(decoder.push(token))
-        hidden, memory = model(torch.tensor([[token]]), memory, path=path)
+        before, (hidden, memory) = memory, model(torch.tensor([[token]]), memory, path=path)
+        before.release()  # its blocks go back to the pool now
+    memory.release()
     return "".join(out) + decoder.flush()
 
 
@@ -88,7 +90,9 @@ def decode_speed(model: TransfoXLLMHeadModel, data: bytes, *, steps: int) -> dic
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         token, _ = sample(model.log_probs(hidden[0, -1], path), params, generator)
-        hidden, memory = model(torch.tensor([[token]]), memory, path=path)
+        before, (hidden, memory) = memory, model(torch.tensor([[token]]), memory, path=path)
+        before.release()
+    memory.release()
     return {
         "decode_bytes_per_s": steps / (time.perf_counter() - wall),
         "decode_bytes_per_cpu_s": steps / (time.process_time() - cpu),

@@ -63,6 +63,7 @@ async def check_parity(worker: Worker, settings: Settings, *, tokens: int) -> Pa
         prompt_logprobs=True,
     )
     result = await job_result(worker, job)
+    result.state.release()  # a check keeps nothing in the pool
     sequence = prompt + result.token_ids
     engine = torch.tensor((result.prompt_logprobs or []) + result.token_logprobs, dtype=torch.float64)
     reference, best = await asyncio.to_thread(reference_logprobs, model, sequence, mem_len, worker.grid)
@@ -153,5 +154,7 @@ async def repeated_generation(worker: Worker, mem_len: int, tokens: int = 48) ->
     runs = []
     for _ in range(2):
         job = GenerateJob(worker.empty_state(mem_len), prompt, tokens, sampling)
-        runs.append((await job_result(worker, job)).token_ids)
+        result = await job_result(worker, job)
+        result.state.release()
+        runs.append(result.token_ids)
     return runs[0] == runs[1]

@@ -57,7 +57,7 @@ async def measure_speed(worker: Worker, mem_len: int) -> Speed:
     greedy = SamplingParams(temperature=0)
 
     def generation(state: ModelState, tokens: int) -> Awaitable[Any]:
-        return job_result(worker, GenerateJob(state, [], tokens, greedy))
+        return _kept_nothing(job_result(worker, GenerateJob(state, [], tokens, greedy)))
 
     await generation(states[0], 8)  # warm-up
     one = await _seconds(lambda: generation(states[0], steps)) / steps
@@ -65,10 +65,16 @@ async def measure_speed(worker: Worker, mem_len: int) -> Speed:
     segments = 16 if on_cpu else 64
     document_length = segments * worker.segment_len
     document = _random_tokens(model.config.vocab_size, document_length, seed=0)
-    await job_result(worker, AdvanceJob(worker.empty_state(mem_len), document[: worker.segment_len]))
-    scoring = document_length / await _seconds(
-        lambda: job_result(worker, AdvanceJob(worker.empty_state(mem_len), document, token_logprobs=True))
+    await _kept_nothing(
+        job_result(worker, AdvanceJob(worker.empty_state(mem_len), document[: worker.segment_len]))
     )
+    scoring = document_length / await _seconds(
+        lambda: _kept_nothing(
+            job_result(worker, AdvanceJob(worker.empty_state(mem_len), document, token_logprobs=True))
+        )
+    )
+    for state in states:
+        state.release()
     return Speed(
         bandwidth,
         weights,
@@ -88,6 +94,13 @@ async def _full_memory(worker: Worker, mem_len: int, seed: int) -> ModelState:
     """A session whose memory holds mem_len positions (of random tokens; the speed does not depend on them)."""
     tokens = _random_tokens(worker.model.config.vocab_size, mem_len + 1, seed=1 + seed)
     return (await job_result(worker, AdvanceJob(worker.empty_state(mem_len), tokens))).state
+
+
+async def _kept_nothing(result: Awaitable[Any]) -> Any:
+    """A job's result, its state released: a measurement keeps nothing in the pool."""
+    outcome = await result
+    outcome.state.release()
+    return outcome
 
 
 def _random_tokens(vocab: int, n: int, *, seed: int) -> list[int]:

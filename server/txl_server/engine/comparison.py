@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .device_failure import is_device_error
-from .rows import DecodeOut
+from .rows import DecodeOut, release_outputs
 
 # In half precision, how much farther from float32 than the torch path a path may be (row by row): right paths
 # round about as often as each other, so their distances to float32 are of one size; a wrong one is off by whole
@@ -108,7 +108,25 @@ def compare_paths(
         got = run()
     except Exception as exc:
         return Comparison(what, error=first_line(exc), tolerance=limits, device_error=is_device_error(exc))
-    expected = reference()
+    try:
+        expected = reference()
+    except BaseException:
+        release_outputs(got)
+        raise
+    try:
+        return _compared(what, got, expected, dtype, limits, float32)
+    finally:
+        release_outputs(got, expected)  # the memories after the step: kept by nothing
+
+
+def _compared(
+    what: str,
+    got: list[DecodeOut],
+    expected: list[DecodeOut],
+    dtype: torch.dtype,
+    limits: Tolerance,
+    float32: Float32Step | None,
+) -> Comparison:
     logprob = max((_distance(a.logprob, b.logprob) for a, b in zip(got, expected, strict=True)), default=0.0)
     hidden = max(
         (_relative(a.last_hidden, b.last_hidden) for a, b in zip(got, expected, strict=True)), default=0.0

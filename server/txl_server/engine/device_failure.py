@@ -36,3 +36,8 @@ def device_works(device: torch.device) -> bool:
 def device_failed(exc: BaseException, device: torch.device) -> bool:
     """Whether `exc` leaves `device` unable to serve: an error of the device, after which it no longer works."""
     return is_device_error(exc) and not device_works(device)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (its type's name if it has none): for logs and reports."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

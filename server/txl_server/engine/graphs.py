@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from txl import BlockPool, Memory, TransfoXLLMHeadModel
 from txl.kernels import DecodePath
-from txl.paged.decode_plan import RowArrays, plan_decode
+from txl.paged.decode_plan import DecodePlan, RowArrays, plan_decode
 from txl.paged.pool import BlockTable
 from txl.paged.rows import resting_blocks
 from txl.paged.staging import StagedInputs
@@ -147,7 +147,7 @@ class SamplingInputs:
 
 @dataclass(frozen=True)
 class _LastRows:
-    """What the last iteration left: its rows' memories (weakly: a row that finished lets its blocks go) and the
+    """What the last iteration left: its rows' memories (weakly: nothing here keeps a finished row's memory alive) and the
     numbers the next iteration of the same rows starts from, so that a batch going on is not read back row by
     row (vLLM's persistent batch)."""
 
@@ -329,13 +329,35 @@ class DecodeGraphs:
             after = None
         # Planned first: planning may allocate blocks, and a growable pool then reallocates its tensors.
         plan = plan_decode(self.pool, paged, keeps_after(mem_lens, grids, same_length, fed + 1), after)
+        try:
+            launched = self._replay(key, rows, memories, plan, mem_lens, grids)
+        except BaseException:
+            plan.release(results=True)  # nothing takes its results
+            raise
+        # The step's own holds go once it is sent: the device runs it before any later step could reuse a block
+        # they free. Its results' holds are the new memories' (given back too where it ran eagerly instead).
+        plan.release(results=launched.outputs is not None)
+        return launched
+
+    def _replay(
+        self,
+        key: GraphKey,
+        rows: Sequence[DecodeRow],
+        memories: list[Memory],
+        plan: DecodePlan,
+        mem_lens: np.ndarray | int,
+        grids: np.ndarray | int,
+    ) -> Launched:
+        same_length = self.model.config.same_length
         if self.pool.generation != self._generation:  # the pool was reallocated: captured addresses are stale
             self._graphs.clear()
             self._generation = self.pool.generation
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._rebuild(key)
-            if graph is None:  # turned off: this iteration runs eagerly (what was planned is dropped, unused)
+            if (
+                graph is None
+            ):  # turned off: this iteration runs eagerly (what was planned is given back, unused)
                 return Launched.done(self.eager(rows))
         n = len(rows)
         graph.step.load(plan, windows_at(mem_lens, grids, same_length, plan.positions))
@@ -347,17 +369,19 @@ class DecodeGraphs:
         else:
             torch.stack(hiddens, out=graph.hidden_in[:n])
         graph.replay()
+        graph.step.plan = None  # the buffers keep no memory alive
         out = graph.hidden_out[:n].clone()  # one copy, a view per row
         hidden = out.unbind(0)
         self._last_hidden = (out, hidden)
-        memories = [m.like((result,)) for m, result in zip(memories, plan.results, strict=True)]
-        graph.step.plan = None  # the buffers keep no memory alive
+        read_back = self._read_back(graph.readback[:n])
+        # Each row's memory after the step holds its blocks (the plan's results' holds): the task releases it.
+        memories = [m.like((result,), owns=True) for m, result in zip(memories, plan.results, strict=True)]
         self._last_rows = (
             _LastRows(list(map(weakref.ref, memories)), mem_lens, grids, plan.after)
             if plan.after is not None
             else None
         )
-        return Launched(memories, hidden, self._read_back(graph.readback[:n]), turns=self.readbacks)
+        return Launched(memories, hidden, read_back, turns=self.readbacks)
 
     def _read_back(self, readback: Tensor) -> ReadBack:
         """Starts copying the iteration's tokens and log-probs to the host: on CUDA into one of two page-locked

@@ -42,7 +42,8 @@ class ProgressEvent:
 
 @dataclass(frozen=True)
 class PromptFed:
-    """A generation's prompt is fed (a GenerateJob with `report_prompt_state`): the state decoding starts from."""
+    """A generation's prompt is fed (a GenerateJob with `report_prompt_state`): the state decoding starts from,
+    held for the event's taker (who releases it)."""
 
     state: ModelState
 
@@ -90,6 +91,24 @@ class ErrorEvent:
 
 
 Event = TokenEvent | ProgressEvent | PromptFed | DoneEvent | ErrorEvent
+
+
+def release_result(result: object) -> None:
+    """Gives back the states a job's result holds (a result nobody takes: its requester went away)."""
+    if isinstance(result, AdvanceResult):
+        result.state.release()
+        for boundary in result.boundaries:
+            boundary.state.release()
+    elif isinstance(result, GenerateResult | ModelState):
+        (result if isinstance(result, ModelState) else result.state).release()
+
+
+def release_event(event: Event) -> None:
+    """Gives back the states an event holds (an event nobody takes)."""
+    if isinstance(event, DoneEvent):
+        release_result(event.result)
+    elif isinstance(event, PromptFed):
+        event.state.release()
 
 
 class Outbox:
@@ -153,6 +172,9 @@ class Outbox:
         now = time.monotonic()
         self.lag += self.LAG_SMOOTHING * (now - flushed - self.lag)
         for job, event in events:
+            if job.abandoned:  # nobody reads its events: a result's states go back now
+                release_event(event)
+                continue
             klass = job.klass
             if klass is not None and klass.first_token_at is None and isinstance(event, TokenEvent):
                 klass.first_token_at = now
@@ -174,6 +196,10 @@ class Job:
         self.submitted_at = time.monotonic()  # set again when it is handed to the worker
         self.served_at: float | None = None  # when an iteration first served it (its time in queue ends)
         self.stop_reason: Exception | None = None  # why it was cancelled, if not for its client leaving
+        self.abandoned = False  # its requester stopped reading its events (a result that comes is released)
+        # Sent to its client so far, which a preempted job's next run does not send again (engine.preemption).
+        self.tokens_sent = 0
+        self.progress_sent = 0
 
     def cancel(self, reason: Exception | None = None) -> None:
         """Leave the worker at its next iteration; nothing the job computed is kept. The job ends with `reason`
@@ -183,12 +209,32 @@ class Job:
         self.cancelled = True
 
     def emit(self, event: Event) -> None:
-        """Called from the worker thread (held back while its Outbox is `holding`)."""
+        """Called from the worker thread (held back while its Outbox is `holding`). A terminal event ends the
+        job: what it held of its input goes back."""
+        if isinstance(event, DoneEvent | ErrorEvent):
+            self.release_input()
         outbox = Outbox.current()
         if outbox is not None:
             outbox.put(self, event)
         else:
-            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+            self._loop.call_soon_threadsafe(self._put, event)
+
+    def _put(self, event: Event) -> None:
+        if self.abandoned:
+            release_event(event)
+            return
+        self._events.put_nowait(event)
+
+    def release_input(self) -> None:
+        """The job's hold on its input state goes (it ended, or never reached the worker); idempotent."""
+
+    def abandon(self) -> None:
+        """Its requester reads no more events (on the job's loop): it is cancelled, and the states of a result
+        that came, or comes, go back to the pool."""
+        self.cancel()
+        self.abandoned = True
+        while not self._events.empty():
+            release_event(self._events.get_nowait())
 
     async def events(self) -> AsyncIterator[Event]:
         """Events until (and including) the terminal one."""
@@ -226,6 +272,10 @@ class AdvanceJob(Job):
 
     def __post_init__(self) -> None:
         super().__init__()
+        self.state = self.state.retain()  # its own hold on its input, for its whole run (re-queued: from it)
+
+    def release_input(self) -> None:
+        self.state.release()
 
 
 @dataclass(eq=False)
@@ -249,6 +299,10 @@ class GenerateJob(Job):
 
     def __post_init__(self) -> None:
         super().__init__()
+        self.state = self.state.retain()  # its own hold on its input, for its whole run (re-queued: from it)
+
+    def release_input(self) -> None:
+        self.state.release()
 
 
 class CallJob(Job):
@@ -289,7 +343,7 @@ async def run_job(worker: Submitter, job: Job) -> AsyncGenerator[Any, None]:
             yield event
     finally:
         if not finished:
-            job.cancel()
+            job.abandon()
         job_spans(job, finished=finished)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -89,3 +90,15 @@ class Launched:
         )
         object.__setattr__(self, "outputs", outputs)  # read once: its buffer may now hold another iteration's
         return outputs
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Pending(Generic[T]):
+    """A decoding iteration sent and not yet read back, and the tasks whose rows it runs."""
+
+    launched: Launched
+    tasks: list[T]
+    started: float

@@ -49,3 +49,10 @@ class ChunkOut:
     last_hidden: Tensor
     logprobs: Tensor | None  # [T] float32 on the device; NaN for a first token nothing predicts
     top: list[TopLogprobs | None] | None  # per token, when asked for
+
+
+def release_outputs(*outputs: Sequence[DecodeOut] | Sequence[ChunkOut]) -> None:
+    """Gives back the memories of outputs nobody keeps (checks and measurements)."""
+    for group in outputs:
+        for out in group:
+            out.memory.release()

@@ -115,7 +115,25 @@ class ModelRunner:
             path=self.path,
             before_layers=before_layers,
         )  # [N, D]
-        memories = [m.like([r]) for m, r in zip(rows, results, strict=True)]
+        # Each row's memory after the step holds its blocks: the task that takes it releases it.
+        memories = [m.like([r], owns=True) for m, r in zip(rows, results, strict=True)]
+        try:
+            return self._outputs(decode, chunks, queries, hidden, memories, sampled)
+        except BaseException:
+            for memory in memories:
+                memory.release()
+            raise
+
+    def _outputs(
+        self,
+        decode: Sequence[DecodeRow],
+        chunks: Sequence[ChunkRow],
+        queries: list[int],
+        hidden: Tensor,
+        memories: list[Memory],
+        sampled: tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None] | None,
+    ) -> tuple[list[DecodeOut], list[ChunkOut]]:
+        """The iteration's outputs: tokens sampled, segments' last hidden states and scores, memories after."""
         if chunks:
             offsets = np.cumsum([0, *queries])
             last = hidden.index_select(0, torch.from_numpy(offsets[1:] - 1).to(self.device))  # [R, D]

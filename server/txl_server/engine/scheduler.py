@@ -23,9 +23,10 @@ the time-between-tokens target, and flex and batch prompts take at most as much 
 segment runs whenever one waits.
 
 A pool that never grows (a GPU's) holds what runs: the rows whose new blocks it lacks wait for a later
-iteration, and if nothing can run for PREEMPT_AFTER_SECONDS, the youngest job of the lowest lane is preempted (as
-vLLM preempts its newest requests) so that the others finish. The block pool holds no policy; the worker runs
-what this decides.
+iteration (blocks come back when their holders release them: commits, evictions, jobs that end), and if nothing
+can run for PREEMPT_AFTER_SECONDS, a job is preempted (as vLLM preempts its newest requests) so that the others
+finish: engine.preemption decides which, and whether it runs again from its input or fails. The block pool holds
+no policy; the worker runs what this decides.
 
 Bookkeeping over anything with a token count, a block need and a class (`Decoding`, `Ingesting`): testable
 without a model.
@@ -33,7 +34,6 @@ without a model.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -44,10 +44,8 @@ from ..admission.classes import Lane
 from ..admission.fair_share import VirtualCounters, even, max_min_shares
 from ..admission.pacing import Pacing
 
-# With a pool that may not grow: how long nothing may run for lack of blocks before a job is preempted, and how
-# often, meanwhile, the cycle collector is run to free blocks that only a reference cycle still holds.
+# With a pool that may not grow: how long nothing may run for lack of blocks before a job is preempted.
 PREEMPT_AFTER_SECONDS = 2.0
-COLLECT_INTERVAL_SECONDS = 0.1
 
 
 class Classed(Protocol):
@@ -136,7 +134,7 @@ class Schedule(Generic[D, I]):
 
     iteration: Iteration[D, I]  # what runs now (empty: nothing fits, or nothing waits)
     lacking: int  # blocks the rows left out need: idle sessions may be moved off the device to free them
-    preempt: D | I | None  # to end with a retryable error now, so that the others finish (still queued)
+    preempt: D | I | None  # nothing could run for PREEMPT_AFTER_SECONDS: the youngest job (engine.preemption)
 
 
 class Scheduler(Generic[D, I]):
@@ -170,7 +168,6 @@ class Scheduler(Generic[D, I]):
         self._background_tokens = 0  # flex and batch prompt tokens in the last iteration picked
         self._streams = False  # whether interactive rows decoded in it
         self._starved_since: float | None = None
-        self._collected_at = 0.0
 
     # ------------------------------------------------------------------ the jobs it holds
 
@@ -223,12 +220,6 @@ class Scheduler(Generic[D, I]):
             return Schedule(iteration, 0, None)
         fitted, lacking = self.fit(iteration)
         now = self.clock()
-        if not fitted and now - self._collected_at >= COLLECT_INTERVAL_SECONDS:
-            # Blocks are freed when the last table holding them goes; one held by a reference cycle (a failed
-            # request's traceback) goes only when the cycle collector runs.
-            self._collected_at = now
-            gc.collect()
-            fitted, lacking = self.fit(iteration)
         preempt = None
         if fitted:
             self._starved_since = None

@@ -95,10 +95,14 @@ def _check(
     # Rows enough for the largest graph (a few for the kernels alone).
     graphs = paths[-1].graphs != "off"
     rows = _dummy_rows(worker, max_mem_len, max(4, worker.max_batch_size if graphs else 0), seed)
-    exact = Float32Model(worker.model)
-    worker.decode_with(_choose_kernels(checked, worker, paths, rows[:4], exact))
-    if worker.runner.graphs is not None:
-        _capture_and_check(checked, worker, worker.runner.graphs, rows, exact)
+    try:
+        exact = Float32Model(worker.model)
+        worker.decode_with(_choose_kernels(checked, worker, paths, rows[:4], exact))
+        if worker.runner.graphs is not None:
+            _capture_and_check(checked, worker, worker.runner.graphs, rows, exact)
+    finally:
+        for row in rows:  # the pool holds nothing of the checks once they are done
+            row.memory.release()
 
 
 def _choose_linear_kernels(worker: Worker, path: DecodePath, mem_len: int) -> None:
@@ -114,7 +118,10 @@ def _choose_linear_kernels(worker: Worker, path: DecodePath, mem_len: int) -> No
     started = time.perf_counter()
     for rows in ROW_BUCKETS:
         tokens = torch.zeros(1, rows, dtype=torch.long, device=pool.layout.device)
-        model(tokens, model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid), path=path)
+        _, memory = model(
+            tokens, model.empty_memory(1, mem_len=mem_len, pool=pool, grid=worker.grid), path=path
+        )
+        memory.release()
     log.info("linear kernels for every row count ready in %.2f s", time.perf_counter() - started)
 
 
@@ -355,6 +362,6 @@ def _dummy_rows(worker: Worker, mem_len: int, n: int, seed: int) -> list[DecodeR
     last = np.cumsum(lengths) - 1
     params = SamplingParams(temperature=0)
     return [
-        DecodeRow(empty.like([result]), hidden[int(end)].clone(), params, seed=1000 + i, counter=0)
+        DecodeRow(empty.like([result], owns=True), hidden[int(end)].clone(), params, seed=1000 + i, counter=0)
         for i, (result, end) in enumerate(zip(results, last, strict=True))
     ]

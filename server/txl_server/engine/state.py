@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -17,7 +20,11 @@ TAIL_TOKENS = 8
 
 @dataclass(frozen=True)
 class ModelState:
-    """Immutable: a step returns a new state; the old one stays valid (rollback is keeping the old one)."""
+    """Immutable: a step returns a new state; the old one stays valid (rollback is keeping the old one).
+
+    A state holds its memory's blocks until its owner releases it (`release`): the state cache when a version is
+    replaced or evicted, a job when it ends or fails (txl.memory). Whoever keeps a state another owner holds
+    takes its own hold (`retain`)."""
 
     memory: Memory  # keys/values of the last positions (one row): as many as its window rule keeps
     last_hidden: Tensor | None  # [D]: the last position's output, which predicts the next token (None: empty)
@@ -41,6 +48,14 @@ class ModelState:
     @classmethod
     def empty(cls, memory: Memory) -> ModelState:
         return cls(memory, None, ())
+
+    def retain(self) -> ModelState:
+        """This state, held once more: its new owner releases it (ReleasedError if it was released already)."""
+        return ModelState(self.memory.retain(), self.last_hidden, self.tail)
+
+    def release(self) -> None:
+        """Gives this state's blocks back (those no other state holds go to the pool now); idempotent."""
+        self.memory.release()
 
     def advanced(self, memory: Memory, last_hidden: Tensor, tokens: list[int]) -> ModelState:
         if memory.rows[0].fed != self.fed + len(tokens):
@@ -121,6 +136,20 @@ class ModelState:
             layout, tensors, mem_len=mem_len, pool=pool, grid=grid, fed=fed, keep=keep
         )
         return cls(memory, last_hidden, tail)
+
+
+S = TypeVar("S", bound=ModelState | None)
+
+
+@contextlib.contextmanager
+def released(state: S) -> Iterator[S]:
+    """`state` (a hold of the caller's, or None) for the block, released when it ends whatever happens: a request's
+    own hold on a job's result while it is committed (the state cache keeps its own)."""
+    try:
+        yield state
+    finally:
+        if state is not None:
+            state.release()
 
 
 def snapshot_metadata(data: bytes) -> dict[str, str]:

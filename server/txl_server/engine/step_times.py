@@ -23,7 +23,7 @@ from txl.sampling import SamplingParams
 
 from ..admission.targets import LatencyTargets, latency_targets
 from ..settings import Settings
-from .rows import ChunkRow, DecodeRow
+from .rows import ChunkRow, DecodeRow, release_outputs
 from .runner import ModelRunner
 from .state import ModelState
 
@@ -147,17 +147,19 @@ def measure_steps(worker: Measurable, *, rows: int = 16, repeat: int = 5) -> Mea
         chunk = ChunkRow(fed.memory, tokens[:segment], fed.last_hidden)
 
         def timed(decoding: list[DecodeRow], chunks: list[ChunkRow]) -> float:
-            worker.runner.run(decoding, chunks)  # warm: first calls build kernels and plans
+            release_outputs(*worker.runner.run(decoding, chunks))  # warm: first calls build kernels and plans
             times = []
             for _ in range(repeat):
                 started = time.perf_counter()
-                worker.runner.run(decoding, chunks)
+                outputs = worker.runner.run(decoding, chunks)
                 times.append(time.perf_counter() - started)
+                release_outputs(*outputs)
             return min(times)
 
         one = timed(decode[:1], [])
         many = timed(decode, [])
         alone = timed([], [chunk])
         both = timed(decode, [chunk])
+        fed.memory.release()
     points = ((1, 0, one), (rows, 0, many), (0, segment, alone), (rows, segment, both))
     return Measured(points, one, alone)

@@ -58,7 +58,7 @@ class DecodeTask(Classed):
     """A generation sampling its tokens (after its prompt, if it has one, was fed by an IngestTask)."""
 
     job: GenerateJob
-    state: ModelState
+    state: ModelState  # its own once decoding (its prompt's task holds it before): handed to the result
     text: GenerationText
     seed: int
     # From the prompt phase, for the result: its scores, and its top log-probs when asked for.
@@ -70,11 +70,17 @@ class DecodeTask(Classed):
     arrival: int = field(default_factory=lambda: next(_arrivals))
     # Its step in flight, with overlapped decoding: (that iteration, the memory and hidden state after it).
     ahead: tuple[Launched, Memory, Tensor] | None = None
+    replay: int = (
+        0  # its first tokens' events are not sent: its client has them (a preempted job's run again)
+    )
 
     @classmethod
-    def start(cls, job: GenerateJob, state: ModelState, tokenizer: Tokenizer) -> DecodeTask:
+    def start(
+        cls, job: GenerateJob, state: ModelState, tokenizer: Tokenizer, *, seed: int | None = None
+    ) -> DecodeTask:
         decoder = tokenizer.decoder(list(state.tail) + job.prompt)
-        seed = job.sampling.seed if job.sampling.seed is not None else secrets.randbits(63)
+        if seed is None:
+            seed = job.sampling.seed if job.sampling.seed is not None else secrets.randbits(63)
         return cls(job, state, GenerationText(decoder, job.stop), seed)
 
     @property
@@ -85,6 +91,11 @@ class DecodeTask(Classed):
     def produced(self) -> bool:
         """It has sampled a token (a row that left the batch comes back before rows that never ran)."""
         return bool(self.token_ids) or self.ahead is not None
+
+    @property
+    def progressed(self) -> bool:
+        """Its state holds blocks of its own (beyond its job's input): a prompt fed, or a token sampled."""
+        return bool(self.job.prompt) or self.produced
 
     @property
     def remaining(self) -> int:
@@ -105,13 +116,19 @@ class DecodeTask(Classed):
         memory = self.ahead[1] if self.ahead is not None else self.state.memory
         return new_blocks(memory.pool, memory.rows[0], tokens, claimed)
 
+    def release(self) -> None:
+        """What it holds goes back (it failed, was cancelled or re-queued): its state, its step in flight's."""
+        self.state.release()
+        if self.ahead is not None:
+            self.ahead[1].release()
+
 
 @dataclass(eq=False)
 class IngestTask(Classed):
     """A job feeding its input segment by segment: an AdvanceJob, or a GenerateJob's prompt."""
 
     job: AdvanceJob | GenerateJob
-    state: ModelState
+    state: ModelState  # its own: released as it advances, handed to the result at the end
     tokens: list[int]
     score: bool  # log p of every input token
     top_k: int  # with score: the k most likely tokens at each position
@@ -155,6 +172,11 @@ class IngestTask(Classed):
         return len(self.tokens) - self.cursor
 
     @property
+    def progressed(self) -> bool:
+        """Its state holds blocks of its own (beyond its job's input): a segment fed."""
+        return self.cursor > 0
+
+    @property
     def keeps_another_boundary(self) -> bool:
         return self.keep_boundaries is None or len(self.reached) < self.keep_boundaries
 
@@ -174,3 +196,10 @@ class IngestTask(Classed):
     def new_blocks(self, tokens: int, claimed: set[int]) -> int:
         memory = self.state.memory
         return new_blocks(memory.pool, memory.rows[0], tokens, claimed)
+
+    def release(self) -> None:
+        """What it holds goes back (it failed, was cancelled or re-queued): its state and the boundaries'."""
+        self.state.release()
+        for state, _ in self.reached:
+            state.release()
+        self.reached = []

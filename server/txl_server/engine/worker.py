@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,11 +31,11 @@ from ..admission.classes import DEFAULT
 from ..admission.fair_share import even
 from ..admission.targets import LatencyTargets
 from ..errors import Overloaded, Unavailable
-from . import device_failure
-from .device_failure import is_device_error
-from .gate import DEVICE_MEMORY_FULL, QUEUE_FULL, Gate, GateObserver
+from . import device_failure, preemption
+from .device_failure import first_line, is_device_error
+from .gate import QUEUE_FULL, Gate, GateObserver
 from .jobs import AdvanceJob, CallJob, DoneEvent, ErrorEvent, GenerateJob, Job, Outbox
-from .launched import Launched
+from .launched import Pending
 from .outputs import Outputs
 from .rows import ChunkRow, DecodeRow
 from .runner import ModelRunner
@@ -62,15 +61,6 @@ class WorkerObserver(GateObserver):
     def on_queue(self, queued: int, active: int) -> None: ...
 
     def on_cancel(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """A decoding iteration sent and not yet read back."""
-
-    launched: Launched
-    tasks: list[DecodeTask]
-    started: float
 
 
 class Worker:
@@ -104,7 +94,7 @@ class Worker:
             weight=weight,
         )
         self.weight = weight
-        self.outputs = Outputs(self.scheduler)
+        self.outputs = Outputs(self.scheduler, tokenizer)
         # Every session's windows sit on the grid the model was trained with: a session's state is then a
         # function of its tokens, however they arrive (txl.window).
         self.grid = model.config.segment_len
@@ -119,7 +109,7 @@ class Worker:
         model.transformer.reserve_positions(self.max_positions + segment_len)
         # Decoding one step ahead of the device (graphs only: `_launch`); the iteration sent and not yet read.
         self._overlap_wanted = overlap
-        self._pending: _Pending | None = None
+        self._pending: Pending[DecodeTask] | None = None
         self._thread: threading.Thread | None = None
         self.runner = ModelRunner(model, self.pool)  # the reference path, until `decode_with` (below)
         self.decode_with(path)
@@ -177,6 +167,14 @@ class Worker:
         return self._thread is None or not self._thread.is_alive()
 
     def submit(self, job: Job) -> None:
+        """Queues `job`; one refused gives back its hold on its input."""
+        try:
+            self._enqueue(job)
+        except BaseException:
+            job.release_input()
+            raise
+
+    def _enqueue(self, job: Job) -> None:
         with self._cv:
             if self._stopping:
                 raise Unavailable("the server is shutting down")
@@ -238,6 +236,8 @@ class Worker:
             self._finish_pending()
         shutdown = Unavailable("the server is shutting down")
         running: list[IngestTask | DecodeTask] = [*self.scheduler.ingesting, *self.scheduler.decoding]
+        for task in running:
+            task.release()
         for job in [*(t.job for t in running), *self._inbox]:
             job.emit(ErrorEvent(shutdown))
 
@@ -287,18 +287,13 @@ class Worker:
 
     def _schedule(self) -> Iteration[DecodeTask, IngestTask]:
         """The scheduler's iteration. What it leaves out for lack of blocks asks idle sessions to leave the
-        device (`on_pool_pressure`); the job it preempts ends with a retryable error."""
+        device (`on_pool_pressure`); the job it preempts goes back to the queue, and a job that could never fit
+        fails (engine.preemption)."""
         schedule = self.scheduler.schedule()
         if schedule.lacking and self.on_pool_pressure is not None:
             self.on_pool_pressure(schedule.lacking)
-        preempt = schedule.preempt
-        if preempt is not None:
-            log.warning("the device's memory pool is full: preempting the newest request")
-            error = memory_full()
-            if isinstance(preempt, IngestTask):
-                self.outputs.fail([], [preempt], error)
-            else:
-                self.outputs.fail([preempt], [], error)
+        if schedule.preempt is not None:
+            preemption.preempt(schedule.preempt, self.scheduler, self.outputs, self.pool)
         return schedule.iteration
 
     # ------------------------------------------------------------------ admission
@@ -316,17 +311,7 @@ class Worker:
         except Exception as exc:
             job.emit(ErrorEvent(exc))
             return
-        if isinstance(job, AdvanceJob):
-            if not job.tokens:
-                self.outputs.nothing_to_feed(job, state)
-            else:
-                self.scheduler.add_ingesting(IngestTask.advance(job, state))
-            return
-        task = DecodeTask.start(job, state, self.tokenizer)
-        if job.prompt:
-            self.scheduler.add_ingesting(IngestTask.prompt(task))
-        else:
-            self.outputs.start_decoding(task)
+        self.outputs.start(job, state)
 
     def _call(self, job: CallJob) -> None:
         try:
@@ -335,16 +320,17 @@ class Worker:
             log.info("no room on the device: %s", exc)
             if self.on_pool_pressure is not None:
                 self.on_pool_pressure(1)
-            job.emit(ErrorEvent(memory_full()))
+            job.emit(ErrorEvent(preemption.memory_full()))
         except Exception as exc:  # the caller gets the error
             job.emit(ErrorEvent(exc))
         else:
             job.emit(DoneEvent(result))
 
     def _on_pool(self, state: ModelState) -> ModelState:
-        """The state with its memory in this worker's pool (a state made elsewhere is copied in once)."""
+        """The state with its memory in this worker's pool, the task's own hold (a state made elsewhere is copied
+        in once)."""
         if state.memory.pool is self.pool:
-            return state
+            return state.retain()
         return ModelState(state.memory.to_pool(self.pool), state.last_hidden, state.tail)
 
     # ------------------------------------------------------------------ one iteration
@@ -473,7 +459,7 @@ class Worker:
             return True
         for task, memory, hidden in zip(tasks, launched.memories, launched.hidden, strict=True):
             task.ahead = (launched, memory, hidden)
-        previous, self._pending = self._pending, _Pending(launched, tasks, started)
+        previous, self._pending = self._pending, Pending(launched, tasks, started)
         if previous is not None:
             self._collect(previous)
         return True
@@ -483,24 +469,20 @@ class Worker:
         if pending is not None:
             self._collect(pending)
 
-    def _collect(self, pending: _Pending) -> None:
+    def _collect(self, pending: Pending[DecodeTask]) -> None:
         try:
             outputs = pending.launched.collect()
         except Exception as exc:
             self._failed_step(pending.tasks, [], exc)
+            for memory in pending.launched.memories:  # those of tasks that had ended meanwhile too
+                memory.release()
             return
         self.observer.on_decode(len(pending.tasks), time.perf_counter() - pending.started)
         decoding = self.scheduler.decoding
         for task, out in zip(pending.tasks, outputs, strict=True):
             if task.ahead is not None and task.ahead[0] is pending.launched:
                 task.ahead = None
-            if task in decoding:  # not finished, failed or cancelled meanwhile (then dropped)
+            if task in decoding:  # not finished, failed or cancelled meanwhile (then released)
                 self.outputs.decoded(task, out)
-
-
-def memory_full() -> Overloaded:
-    return Overloaded("the device's memory is full; retry shortly", retry_after=1.0, code=DEVICE_MEMORY_FULL)
-
-
-def first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            else:
+                out.memory.release()

@@ -50,8 +50,8 @@ class SessionHistory:
         return [VersionSummary(meta.version, meta.tokens, meta.last_used, "append")]
 
     async def state_at(self, meta: SessionMeta, version: int) -> tuple[ModelState, VersionSummary]:
-        """Version `version` of the session: its state, on the device, and its summary. NotFound (code
-        `version_not_found`, naming the oldest kept version) if it is not kept."""
+        """Version `version` of the session: its state, on the device (the caller's hold), and its summary. NotFound
+        (code `version_not_found`, naming the oldest kept version) if it is not kept."""
         kept = await self._kept(meta)
         summary = next((s for s in kept if s.version == version), None)
         if summary is not None and version == meta.version:
@@ -60,7 +60,7 @@ class SessionHistory:
         if summary is not None and entry is not None and entry.version == meta.version:
             older = entry.older.get(version)
             if older is not None:
-                return older, summary
+                return older.retain(), summary
         if summary is not None and self.persistence.always:
             try:
                 stored = await self.store.load_version(meta.id, version)

@@ -34,7 +34,7 @@ from txl.tokenizers import Tokenizer
 
 from ..admission.classes import RequestClass
 from ..engine.jobs import AdvanceJob, AdvanceResult, Event, ProgressEvent, job_result
-from ..engine.state import ModelState
+from ..engine.state import ModelState, released
 from ..engine.worker import Worker
 from ..errors import Gone, InvalidRequest, NotFound
 from ..settings import Settings
@@ -45,7 +45,7 @@ from .placement import Placement
 from .prefix_cache import PromptReader
 from .state_cache import DEVICE
 from .stateless import PromptScores, ScoreOutcome
-from .step import to_the_end
+from .step import released_on_failure, then_released, to_the_end
 from .store.memories import MemoryMeta, MemoryStore, new_memory_id
 from .store.plumbing import now
 from .store.versions import BlocksMissing, VersionSummary, VersionWrite
@@ -96,7 +96,7 @@ class MemoryService:
         self.admission.fits(mem_len)
         # Not through the prefix cache: the memory keeps the state it reaches, and sessions start from that.
         read = await self.prompts.read(owner, tokens, mem_len=mem_len, progress=progress, through_cache=False)
-        state = read.state
+        state = read.state  # this call's hold, released once placed (the state cache keeps its own) or failed
         stamp = now()
         meta = MemoryMeta(
             id=new_memory_id(),
@@ -113,7 +113,8 @@ class MemoryService:
             metadata=dict(metadata or {}),
         )
         summary = VersionSummary.of(1, meta.tokens, meta.created_at, "create", text)
-        durable = await self.persistence.prepare(state, summary, full=True)
+        with released_on_failure(state):
+            durable = await self.persistence.prepare(state, summary, full=True)
 
         async def write(stored: VersionWrite) -> None:
             await self.store.create(meta, stored)
@@ -121,7 +122,7 @@ class MemoryService:
         async def place(_: None) -> None:
             await self.placement.place_memory(meta.id, state, meta.expires_at)
 
-        await to_the_end(durable.write_then_place(write, place))
+        await to_the_end(then_released(state, durable.write_then_place(write, place)))
         self.observer.on_tokens("ingested", len(tokens) + 1)
         return meta
 
@@ -194,6 +195,7 @@ class MemoryService:
         async with self.using(owner, memory_id) as (_, state):
             job = AdvanceJob(state, tokens, token_logprobs=token_logprobs, report_progress=True, klass=klass)
             result: AdvanceResult = await job_result(self.worker, job, report)
+        result.state.release()  # nothing is kept
         self.observer.on_tokens("scored", len(tokens))
         return ScoreOutcome(
             len(tokens),
@@ -216,7 +218,7 @@ class MemoryService:
     ) -> tuple[ModelState, PromptScores]:
         """Feeds a prompt after the memory (nothing is stored); with `logprobs`, scores every prompt token given
         the document and the tokens before it. What stateless completions (and /v1/responses) start from when a
-        request names a memory."""
+        request names a memory: the caller's state, which it releases when done."""
         async with self.using(owner, memory_id) as (_, state):
             job = AdvanceJob(state, tokens, token_logprobs=logprobs, top_logprobs=top_logprobs, klass=klass)
             result: AdvanceResult = await job_result(self.worker, job)
@@ -263,7 +265,8 @@ class MemoryService:
             state = await self.persistence.restore(stored)
         except ValueError as exc:
             raise Gone("this memory's stored state does not fit the loaded model", param="memory") from exc
-        await self.placement.place_memory(meta.id, state, meta.expires_at)
+        with released(state):  # the cache holds it: what is returned reads through the cache's hold
+            await self.placement.place_memory(meta.id, state, meta.expires_at)
         return state
 
 

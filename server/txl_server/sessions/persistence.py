@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from txl import TransfoXLLMHeadModel
 
-from ..engine.state import ModelState, snapshot_metadata
+from ..engine.state import ModelState, released, snapshot_metadata
 from ..engine.worker import Worker
 from ..errors import Gone, InvalidRequest
 from ..settings import Persistence as PersistenceMode
@@ -172,15 +172,18 @@ class Persistence:
     def prewrite(self, state: ModelState) -> Prewrite:
         """Starts writing, now, the blocks of a state a step will commit a later state of (a generation's fed
         prompt, while it decodes): its blocks that the decoding leaves as they are are then written before the
-        commit, not by it. Nothing names them until that commit does (the sweeper collects them otherwise)."""
+        commit, not by it. Nothing names them until that commit does (the sweeper collects them otherwise).
+        `state` is the caller's hold, which this takes: released once its blocks are read (or it is cancelled)."""
 
         async def write() -> Prewritten:
             def encode() -> tuple[StoredVersion, list[tuple[str, Payload]]]:
-                stored = snapshot(state, self.index)
-                return stored, self.blocks.encoded(stored.new_blocks)
+                with released(state):  # its blocks are read: the decoding's newer states hold what they keep
+                    stored = snapshot(state, self.index)
+                    return stored, self.blocks.encoded(stored.new_blocks)
 
-            written_at = now()
-            stored, encoded = await asyncio.to_thread(encode)
+            with released(state):  # cancelled before it was read (idempotent after)
+                written_at = now()
+                stored, encoded = await asyncio.to_thread(encode)
             await self.blocks.write_encoded(encoded)
             return Prewritten(dict(stored.learned), written_at)
 

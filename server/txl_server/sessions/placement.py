@@ -76,7 +76,8 @@ class Placement:
 
     @traced("session.fetch", {"txl.session.source": DEVICE})  # else the tier it came from (on_tier_move)
     async def fetch(self, meta: SessionMeta) -> ModelState:
-        """The session's state at its committed version, brought to the device tier."""
+        """The session's state at its committed version, brought to the device tier: the caller's hold, which it
+        releases when done (the cache keeps its own)."""
         if meta.tier == "gone":
             self.cache.drop(meta.id)
             raise gone_error(meta.gone)
@@ -85,15 +86,22 @@ class Placement:
             if entry.tier == HOST:
                 # Writing the device's pool is the worker's: between its iterations.
                 moved = await self.worker.call(lambda: entry.state.moved(self.pool))
-                await self.place(meta, moved, source=HOST)
-                return moved
-            return entry.state
+                return await self._placed(meta, moved, HOST)
+            return entry.state.retain()
         if entry is not None:  # a stale copy (another replica committed since): never served
             self.cache.drop(meta.id)
         state = await self.persistence.read(meta)
         if state is None:
             raise await self.recovery.missing(meta)
-        await self.place(meta, state, source="redis")
+        return await self._placed(meta, state, "redis")
+
+    async def _placed(self, meta: SessionMeta, state: ModelState, source: str) -> ModelState:
+        """`state` (the caller's), placed on the device: or released if that fails."""
+        try:
+            await self.place(meta, state, source=source)
+        except BaseException:
+            state.release()
+            raise
         return state
 
     async def place(
@@ -106,30 +114,45 @@ class Placement:
     ) -> None:
         """Puts a session's state on the device tier, first moving least recently used sessions down so that no
         tier goes over its budget. A new version (`summary`) keeps the versions before it that the device holds,
-        up to TXL_KEEP_VERSIONS."""
+        up to TXL_KEEP_VERSIONS. The cache takes its own hold of `state`: the caller keeps theirs."""
         keep = max(1, self.settings.keep_versions)
         async with self._tier_lock:
             if summary is not None and await self._advance(meta, state, summary, keep):
                 return
-            previous = self.cache.drop(meta.id)  # its previous state's bytes are free now
-            older: dict[int, ModelState] = {}
-            summaries = list(previous.summaries) if previous is not None else []
-            if summary is not None:
-                if previous is not None and previous.version == meta.version - 1:
-                    older = dict(previous.older)
-                    if previous.tier == DEVICE:
-                        older[previous.version] = previous.state
-                else:
-                    summaries = []
-                summaries = [*summaries, summary][-keep:]
-            kept = {s.version for s in summaries}
-            older = {v: s for v, s in older.items() if v in kept}
-            await self._make_room(DEVICE, self.cache.added_bytes(DEVICE, state, *older.values()))
-            self.cache.put(meta.id, state, meta.version, DEVICE, older=older, summaries=summaries)
-            self._expiry[meta.id] = meta.expires_at
+            previous = self.cache.take(meta.id)  # its previous state's bytes are free now
+            try:
+                await self._put(meta, state, summary, keep, previous)
+            finally:
+                if previous is not None:  # what the new entry keeps of it, it holds again
+                    previous.release()
         if source is not None:
             self.observer.on_tier_move(source, DEVICE)
             await self._set_tier(meta.id, DEVICE)
+
+    async def _put(
+        self,
+        meta: SessionMeta,
+        state: ModelState,
+        summary: VersionSummary | None,
+        keep: int,
+        previous: Entry | None,
+    ) -> None:
+        """The new entry of `place`, with what it keeps of `previous`'s versions. Holds the lock."""
+        older: dict[int, ModelState] = {}
+        summaries = list(previous.summaries) if previous is not None else []
+        if summary is not None:
+            if previous is not None and previous.version == meta.version - 1:
+                older = dict(previous.older)
+                if previous.tier == DEVICE:
+                    older[previous.version] = previous.state
+            else:
+                summaries = []
+            summaries = [*summaries, summary][-keep:]
+        kept = {s.version for s in summaries}
+        older = {v: s for v, s in older.items() if v in kept}
+        await self._make_room(DEVICE, self.cache.added_bytes(DEVICE, state, *older.values()))
+        self.cache.put(meta.id, state, meta.version, DEVICE, older=older, summaries=summaries)
+        self._expiry[meta.id] = meta.expires_at
 
     async def _advance(
         self, meta: SessionMeta, state: ModelState, summary: VersionSummary, keep: int
@@ -175,15 +198,18 @@ class Placement:
         assert entry is not None
         if tier == DEVICE and self.cache.budget(HOST) > 0:  # none on a CPU by default: no copy for nothing
             moved = await asyncio.to_thread(entry.state.moved, self.host_pool)
-            host_needs = self.cache.added_bytes(HOST, moved)
-            await self._make_room(HOST, host_needs)
-            if self.cache.peek(victim) is not entry:  # changed while we copied: the caller looks again
-                return
-            if self.cache.used(HOST) + host_needs <= self.cache.budget(HOST):
-                self.cache.replace(victim, moved, HOST)
-                self.observer.on_tier_move(DEVICE, HOST)
-                await self._set_tier(victim, HOST)
-                return
+            try:
+                host_needs = self.cache.added_bytes(HOST, moved)
+                await self._make_room(HOST, host_needs)
+                if self.cache.peek(victim) is not entry:  # changed while we copied: the caller looks again
+                    return
+                if self.cache.used(HOST) + host_needs <= self.cache.budget(HOST):
+                    self.cache.replace(victim, moved, HOST)  # its own hold: the device's copy is released
+                    self.observer.on_tier_move(DEVICE, HOST)
+                    await self._set_tier(victim, HOST)
+                    return
+            finally:
+                moved.release()
         await self.spill(victim, entry)
 
     def on_pool_pressure(self, blocks: int) -> None:

@@ -110,11 +110,12 @@ class PrefixCache:
         return self.budget * block_size // (self.grid * block_bytes) + 1 if self.enabled else 0
 
     def put(self, key: str, boundary: CachedBoundary) -> None:
-        """Caches a boundary, then drops least recently used entries until the cache is within its budget."""
-        if not self.enabled:
-            return
-        if key in self._entries:
-            self._entries.move_to_end(key)
+        """Caches a boundary (its state's hold passes to the cache, which releases it when the entry goes), then
+        drops least recently used entries until the cache is within its budget."""
+        if not self.enabled or key in self._entries:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+            boundary.state.release()
             return
         self._entries[key] = boundary
         self._usage.add(boundary.state)
@@ -130,6 +131,7 @@ class PrefixCache:
             return False
         entry = self._entries.pop(victim)
         self._usage.remove(entry.state)
+        entry.state.release()  # its blocks go back now, unless a session or a job holds them too
         if entry.parent is not None:
             left = self._children[entry.parent] - 1
             if left:
@@ -168,9 +170,9 @@ class PrefixCache:
 
 @dataclass(frozen=True)
 class Read:
-    """A prompt read through the cache: the state after it, how many positions came from the cache, and (when
-    scores were asked for) the log-prob of every token (NaN for the first, which nothing predicts), their sum and
-    the top alternatives if asked."""
+    """A prompt read through the cache: the state after it (the caller's hold: it releases it), how many positions
+    came from the cache, and (when scores were asked for) the log-prob of every token (NaN for the first, which
+    nothing predicts), their sum and the top alternatives if asked."""
 
     state: ModelState
     cached: int
@@ -255,6 +257,8 @@ class PromptReader:
             for key, boundary in zip(building, result.boundaries, strict=False):
                 cache.put(key, CachedBoundary(boundary.state, boundary.logprobs, parent))
                 parent = key
+            for boundary in result.boundaries[len(building) :]:
+                boundary.state.release()
         finally:
             if future is not None:
                 cache.end_build(building, future)

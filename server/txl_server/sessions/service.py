@@ -33,7 +33,7 @@ from ..engine.jobs import (
     PromptFed,
     TokenEvent,
 )
-from ..engine.state import ModelState
+from ..engine.state import ModelState, released
 from ..engine.worker import Worker
 from ..errors import Conflict, InvalidRequest
 from ..limits import check_max_tokens
@@ -249,6 +249,8 @@ class SessionService:
                 result = await self.steps.run(job, progress=progress)
                 assert isinstance(result, AdvanceResult)
                 state = result.state
+            else:
+                state = state.retain()  # the session's own hold (the memory's is the cache's)
             meta = await self._register(
                 owner,
                 state,
@@ -275,8 +277,8 @@ class SessionService:
         private: bool = False,
         receipt: ReceiptOf | None = None,
     ) -> SessionMeta:
-        """A new session at version 1 holding `state`: metadata (and its stored version) to Redis, state to the
-        device. A `private` one (made for a turn that will commit its next version before anyone learns its id)
+        """A new session at version 1 holding `state` (the caller's hold, which this takes): metadata (and its
+        stored version) to Redis, state to the device. A `private` one (made for a turn that will commit its next version before anyone learns its id)
         skips the stored version, which that commit writes with its own: the turn's first token does not wait for
         it. Its state stays on the device (pinned) until that step ends."""
         stamp = now()
@@ -340,7 +342,8 @@ class SessionService:
     async def export_snapshot(self, owner: str, session_id: str) -> bytes:
         """The session as one safetensors blob: its memory, and its metadata in the header."""
         meta = await self.get(owner, session_id)
-        return await self.persistence.export(meta, await self.placement.fetch(meta))
+        with released(await self.placement.fetch(meta)) as state:
+            return await self.persistence.export(meta, state)
 
     async def import_snapshot(
         self, owner: str, data: bytes, *, ttl_seconds: int | None = None, receipt: ReceiptOf | None = None

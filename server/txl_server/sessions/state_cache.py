@@ -10,6 +10,10 @@ per tier, and so are last hidden states shared by several entries. Besides its n
 may keep its session's older versions (rewind, forks at a version): they are the first to go when room is needed.
 The cache only does bookkeeping and picks victims; placement.py moves tensors (off the event loop) and talks to
 Redis.
+
+The cache holds every state it keeps (its own hold, `ModelState.retain`: whoever gave it one keeps theirs) and
+releases it when the state leaves: replaced by the next version, dropped, evicted, or older versions let go. Its
+blocks go back to the pool then, unless a running job holds them too.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ class Entry:
 
     def states(self) -> list[ModelState]:
         return [self.state, *self.older.values()]
+
+    def release(self) -> None:
+        """The cache's holds on its states go (it left the cache)."""
+        for state in self.states():
+            state.release()
 
 
 @dataclass
@@ -125,7 +134,8 @@ class StateCache:
         entry = self._entries[session_id]
         for old in entry.states():
             self._tiers[entry.tier].remove(old)
-        entry.state, entry.tier, entry.older = state, tier, {}
+        entry.release()
+        entry.state, entry.tier, entry.older = state.retain(), tier, {}
         self._tiers[tier].add(state)
 
     def put(
@@ -139,7 +149,8 @@ class StateCache:
         summaries: list[VersionSummary] | None = None,
     ) -> None:
         self.drop(session_id)
-        entry = Entry(state, version, tier, dict(older or {}), list(summaries or []))
+        held = {v: old.retain() for v, old in (older or {}).items()}
+        entry = Entry(state.retain(), version, tier, held, list(summaries or []))
         self._entries[session_id] = entry
         for kept in entry.states():
             self._tiers[tier].add(kept)
@@ -159,12 +170,23 @@ class StateCache:
         entry.older[entry.version] = entry.state
         kept = {summary.version for summary in summaries}
         for old in [v for v in entry.older if v not in kept]:
-            usage.remove(entry.older.pop(old))
-        entry.state, entry.version, entry.summaries = state, version, list(summaries)
+            gone = entry.older.pop(old)
+            usage.remove(gone)
+            gone.release()
+        entry.state, entry.version, entry.summaries = state.retain(), version, list(summaries)
         self._entries.move_to_end(session_id)
         return True
 
     def drop(self, session_id: str) -> Entry | None:
+        """Takes the session's entry out; its states are released (their blocks go back unless a job holds
+        them too). The entry returned is for its numbers: its states may hold nothing now."""
+        entry = self.take(session_id)
+        if entry is not None:
+            entry.release()
+        return entry
+
+    def take(self, session_id: str) -> Entry | None:
+        """Takes the session's entry out with the cache's holds on its states: the caller releases them."""
         entry = self._entries.pop(session_id, None)
         if entry is not None:
             for kept in entry.states():
@@ -178,6 +200,7 @@ class StateCache:
             if entry.tier == tier and entry.older:
                 for old in entry.older.values():
                     self._tiers[tier].remove(old)
+                    old.release()
                 entry.older = {}
                 return True
         return False

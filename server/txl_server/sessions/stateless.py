@@ -102,6 +102,7 @@ class StatelessService:
         result = await self.prompts.read(
             owner, tokens, mem_len=self.mem_len, scores=True, progress=progress, klass=klass
         )
+        result.state.release()  # nothing is kept
         self.observer.on_tokens("scored", len(tokens))
         self.observer.on_prefix_cache(result.cached, len(tokens) + 1)
         assert result.token_logprobs is not None
@@ -125,7 +126,8 @@ class StatelessService:
         klass: RequestClass | None = None,
     ) -> tuple[ModelState, PromptScores]:
         """Feeds a prompt after the start token (from the prefix cache where the owner read its beginning
-        recently); with `logprobs`, scores every prompt token."""
+        recently); with `logprobs`, scores every prompt token. The state is the caller's: it releases it when its
+        generations have started from it."""
         result = await self.prompts.read(
             owner, tokens, mem_len=self.mem_len, scores=logprobs, top_logprobs=top_logprobs, klass=klass
         )
@@ -155,6 +157,7 @@ class StatelessService:
             async for event in events:
                 if isinstance(event, GenerateResult):
                     self.observer.on_tokens("generated", event.completion_tokens)
+                    event.state.release()  # nothing is stored
                 yield event
 
 

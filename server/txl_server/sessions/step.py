@@ -15,12 +15,12 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..engine.jobs import AdvanceJob, AdvanceResult, GenerateResult, Job, ProgressEvent, job_result, run_job
-from ..engine.state import ModelState
+from ..engine.state import ModelState, released
 from ..engine.worker import Worker
 from ..errors import Conflict, InvalidRequest, NotFound, OutcomeUnknown, Unavailable
 from ..settings import Settings
@@ -74,6 +74,23 @@ def session_limit(limit: int) -> InvalidRequest:
     return InvalidRequest(f"session limit reached ({limit}); delete some first", code="session_limit")
 
 
+@contextlib.contextmanager
+def released_on_failure(state: ModelState) -> Iterator[None]:
+    """The caller's hold on `state` goes if the block fails (else it is handed on)."""
+    try:
+        yield
+    except BaseException:
+        state.release()
+        raise
+
+
+async def then_released(state: ModelState, step: Coroutine[Any, Any, T]) -> T:
+    """`step`, then the hold on `state` its caller handed over goes, whatever happened: inside the work that runs
+    to its end (`to_the_end`), so never while the step may still place the state."""
+    with released(state):
+        return await step
+
+
 async def to_the_end(step: Coroutine[Any, Any, T]) -> T:
     """Runs `step` to its end even if the request awaiting it is cancelled meanwhile (its client left, the server
     stops): a commit is one step in Redis and in the cache together, never half of one. Work cancelled before
@@ -120,13 +137,14 @@ class Steps:
             except NotFound:
                 raise await self.recovery.not_found(owner, session_id) from None
             session_held(owner, session_id, since=since)
-            state = await self.placement.fetch(meta)
+            state = await self.placement.fetch(meta)  # this step's hold, released when it ends
             cache = self.placement.cache
             cache.pin(session_id)
             try:
                 yield meta, state, lease
             finally:
                 cache.unpin(session_id)
+                state.release()
 
     @contextlib.asynccontextmanager
     async def exclusive(self, owner: str, session_id: str) -> AsyncIterator[Lease]:
@@ -163,7 +181,8 @@ class Steps:
         """Commits `state` as the version after `meta`'s, holding `tokens` tokens of text (`kind` and `text`: what
         the step was and what it added, for the versions list), with the Idempotency-Key's record `receipt`
         makes of the version. With persistence `always`, only the blocks the block store does not hold yet are
-        written (those `prewrite` wrote while the step ran are not written again)."""
+        written (those `prewrite` wrote while the step ran are not written again). `state` is the caller's hold,
+        which this takes: released once committed or failed (the state cache keeps its own)."""
         new = dataclasses.replace(
             meta,
             tokens=tokens,
@@ -175,12 +194,13 @@ class Steps:
         )
         summary = VersionSummary.of(new.version, new.tokens, new.last_used, kind, text)
         persistence = self.persistence
-        early = await prewrite.result() if prewrite is not None else None
-        durable = (
-            await persistence.prepare(state, summary, early=early)
-            if persistence.always
-            else persistence.unstored(state)
-        )
+        with released_on_failure(state):
+            early = await prewrite.result() if prewrite is not None else None
+            durable = (
+                await persistence.prepare(state, summary, early=early)
+                if persistence.always
+                else persistence.unstored(state)
+            )
         commit_written(new.version, self.settings.persistence, durable.version)
         record = receipt(new) if receipt is not None else None
 
@@ -212,7 +232,7 @@ class Steps:
             await self.placement.place(new, state, summary=summary)
             self.recovery.acked.note(new)
 
-        await to_the_end(durable.write_then_place(write, place))
+        await to_the_end(then_released(state, durable.write_then_place(write, place)))
         return new
 
     async def create(
@@ -228,9 +248,10 @@ class Steps:
         """Registers the new session `meta` (version 1) holding `state`: its id reserved under its owner's
         session limit, its metadata (and, if `stored`, its stored version) written to Redis with the
         Idempotency-Key's record `receipt` makes of it, then its state placed on the device (`pin`: and kept
-        there until a step unpins it)."""
+        there until a step unpins it). `state` is the caller's hold, which this takes (as `commit` does)."""
         persistence = self.persistence
-        durable = await persistence.prepare(state, summary) if stored else persistence.unstored(state)
+        with released_on_failure(state):
+            durable = await persistence.prepare(state, summary) if stored else persistence.unstored(state)
         record = receipt(meta) if receipt is not None else None
         lease = Lease(meta.id, new_token(self.holder), self.settings.lease_ttl_seconds)
 
@@ -253,7 +274,7 @@ class Steps:
             await self._reserve(meta, lease)
             await durable.write_then_place(write, place)
 
-        await to_the_end(create())
+        await to_the_end(then_released(state, create()))
 
     async def _reserve(self, meta: SessionMeta, lease: Lease) -> None:
         """Reserves the new session's id under its owner's session limit (and takes its lease)."""

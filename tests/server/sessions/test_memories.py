@@ -24,6 +24,7 @@ from tests.helpers.session_fakes import (
     Recorder,
     state,
 )
+from tests.helpers.states import same_state
 
 
 class Bytes:
@@ -270,4 +271,4 @@ async def test_scoring_from_a_memory_feeds_the_text_after_its_state():
     scored = await m.service.score("alice", memory.id, "next")
     assert (scored.tokens, scored.logprob) == (4, -4.0) and m.observer.counts["scored"] == 4
     job = m.worker.jobs[-1]
-    assert job.state is m.placement.cache.peek(memory.id).state and job.tokens == list(b"next")
+    assert same_state(job.state, m.placement.cache.peek(memory.id).state) and job.tokens == list(b"next")

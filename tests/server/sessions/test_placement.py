@@ -25,6 +25,7 @@ from tests.helpers.session_fakes import (
     state_bytes,
     summary,
 )
+from tests.helpers.states import same_state
 
 ONE = state_bytes(8)  # a session of 8 positions: two blocks and its last hidden state
 
@@ -95,7 +96,9 @@ class Tiers:
 
     async def place(self, session_id: str, positions: int = 8, *, version: int = 1, **fields) -> None:
         session = self.store.put(meta(session_id, version=version, **fields))
-        await self.placement.place(session, state(self.worker.pool, positions), summary=summary(version))
+        placed = state(self.worker.pool, positions)
+        await self.placement.place(session, placed, summary=summary(version))
+        placed.release()  # the cache holds its own
 
     def where(self) -> dict[str, str]:
         return {sid: self.cache.peek(sid).tier for sid in reversed(self.cache.most_recent_first())}
@@ -185,7 +188,9 @@ async def test_fetch_serves_the_device_copy_and_brings_a_host_copy_back_on_the_w
     t = Tiers(device=ONE, host=ONE)
     await t.place("s1")
     resident = t.cache.peek("s1").state
-    assert await t.placement.fetch(t.store.sessions["s1"]) is resident and t.worker.calls == 0
+    fetched = await t.placement.fetch(t.store.sessions["s1"])  # the caller's own hold on the cached state
+    assert same_state(fetched, resident) and fetched is not resident and t.worker.calls == 0
+    fetched.release()
     await t.place("s2")  # s1 down to the host
     assert t.where() == {"s1": HOST, "s2": DEVICE}
     fetched = await t.placement.fetch(t.store.sessions["s1"])

@@ -75,20 +75,24 @@ async def _stateless_completions(
 ) -> AsyncGenerator[tuple[int, Any], None]:
     scored = bool(body.echo and body.logprobs is not None)
     prefilled = await _prefill_all(prefill, [ids for _, ids in plan.prompts], scored, plan.top)
-    streams = []
-    for (prompt_text, _), (state, scores) in zip(plan.prompts, prefilled, strict=True):
-        for i in range(plan.n):
-            generation = stateless.generate(
-                state,
-                max_tokens=plan.max_tokens,
-                sampling=plan.sampling[i],
-                stop=plan.stops,
-                top_logprobs=plan.top,
-                klass=klass,
-            )
-            streams.append(_choice(generation, prompt_text, scores, body, plan))
-    async for index, item in merge(streams):
-        yield index, item
+    try:
+        streams = []
+        for (prompt_text, _), (state, scores) in zip(plan.prompts, prefilled, strict=True):
+            for i in range(plan.n):
+                generation = stateless.generate(
+                    state,
+                    max_tokens=plan.max_tokens,
+                    sampling=plan.sampling[i],
+                    stop=plan.stops,
+                    top_logprobs=plan.top,
+                    klass=klass,
+                )
+                streams.append(_choice(generation, prompt_text, scores, body, plan))
+        async for index, item in merge(streams):
+            yield index, item
+    finally:  # the prompts' states go back to the device's pool (each generation held its own)
+        for state, _ in prefilled:
+            state.release()
 
 
 async def _prefill_all(
@@ -102,7 +106,9 @@ async def _prefill_all(
     except BaseException:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for done in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(done, tuple):  # a prompt that was read: its state goes back
+                done[0].release()
         raise
 
 
