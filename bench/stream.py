@@ -53,13 +53,17 @@ def step_probe() -> None:
     path = fastest("cpu")  # the kernels a server chooses on this CPU (its start-up check confirms them)
     with torch.inference_mode():
         memory = model.empty_memory(1)
-        _, memory = model(torch.tensor([list(PROMPT.encode())]), memory, path=path)  # full, as the stream's
+        empty = memory
+        _, memory = model(torch.tensor([list(PROMPT.encode())]), empty, path=path)  # full, as the stream's
+        empty.release()
         token = torch.tensor([[32]])
         for line in sys.stdin:
             seconds = []
             for _ in range(int(line)):
                 started = time.perf_counter()
-                hidden, memory = model(token, memory, path=path)
+                hidden, after = model(token, memory, path=path)
+                memory.release()  # its blocks back to the pool at once (released by their owner)
+                memory = after
                 model.log_probs(hidden[:, -1], path)
                 seconds.append(time.perf_counter() - started)
             print(1000 * statistics.median(seconds), flush=True)
