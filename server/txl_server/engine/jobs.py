@@ -119,7 +119,7 @@ class Outbox:
     between them (bookkeeping a step's tokens, sampling and planning the next) holds it. An event sent at once
     wakes the loop while the worker is still in that Python, and the two take turns on the GIL: the stream's own
     handling (formatting, the socket write) then adds to every step. Flushed when the next step's layers start
-    (the worker passes `flush` as the runner's `before_layers`: the sampling and planning done, right before the
+    (the worker sets `flush` as its runner's `before_layers`: the sampling and planning done, right before the
     native calls), the loop does that work while the worker's thread is in native code, off the GIL. A token is
     held back for the next step's preparation only, a fraction of a step; order is kept (one list, flushed
     whole).

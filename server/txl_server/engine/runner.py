@@ -38,6 +38,9 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self.path = path  # which kernels every step takes
+        # Called once a step, when it is prepared (sampled, planned) and its layers are about to run
+        # (TransfoXLModel.forward_step): the worker hands out the last iteration's events then (engine.jobs.Outbox).
+        self.before_layers: Callable[[], None] | None = None
         self.device = pool.layout.device
         self.vocab = model.config.vocab_size
         self.graphs = graphs  # decoding-only iterations as CUDA graphs (made on `path`)
@@ -83,14 +86,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self,
-        decode: Sequence[DecodeRow],
-        chunks: Sequence[ChunkRow],
-        *,
-        before_layers: Callable[[], None] | None = None,
+        self, decode: Sequence[DecodeRow], chunks: Sequence[ChunkRow]
     ) -> tuple[list[DecodeOut], list[ChunkOut]]:
-        """`before_layers`: called once, when the iteration is prepared (sampled, planned) and its layers are
-        about to run (TransfoXLModel.forward_step): the worker hands out the last iteration's events then."""
+        """One iteration: the decoding rows' next tokens and the chunks fed (calling `before_layers` once)."""
+        before_layers = self.before_layers
         if not chunks and self.graphs is not None and self.graphs.supports(decode):
             if before_layers is not None:
                 before_layers()

@@ -111,6 +111,7 @@ class Worker:
         self._overlap_wanted = overlap
         self._pending: Pending[DecodeTask] | None = None
         self._thread: threading.Thread | None = None
+        self._outbox = Outbox()  # events held back until the worker next computes or waits
         self.runner = ModelRunner(model, self.pool)  # the reference path, until `decode_with` (below)
         self.decode_with(path)
         self.observer = observer or WorkerObserver()
@@ -131,7 +132,6 @@ class Worker:
         self._inbox: list[Job] = []
         self._admitting: list[Job] = []  # taken from the inbox, not yet queued (the gate counts them)
         self._stopping = False
-        self._outbox = Outbox()  # events held back until the worker next computes or waits
 
     def decode_with(self, path: DecodePath) -> None:
         """Every step runs on `path` (its kernels, and its graphs where it names them), chosen once, before the
@@ -142,6 +142,7 @@ class Worker:
             self.model, self.pool, path, self.max_batch_size, self.max_positions
         )
         self.overlap = self._overlap_wanted and self.runner.graphs is not None
+        self.runner.before_layers = self._outbox.flush
 
     # ------------------------------------------------------------------ control (event loop side)
 
@@ -351,7 +352,7 @@ class Worker:
             # The last step's events go out when this one's layers start: the loop handles them while this thread
             # is in native code, off the GIL (handed out before the sampling and planning, the loop's Python ran
             # between their many small operations and held up each one).
-            decoded, fed = self.runner.run(decode_rows, chunk_rows, before_layers=self._outbox.flush)
+            decoded, fed = self.runner.run(decode_rows, chunk_rows)
         except Exception as exc:
             if self._device_failed(exc) or len(decode_rows) + len(chunk_rows) == 1:
                 self._failed_step(iteration.decode, [t for t, _ in iteration.chunks], exc)

@@ -81,6 +81,8 @@ async def test_the_last_steps_events_go_out_when_the_next_steps_layers_start(mak
             return layers(self, *args, **kwargs)
 
         outbox.put, outbox.flush = logged_put, logged_flush
+        assert worker.runner.before_layers == flush  # the worker's runner hands out its events so
+        worker.runner.before_layers = logged_flush
         worker.runner.run, worker.runner._sample = logged_run, logged_sample
         monkeypatch.setattr(decode_layer.DecodeLayerKernel, "layers", logged_layers)
         meta = await rt.service.create(OWNER, text="It was")
