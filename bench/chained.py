@@ -1,14 +1,17 @@
 """A stored turn against a stateless request: what keeping a session costs, end to end and to the first token.
 
-One server process (bundled model, persistence `always`: every commit writes its blocks to the block store and its
-metadata to Redis before the answer ends), greedy decoding, streamed. First turns: a `/v1/responses` request that
+One server process (bundled model, persistence `always`: every commit is in Redis before the answer ends, with the
+token ids the step fed; its memory blocks are written to the block store 50 ms after the answer: write-behind,
+docs/server.md), greedy decoding, streamed. First turns: a `/v1/responses` request that
 stores its session (`store` true, the default) against a stateless `/v1/completions` request of the same text,
 each text new to the prefix cache. Chained turns: a 30-turn conversation of ~170-byte messages and one-token
 replies, each turn a `/v1/responses` request chained with `previous_response_id` (the server feeds only the new
 message, then commits the session), against the same transcript resent whole to `/v1/completions`, which the
 prefix cache serves up to its last boundary (nothing is committed). Each turn's two requests are sent one after
 the other; the conversation is repeated and the medians per turn reported, so that a slow spell of the machine
-falls on both kinds alike. Time to first token: the first text delta on the stream; end to end: until `[DONE]`.
+falls on both kinds alike. Each request is sent once the server is idle again (PAUSE after the last answer), so
+that work one leaves behind (a chained turn's blocks, written after its answer) is not timed as part of the next.
+Time to first token: the first text delta on the stream; end to end: until `[DONE]`.
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ from .http import Server
 from .responses import message
 
 TURNS = 30
+PAUSE = 0.1  # seconds between requests: what a request leaves behind (blocks written behind) is done by then
 
 
 def streamed(http: httpx.Client, path: str, body: dict, marker: str) -> tuple[float, float, list[str]]:
-    """(seconds to the first line holding `marker`, seconds to the end, the lines) of a streamed request."""
+    """(seconds to the first line holding `marker`, seconds to the end, the lines) of a streamed request, sent
+    once the server is idle (PAUSE)."""
+    time.sleep(PAUSE)
     started = time.perf_counter()
     first = None
     lines = []

@@ -101,6 +101,14 @@ class Settings(BaseSettings):
     persistence: Persistence = Persistence.ALWAYS
     # Versions of each session kept (rewind, forks at a version, Responses chaining); 0 keeps only the newest.
     keep_versions: int = Field(32, ge=0, le=1024)
+    # Write-behind (persistence `always`): a step that fed at most this many tokens is acknowledged once Redis has
+    # its version and those token ids, and its memory blocks are written right after; until they are, a reader of
+    # the version (a restart, another replica) feeds the tokens again, after the last version whose blocks are
+    # stored (at most this many in all). 0: every step's blocks are written before its commit.
+    write_behind_tokens: int = Field(4096, ge=0, le=65536)
+    # How long such a step's blocks wait before they are written: the answer's own last work goes first, and a
+    # session's steps within this time write their blocks once (the newest version's).
+    write_behind_delay_ms: int = Field(50, ge=0, le=600_000)
 
     # ---- redis
     # None: start a private redis-server for this process. redis://host:port/db, or for a Redis that fails over,

@@ -13,6 +13,12 @@ Every new version of a state (a step's commit, a new session, a preloaded memory
 is written durably first, then placed (`Durable.write_then_place`): the state cache never points to a version
 Redis was not told of, and never lets go of one Redis does not hold.
 
+Write-behind: since a session's state is a function of its tokens, a step that fed few tokens (at most
+TXL_WRITE_BEHIND_TOKENS) is made durable by its token ids alone: Redis commits its version as the version before it
+advanced by them (`ahead`, a Replay), and the step is answered without waiting for the block store; its blocks are
+written right after, and settle the version (`settle_later`). A reader of a version not yet settled (a restart,
+another replica) feeds its tokens again after the blocks it names (`restore`): the same state, by the same model.
+
 A snapshot is one safetensors blob holding a session's memory with its metadata in the header: sessions move
 between deployments as snapshots (export, then import as a new session).
 """
@@ -27,6 +33,7 @@ from typing import Any, Generic, TypeVar
 
 from txl import TransfoXLLMHeadModel
 
+from ..engine.jobs import AdvanceJob, AdvanceResult, job_result
 from ..engine.state import ModelState, released, snapshot_metadata
 from ..engine.worker import Worker
 from ..errors import Gone, InvalidRequest
@@ -38,11 +45,13 @@ from .state_cache import Entry
 from .store.blocks import BlockIndex, BlockKey, StoredVersion, legacy_state, restore, snapshot
 from .store.plumbing import now
 from .store.sessions import SessionMeta, SessionStore
-from .store.versions import BlocksMissing, LoadedVersion, VersionSummary, VersionWrite
+from .store.versions import BlocksMissing, LoadedVersion, Replay, ReplayRefused, VersionSummary, VersionWrite
+from .write_behind import Pending, WriteBehind
 
 T = TypeVar("T")
-# What a durable write hands Redis besides the metadata: a stored version, or nothing (None).
-W = TypeVar("W", VersionWrite, None)
+# What a durable write hands Redis besides the metadata: a stored version, a version ahead of its blocks (which
+# becomes a stored version if Redis refuses it), or nothing (None).
+W = TypeVar("W", VersionWrite, VersionWrite | Replay, None)
 
 
 @dataclass(frozen=True)
@@ -114,11 +123,20 @@ class Persistence:
     vocab_size: int
     # Which pool blocks the block store already holds: a write sends only the others (store/blocks.py).
     index: BlockIndex = field(default_factory=BlockIndex, init=False)
+    # The blocks of versions committed ahead of them, written shortly after (`settle_later`).
+    behind: WriteBehind = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.behind = WriteBehind(self._settle, delay=self.settings.write_behind_delay_ms / 1000)
 
     @property
     def always(self) -> bool:
         """Every commit writes its version (persistence `always`): Redis holds every session's kept versions."""
         return self.settings.persistence is PersistenceMode.ALWAYS
+
+    def writes_behind(self, tokens: int) -> bool:
+        """Whether a step feeding `tokens` tokens commits ahead of its blocks (persistence `always`)."""
+        return self.always and 0 < tokens <= self.settings.write_behind_tokens
 
     @property
     def enabled(self) -> bool:
@@ -139,6 +157,29 @@ class Persistence:
         `full`) already in the block store (`early`: those written beforehand, see `prewrite`). Cancellable: no
         version names them yet."""
         return Durable(self, state, await self.version_write(state, summary, full=full, early=early))
+
+    def ahead(
+        self, state: ModelState, summary: VersionSummary, tokens: list[int]
+    ) -> Durable[VersionWrite | Replay]:
+        """`state`, the state of the session's committed version advanced by `tokens`, to be written durably ahead
+        of its blocks (`writes_behind`): as the version before it and these tokens, or, if Redis will not (the
+        version before is no longer kept, or readers would feed too many tokens again), with its blocks."""
+        limit = self.settings.write_behind_tokens
+        return Durable(
+            self, state, Replay(summary, tuple(tokens), state.fed, self.settings.keep_versions, limit)
+        )
+
+    def first_ahead(
+        self, state: ModelState, summary: VersionSummary, tokens: list[int]
+    ) -> Durable[VersionWrite]:
+        """A new session's `state`, an empty memory advanced by `tokens` (its start token first), to be written
+        durably ahead of its blocks: as the empty memory's header and these tokens (`writes_behind`)."""
+        if len(tokens) != state.fed:
+            raise ValueError("the tokens given are not those the state was fed")
+        with released(self.worker.empty_state(state.mem_len)) as empty:
+            stored = snapshot(empty, BlockIndex())
+        keep = self.settings.keep_versions
+        return Durable(self, state, VersionWrite(stored, summary, keep, now(), tuple(tokens)))
 
     def unstored(self, state: ModelState) -> Durable[None]:
         """`state` to be made durable by its metadata alone (no stored version: its memory stays in this
@@ -190,10 +231,19 @@ class Persistence:
         return Prewrite(asyncio.ensure_future(write()))
 
     async def write(
-        self, call: Callable[[VersionWrite], Awaitable[T]], write: VersionWrite, state: ModelState
+        self,
+        call: Callable[[Any], Awaitable[T]],
+        write: VersionWrite | Replay,
+        state: ModelState,
     ) -> T:
         """Runs a store write; if Redis lacks blocks the index thought the store held (they expired), or took too
-        long to hear of the new ones, writes every block again. The index then learns the blocks written."""
+        long to hear of the new ones, writes every block again. The index then learns the blocks written. A
+        Replay Redis refuses is written with its blocks."""
+        if isinstance(write, Replay):
+            try:
+                return await call(write)
+            except ReplayRefused:
+                write = await self.version_write(state, write.summary)
         try:
             result = await call(write)
         except BlocksMissing as exc:
@@ -202,6 +252,33 @@ class Persistence:
             result = await call(write)
         self.index.learn(write.stored.learned)
         return result
+
+    def settle_later(self, session_id: str, summary: VersionSummary, state: ModelState, ttl: int) -> None:
+        """Writes the blocks of a version committed ahead of them (`ahead`) shortly after the answer, then settles
+        it in Redis: its own header replaces the one it read (write_behind.py). `state` is the caller's hold,
+        which this takes."""
+        self.behind.add(Pending(session_id, summary, state, ttl))
+
+    async def forget(self, session_id: str) -> None:
+        """A deleted session's blocks are not written behind (write_behind.py)."""
+        await self.behind.forget(session_id)
+
+    async def settled(self, timeout: float) -> None:
+        """Writes the blocks still behind their versions now, waiting up to `timeout` seconds (at shutdown)."""
+        await self.behind.flush(timeout)
+
+    async def _settle(self, pending: Pending) -> None:
+        """Writes a version's blocks (those the store lacks), then settles it in Redis."""
+        state, summary, session_id = pending.state, pending.summary, pending.session_id
+        write = await self.version_write(state, summary)
+        try:
+            settled = await self.store.settle_version(session_id, write, pending.ttl)
+        except BlocksMissing as exc:  # some expired, or the writing took too long: all of them again
+            self.index.forget(exc.ids)
+            write = await self.version_write(state, summary, full=True)
+            settled = await self.store.settle_version(session_id, write, pending.ttl)
+        if settled:
+            self.index.learn(write.stored.learned)
 
     async def save(self, session_id: str, entry: Entry, *, then: Callable[[], Awaitable[None]]) -> None:
         """Writes the state of a session leaving this process (persistence `evict`) as its one stored version, if
@@ -263,7 +340,21 @@ class Persistence:
         # An older server's blocks (their bytes in Redis) are not learned: the next commit writes them to the block
         # store, and Redis's copy goes with the versions that list it.
         index = self.index if all(not b for b in stored.blocks) else BlockIndex()
-        return await self.worker.call(lambda: restore(header, hidden, data, layout, pool, index, grid=grid))
+        state = await self.worker.call(lambda: restore(header, hidden, data, layout, pool, index, grid=grid))
+        if not stored.replay:
+            return state
+        if any(not 0 <= t < self.vocab_size for t in stored.replay):
+            state.release()
+            raise ValueError("the stored version's token ids do not fit this model's vocabulary")
+        return await self._replayed(state, list(stored.replay))
+
+    async def _replayed(self, state: ModelState, tokens: list[int]) -> ModelState:
+        """A version committed ahead of its blocks: the state its header names (`state`, this call's hold), advanced
+        by the tokens it fed after it."""
+        with released(state):
+            result = await job_result(self.worker, AdvanceJob(state, tokens))
+        assert isinstance(result, AdvanceResult)
+        return result.state
 
     async def _block_bytes(self, header: dict[str, Any], in_redis: list[bytes]) -> list[bytes]:
         """Every block's bytes, in table order: those Redis does not hold read from the block store."""

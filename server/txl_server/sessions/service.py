@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -227,6 +228,7 @@ class SessionService:
             text=asked.text,
             private=private,
             receipt=asked.receipt,
+            fed=[self.start_id, *tokens],
         )
         self.observer.on_tokens("ingested", len(tokens) + 1)
         self.observer.on_prefix_cache(read.cached, len(tokens) + 1)
@@ -276,9 +278,11 @@ class SessionService:
         text: str | None = None,
         private: bool = False,
         receipt: ReceiptOf | None = None,
+        fed: list[int] | None = None,
     ) -> SessionMeta:
         """A new session at version 1 holding `state` (the caller's hold, which this takes): metadata (and its
-        stored version) to Redis, state to the device. A `private` one (made for a turn that will commit its next version before anyone learns its id)
+        stored version: `fed`, the tokens an empty memory was fed to make it, if known) to Redis, state to the
+        device. A `private` one (made for a turn that will commit its next version before anyone learns its id)
         skips the stored version, which that commit writes with its own: the turn's first token does not wait for
         it. Its state stays on the device (pinned) until that step ends."""
         stamp = now()
@@ -306,12 +310,14 @@ class SessionService:
             # nowhere else yet: it must not leave the device (its step unpins it)
             pin=always and private,
             receipt=receipt,
+            fed=fed,
         )
         return meta
 
     async def delete(self, owner: str, session_id: str, *, receipt: Receipt | None = None) -> None:
         meta = await self.recovery.owned(owner, session_id)  # a gone session too: its owner may tidy up
         await self.steps.delete(meta, receipt=receipt)
+        await self.persistence.forget(session_id)
         self.placement.forget(session_id)
 
     async def fork(
@@ -384,6 +390,7 @@ class SessionService:
                 kind="append",
                 text=text,
                 receipt=of_outcome(receipt, lambda new: AppendOutcome(new, len(tokens), logprob)),
+                fed=tokens,
             )
         self.observer.on_tokens("ingested", len(tokens))
         step_text(text)
@@ -436,8 +443,10 @@ class SessionService:
                 klass=klass,
                 # The worker reports a long prompt's segments as it feeds them, in the same job as the tokens.
                 report_progress=report_progress and len(prompt) > self.segment_len,
-                # Its fed prompt's blocks are written while it decodes, not by its commit (persistence.prewrite).
-                report_prompt_state=self.persistence.always,
+                # Its fed prompt's blocks are written while it decodes, not by its commit (persistence.prewrite),
+                # unless its commit is written ahead of its blocks (write-behind).
+                report_prompt_state=self.persistence.always
+                and not self.persistence.writes_behind(len(prompt) + max_tokens),
             )
             result: GenerateResult | None = None
             prewrite: Prewrite | None = None
@@ -461,6 +470,7 @@ class SessionService:
                     text=text + result.text,
                     receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
                     prewrite=prewrite,
+                    fed=[*prompt, *result.token_ids],
                 )
             finally:
                 if prewrite is not None:
@@ -477,5 +487,7 @@ class SessionService:
         return await self.placement.reap_expired()
 
     async def release_all(self, deadline: float) -> Released:
-        """At shutdown: what only this process holds is saved or marked gone (placement.py)."""
+        """At shutdown: the blocks being written behind their commits are written, then what only this process
+        holds is saved or marked gone (placement.py)."""
+        await self.persistence.settled(deadline - time.monotonic())
         return await self.placement.release_all(deadline)

@@ -26,7 +26,7 @@ from ..errors import Conflict, InvalidRequest, NotFound, OutcomeUnknown, Unavail
 from ..settings import Settings
 from ..telemetry.spans import commit_written, session_held, span_start, traced
 from .observer import SessionObserver
-from .persistence import Persistence, Prewrite
+from .persistence import Durable, Persistence, Prewrite
 from .placement import Placement
 from .recovery import Lost, Recovery, gone_error
 from .request_queue import RequestQueues
@@ -37,7 +37,7 @@ from .store.lease import Lease, new_token
 from .store.leases import LeaseStore
 from .store.plumbing import now
 from .store.sessions import Fenced, SessionGone, SessionMeta, SessionStore
-from .store.versions import VersionSummary, VersionWrite
+from .store.versions import Replay, VersionSummary, VersionWrite
 
 T = TypeVar("T")
 Progress = Callable[[int, int], None]  # (tokens_done, tokens_total)
@@ -177,12 +177,15 @@ class Steps:
         text: str | None = None,
         receipt: ReceiptOf | None = None,
         prewrite: Prewrite | None = None,
+        fed: list[int] | None = None,
     ) -> SessionMeta:
         """Commits `state` as the version after `meta`'s, holding `tokens` tokens of text (`kind` and `text`: what
         the step was and what it added, for the versions list), with the Idempotency-Key's record `receipt`
         makes of the version. With persistence `always`, only the blocks the block store does not hold yet are
-        written (those `prewrite` wrote while the step ran are not written again). `state` is the caller's hold,
-        which this takes: released once committed or failed (the state cache keeps its own)."""
+        written (those `prewrite` wrote while the step ran are not written again); a step that says which tokens
+        it `fed` to `meta`'s state, few enough, commits ahead of its blocks, which are written after the answer
+        (write-behind: persistence.py). `state` is the caller's hold, which this takes: released once committed
+        or failed (the state cache keeps its own)."""
         new = dataclasses.replace(
             meta,
             tokens=tokens,
@@ -194,17 +197,22 @@ class Steps:
         )
         summary = VersionSummary.of(new.version, new.tokens, new.last_used, kind, text)
         persistence = self.persistence
+        durable: Durable[VersionWrite] | Durable[VersionWrite | Replay] | Durable[None]
         with released_on_failure(state):
-            early = await prewrite.result() if prewrite is not None else None
-            durable = (
-                await persistence.prepare(state, summary, early=early)
-                if persistence.always
-                else persistence.unstored(state)
-            )
+            if fed is not None and prewrite is None and persistence.writes_behind(len(fed)):
+                durable = persistence.ahead(state, summary, fed)
+            elif persistence.always:
+                early = await prewrite.result() if prewrite is not None else None
+                durable = await persistence.prepare(state, summary, early=early)
+            else:
+                durable = persistence.unstored(state)
         commit_written(new.version, self.settings.persistence, durable.version)
         record = receipt(new) if receipt is not None else None
+        # What Redis was sent (a Replay it refused is sent again with its blocks).
+        written: list[VersionWrite | Replay | None] = []
 
-        async def write(stored: VersionWrite | None) -> None:
+        async def write(stored: VersionWrite | Replay | None) -> None:
+            written.append(stored)
             sent = time.monotonic()
             try:
                 # In "evict" mode an older stored version may sit in Redis: drop it with the commit, it is stale.
@@ -231,6 +239,8 @@ class Steps:
         async def place(_: None) -> None:
             await self.placement.place(new, state, summary=summary)
             self.recovery.acked.note(new)
+            if isinstance(written[-1], Replay):  # committed ahead of its blocks: they follow
+                persistence.settle_later(new.id, summary, state.retain(), new.ttl_seconds)
 
         await to_the_end(then_released(state, durable.write_then_place(write, place)))
         return new
@@ -244,14 +254,25 @@ class Steps:
         stored: bool,
         pin: bool = False,
         receipt: ReceiptOf | None = None,
+        fed: list[int] | None = None,
     ) -> None:
         """Registers the new session `meta` (version 1) holding `state`: its id reserved under its owner's
         session limit, its metadata (and, if `stored`, its stored version) written to Redis with the
         Idempotency-Key's record `receipt` makes of it, then its state placed on the device (`pin`: and kept
-        there until a step unpins it). `state` is the caller's hold, which this takes (as `commit` does)."""
+        there until a step unpins it). A state an empty memory was `fed` (few enough tokens, persistence
+        `always`) is stored ahead of its blocks, as those tokens; its blocks follow if `stored` (else the step
+        that follows writes them with its own). `state` is the caller's hold, which this takes (as `commit`
+        does)."""
         persistence = self.persistence
+        durable: Durable[VersionWrite] | Durable[None]
+        ahead = fed is not None and persistence.writes_behind(len(fed)) and len(fed) == state.fed
         with released_on_failure(state):
-            durable = await persistence.prepare(state, summary) if stored else persistence.unstored(state)
+            if ahead and fed is not None:
+                durable = persistence.first_ahead(state, summary, fed)
+            elif stored:
+                durable = await persistence.prepare(state, summary)
+            else:
+                durable = persistence.unstored(state)
         record = receipt(meta) if receipt is not None else None
         lease = Lease(meta.id, new_token(self.holder), self.settings.lease_ttl_seconds)
 
@@ -269,6 +290,8 @@ class Steps:
             if pin:
                 self.placement.cache.pin(meta.id)
             self.recovery.acked.note(meta)
+            if ahead and stored:  # stored ahead of its blocks: they follow
+                persistence.settle_later(meta.id, summary, state.retain(), meta.ttl_seconds)
 
         async def create() -> None:
             await self._reserve(meta, lease)

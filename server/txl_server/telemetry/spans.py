@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from txl.sampling import SamplingParams
 
     from ..engine.job_timing import JobTiming
-    from ..sessions.store.versions import VersionWrite
+    from ..sessions.store.blocks import StoredVersion
+    from ..sessions.store.versions import Replay, VersionWrite
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -110,14 +111,15 @@ def session_held(owner: str, session_id: str, *, since: int) -> None:
         )
 
 
-def commit_written(version: int, persistence: str, write: VersionWrite | None) -> None:
+def commit_written(version: int, persistence: str, write: VersionWrite | Replay | None) -> None:
     """What a commit writes of its stored version (`write`, in persistence `always`; None: metadata only), on the
     commit's span: the new blocks to the block store (the others it lists are stored already), and the version's
-    header and hidden state to Redis beside the session's metadata."""
+    header and hidden state to Redis beside the session's metadata; for a version written ahead of its blocks
+    (a Replay), the token ids it fed (`txl.commit.behind_tokens`), its blocks written after the answer."""
     if _traced() is None:
         return
     attributes: dict[str, Any] = {"txl.session.version": version, "txl.persistence": str(persistence)}
-    stored = write.stored if write is not None else None
+    stored: StoredVersion | None = getattr(write, "stored", None)  # (a Replay has none)
     attributes["txl.commit.blocks"] = len(stored.new_blocks) if stored is not None else 0
     attributes["txl.commit.store_bytes"] = (
         sum(memoryview(b).nbytes for b in stored.new_blocks.values()) if stored is not None else 0
@@ -127,6 +129,9 @@ def commit_written(version: int, persistence: str, write: VersionWrite | None) -
     )
     if stored is not None:
         attributes["txl.commit.blocks_listed"] = len(stored.block_ids)
+    behind: tuple[int, ...] | None = getattr(write, "tokens", None)
+    if behind is not None:
+        attributes["txl.commit.behind_tokens"] = len(behind)
     annotate(attributes)
 
 

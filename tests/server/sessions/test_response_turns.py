@@ -47,17 +47,28 @@ async def test_the_runtime_builds_the_responses_services_once_and_stops_their_jo
     assert ended.is_set() and responses.jobs.stopping and not responses.jobs.tasks
 
 
-async def test_a_private_session_waits_for_no_write_and_its_first_commit_stores_every_block(make_settings):
+async def test_a_private_session_waits_for_no_block_write_and_its_first_commit_stores_every_block(
+    make_settings,
+):
     async with running(make_settings(persistence=Persistence.ALWAYS)) as rt:
         service = rt.service
         text = "A first turn's prompt, read through the prefix cache."
-        meta, cached = await service.create_reading(OWNER, text, service.tokenizer.encode(text))
-        assert cached == 0 and await service.store.versions(meta.id) == []  # nothing written before the step
-        control = await service.create(OWNER, text=text)  # stored as usual
+        tokens = service.tokenizer.encode(text)
+        meta, cached = await service.create_reading(OWNER, text, tokens)
+        first = await service.store.load_version(
+            meta.id
+        )  # stored ahead of its blocks: an empty memory, the tokens
+        assert cached == 0 and first.header["blocks"] == [] and first.replay == (service.start_id, *tokens)
+        await service.persistence.settled(30)
+        assert (await service.store.load_version(meta.id)).replay == first.replay  # no blocks before the step
+        control = await service.create(OWNER, text=text)
         _, outcome = await generate(service, meta.id, sampling=GREEDY)
         _, expected = await generate(service, control.id, sampling=GREEDY)
         assert outcome.result.text == expected.result.text
-        assert [v.version for v in await service.store.versions(meta.id)] == [2]
+        await service.persistence.settled(30)
+        assert [v.version for v in await service.store.versions(meta.id)] == [1, 2]
+        second = await service.store.load_version(meta.id)
+        assert second.replay == () and second.header["fed"] == len(tokens) + 1 + len(outcome.result.token_ids)
         # The device forgets both: each continues from what Redis holds, alike.
         for session in (meta.id, control.id):
             service.placement.forget(session)

@@ -34,7 +34,14 @@ def _service(server: LiveServer) -> Any:
     return server.app.state.runtime.service
 
 
+def _written(server: LiveServer) -> None:
+    """Waits for the blocks written behind their versions' commits (sessions/write_behind.py)."""
+    server.run(_service(server).persistence.settled(30))
+
+
 def _block_ids(server: LiveServer, sid: str) -> list[str]:
+    """The blocks of the session's newest version, once written."""
+    _written(server)
     stored = server.run(_service(server).store.load_version(sid))
     return list(stored.header["blocks"])
 
@@ -101,8 +108,12 @@ class FailingCommit:
         raise RedisConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
 
 
-def test_a_commit_that_fails_after_its_blocks_were_written_leaves_the_session_as_it_was(server, blocks_dir):
+def test_a_commit_that_fails_after_its_blocks_were_written_leaves_the_session_as_it_was(
+    server, blocks_dir, monkeypatch
+):
     store = _service(server).store
+    # Its blocks written before its commit (none ahead of them: test_write_behind.py has those).
+    monkeypatch.setattr(_service(server).persistence.settings, "write_behind_tokens", 0)
     with server.client() as client:
         created = client.post("/v1/sessions", json={"text": "Before the crash. " * 4}).json()
         sid = created["id"]
@@ -133,6 +144,7 @@ def test_a_session_an_older_server_stored_in_redis_continues_and_its_blocks_move
         text = "Stored by an older server. " * 6
         sid = client.post("/v1/sessions", json={"text": text}).json()["id"]
         expected, _ = stream_tokens(client, client.post("/v1/sessions", json={"text": text}).json()["id"])
+        _written(server)
 
         async def make_it_old() -> list[str]:
             mkey = store.keys.versions(sid)
@@ -150,6 +162,7 @@ def test_a_session_an_older_server_stored_in_redis_continues_and_its_blocks_move
         _forget(server, sid)
         got, _ = stream_tokens(client, sid)
         assert got == expected
+        _written(server)  # its step's blocks, written behind its commit
         assert server.run(service.store.load_version(sid)).header["format"] == 4  # written to the store
         moved = server.run(_migrate(server))  # what is still in Redis (older versions) moves too
         assert moved == len(old_blocks)
@@ -170,6 +183,7 @@ def test_an_object_store_serves_the_blocks(tiny_model_dir, redis_server, tmp_pat
         with live.client() as client:
             text = "In an object store. " * 8
             sid = client.post("/v1/sessions", json={"text": text}).json()["id"]
+            _written(live)  # then read back from the object store
             _forget(live, sid)
             got, _ = stream_tokens(client, sid)
             assert (

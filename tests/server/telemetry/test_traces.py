@@ -133,14 +133,24 @@ def test_a_streamed_session_step_is_one_trace_under_the_callers_trace(client, re
     commit = named["session.commit"]
     assert commit.attributes["txl.session.version"] == 2
     assert commit.attributes["txl.persistence"] == "always"
-    assert commit.attributes["txl.commit.blocks"] >= 1 and commit.attributes["txl.commit.store_bytes"] > 0
-    assert 0 < commit.attributes["txl.commit.redis_bytes"] < commit.attributes["txl.commit.store_bytes"]
-    writes = [s for s in trace_of(receiver, trace_id, "blocks.write") if s.name == "blocks.write"]
-    # The block store, within the commit.
-    (written,) = [s for s in writes if s.parent_span_id == commit.span_id]
-    # The generation's fed prompt, written while it decoded (Persistence.prewrite), which the commit waited for.
-    assert all(s.end_ns <= written.start_ns for s in writes if s is not written)
-    assert commit.start_ns <= written.start_ns <= written.end_ns <= commit.end_ns
+    # Answered ahead of its blocks (write-behind): Redis holds the tokens it fed; the blocks are written after the
+    # answer, in a trace of their own linked to this request's.
+    assert commit.attributes["txl.commit.behind_tokens"] == usage["prompt_tokens"] + 6
+    assert commit.attributes["txl.commit.blocks"] == 0 == commit.attributes["txl.commit.store_bytes"]
+    assert not [s for s in trace if s.name == "blocks.write"]
+
+    def written_behind(spans: list[ReceivedSpan]) -> bool:
+        return any(s.name == "session.write_behind" and (trace_id, server.span_id) in s.links for s in spans)
+
+    (behind,) = [
+        s
+        for s in receiver.wait_for(written_behind)
+        if s.name == "session.write_behind" and (trace_id, server.span_id) in s.links
+    ]
+    assert behind.parent_span_id == "" and behind.start_ns >= server.end_ns
+    assert behind.attributes["session.id"] == session["id"] and behind.attributes["txl.session.version"] == 2
+    writes = trace_of_root(receiver, behind, "blocks.write")
+    assert [s.name for s in writes] == ["blocks.write"]
     # In order: the lease, the fetch, then the engine's work, then the commit.
     assert named["session.lease"].end_ns <= named["session.fetch"].start_ns
     assert max(s.end_ns for s in prefill) <= decode.end_ns <= commit.start_ns
@@ -198,8 +208,13 @@ def test_a_background_response_is_a_trace_linked_to_the_request_that_started_it(
     def linked(spans: list[ReceivedSpan]) -> bool:
         return any((trace_id, request.span_id) in s.links for s in spans)
 
-    (work,) = [s for s in receiver.wait_for(linked) if (trace_id, request.span_id) in s.links]
-    assert work.name == "background response" and work.trace_id != trace_id and work.parent_span_id == ""
+    # (Its new session's first blocks are written behind it too, in a trace linked to it: session.write_behind.)
+    (work,) = [
+        s
+        for s in receiver.wait_for(linked)
+        if (trace_id, request.span_id) in s.links and s.name == "background response"
+    ]
+    assert work.trace_id != trace_id and work.parent_span_id == ""
     assert work.attributes["gen_ai.response.id"] == response_id
     assert work.attributes["txl.request_id"] == request.attributes["txl.request_id"]
     its = trace_of_root(receiver, work, "engine.decode", "session.commit")

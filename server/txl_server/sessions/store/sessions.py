@@ -28,7 +28,16 @@ from ...errors import Conflict
 from .idempotency import Receipt, receipt_args, receipt_keys
 from .lease import Lease
 from .plumbing import HashRecord, RedisStore, as_bytes, field_args, now, text
-from .versions import LoadedVersion, VersionSummary, VersionWrite, check_written, load_status, loaded
+from .versions import (
+    MAX_BLOCK_AGE_SECONDS,
+    LoadedVersion,
+    Replay,
+    VersionSummary,
+    VersionWrite,
+    check_written,
+    load_status,
+    loaded,
+)
 
 
 @dataclass
@@ -86,6 +95,7 @@ class SessionStore(RedisStore):
         self._touch_tier = self.script("session_touch_tier")
         self._save = self.script("versions", "save_version")
         self._load = self.script("load_version")
+        self._settle_version = self.script("versions", "settle_version")
 
     # ------------------------------------------------------------------ metadata
 
@@ -136,16 +146,17 @@ class SessionStore(RedisStore):
         *,
         expected_version: int,
         lease: Lease,
-        write: VersionWrite | None = None,
+        write: VersionWrite | Replay | None = None,
         drop_stored: bool = False,
         receipt: Receipt | None = None,
     ) -> bool:
         """Writes `meta` (whose version is the new one) if Redis still holds `expected_version` and the step still
-        holds its `lease` (handed back by the commit), with the new stored version
-        (`write`: its header and the blocks the store does not hold yet), or dropping the stored versions
-        (`drop_stored`: they are stale), and `receipt`. Returns False if the session is gone; raises Conflict if
-        another writer committed first, SessionGone if it was marked gone, Fenced if the lease is no longer the
-        step's, and BlocksMissing if `write` lists a block the store does not hold (nothing is written then)."""
+        holds its `lease` (handed back by the commit), with the new stored version (`write`: its header and the
+        blocks the store does not hold yet; or a Replay, the version ahead of its blocks), or dropping the stored
+        versions (`drop_stored`: they are stale), and `receipt`. Returns False if the session is gone; raises
+        Conflict if another writer committed first, SessionGone if it was marked gone, Fenced if the lease is no
+        longer the step's, BlocksMissing if `write` lists a block the store does not hold, and ReplayRefused if
+        Redis would not write the Replay (nothing is written then)."""
         args: list[Any] = [
             expected_version,
             meta.ttl_seconds,
@@ -156,6 +167,8 @@ class SessionStore(RedisStore):
         ]
         if write is None:
             args += ["drop", self.keys.blocks] if drop_stored else ["keep"]
+        elif isinstance(write, Replay):
+            args += ["replay", self.keys.blocks, *write.args(expected_version)]
         else:
             args += self._write_args(write)
         keys = [
@@ -338,6 +351,26 @@ class SessionStore(RedisStore):
         args: list[Any] = [self.keys.blocks, str(version), ttl, *write.args()]
         keys = [self.keys.session(session_id), self.keys.versions(session_id)]
         reply = await self.call(lambda: self._save(keys=keys, args=args), writes=True)
+        check_written(reply)
+        return bool(reply[0] == 1)
+
+    async def settle_version(self, session_id: str, write: VersionWrite, ttl: int) -> bool:
+        """Settles a version committed ahead of its blocks (a Replay) with its own header, its new blocks now in the
+        block store: whether it did (False: the version is no longer kept, or was settled). Raises BlocksMissing
+        as `commit` does (nothing written)."""
+        stored = write.stored
+        args: list[Any] = [
+            self.keys.blocks,
+            ttl,
+            str(write.summary.version),
+            stored.header_json(),
+            stored.hidden or b"",
+            int(write.written_at),
+            MAX_BLOCK_AGE_SECONDS,
+            *stored.new_ids,
+        ]
+        key = self.keys.versions(session_id)
+        reply = await self.call(lambda: self._settle_version(keys=[key], args=args), writes=True)
         check_written(reply)
         return bool(reply[0] == 1)
 

@@ -63,10 +63,13 @@ class VersionWrite:
     summary: VersionSummary
     keep: int
     written_at: float
+    # A new session's first version ahead of its blocks: the tokens it fed after the (empty) state `stored` holds.
+    replay: tuple[int, ...] = ()
 
     def args(self) -> list[Any]:
         """As the scripts take a version to write: version, summary, header, hidden, keep, written_at, max_age,
-        then the ids of the blocks new to the store."""
+        the token ids to feed after the header's state (JSON, or ''), then the ids of the blocks new to the
+        store."""
         stored = self.stored
         return [
             str(self.summary.version),
@@ -76,8 +79,39 @@ class VersionWrite:
             max(1, self.keep),
             int(self.written_at),
             MAX_BLOCK_AGE_SECONDS,
+            json.dumps(list(self.replay), separators=(",", ":")) if self.replay else "",
             *stored.new_ids,
         ]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A version committed ahead of its blocks (write-behind, sessions/persistence.py): the state of the version
+    before it advanced by `tokens`, to `fed` positions fed. Redis writes it naming what the version before it names
+    (lua/versions.lua's write_replay); its blocks follow, and settle it (`SessionStore.settle_version`)."""
+
+    summary: VersionSummary
+    tokens: tuple[int, ...]
+    fed: int
+    keep: int
+    max_tokens: int  # the most tokens a reader may have to feed again: Redis refuses a longer chain
+
+    def args(self, previous: int) -> list[Any]:
+        """As the scripts take it: previous version, version, summary, token ids, fed, keep, max_tokens."""
+        return [
+            str(previous),
+            str(self.summary.version),
+            self.summary.to_json(),
+            json.dumps(list(self.tokens), separators=(",", ":")),
+            self.fed,
+            max(1, self.keep),
+            self.max_tokens,
+        ]
+
+
+class ReplayRefused(Exception):
+    """Redis would not write a version ahead of its blocks ({-7}: the version before it is not kept, or reading it
+    back would feed too many tokens again): nothing was written; write it with its blocks."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +126,8 @@ class LoadedVersion:
     blocks: list[bytes]
     legacy: bytes | None
     legacy_blocks: dict[int, bytes]
+    # A version committed ahead of its blocks: the token ids to feed after the state `header` holds.
+    replay: tuple[int, ...] = ()
 
 
 class BlocksMissing(Exception):
@@ -104,7 +140,10 @@ class BlocksMissing(Exception):
 
 
 def check_written(reply: Any) -> None:
-    """Raises BlocksMissing if a script writing a version refused it ({-3, id}, {-6}): nothing was written."""
+    """Raises BlocksMissing if a script writing a version refused it ({-3, id}, {-6}), ReplayRefused if it would
+    not write it ahead of its blocks ({-7}): nothing was written."""
+    if int(reply[0]) == -7:
+        raise ReplayRefused()
     if int(reply[0]) == -3:
         raise BlocksMissing({text(reply[1])})
     if int(reply[0]) == -6:
@@ -124,4 +163,6 @@ def loaded(reply: Any) -> LoadedVersion:
     """The version in a reply of status 1."""
     header = json.loads(reply[2])
     hidden = as_bytes(reply[3]) or None
-    return LoadedVersion(int(text(reply[1])), header, hidden, [as_bytes(b) for b in reply[4:]], None, {})
+    replay = tuple(int(t) for t in json.loads(text(reply[4]))) if as_bytes(reply[4]) else ()
+    blocks = [as_bytes(b) for b in reply[5:]]
+    return LoadedVersion(int(text(reply[1])), header, hidden, blocks, None, {}, replay)

@@ -1,10 +1,13 @@
 -- KEYS[1] s:{id} (metadata), KEYS[2] m:{id} (stored versions), KEYS[3] l:{id} (the step's lease, handed back),
 -- KEYS[4] the store's identity (its commit count), KEYS[5] (optional) an Idempotency-Key's record. ARGV: expected version, ttl, lease token, op (the step's id),
--- receipt record, receipt ttl, n, n field/value pairs, then mode ('keep' | 'drop' | 'write'); for 'drop': block
--- prefix; for 'write': block prefix, then a version to write (version, summary, header, hidden, keep, written_at,
--- max_age, the ids of the blocks new to the store: versions.lua).
+-- receipt record, receipt ttl, n, n field/value pairs, then mode ('keep' | 'drop' | 'write' | 'replay'); for
+-- 'drop': block prefix; for 'write': block prefix, then a version to write (version, summary, header, hidden, keep,
+-- written_at, max_age, the ids of the blocks new to the store: versions.lua); for 'replay': block prefix, then a
+-- version to write ahead of its blocks (previous version, version, summary, token ids, fed, keep, max_tokens:
+-- versions.lua's write_replay).
 -- {1, the store's commit count} committed, {-1} no such session, {-2} another writer committed first, {-3, id} a
--- listed block is not stored, {-6} the new blocks were written too long ago, {-4} the session is marked gone, {-5} the lease is no longer the step's: it expired, another writer took it, or
+-- listed block is not stored, {-6} the new blocks were written too long ago, {-7} the version cannot be written
+-- ahead of its blocks (write it with them), {-4} the session is marked gone, {-5} the lease is no longer the step's: it expired, another writer took it, or
 -- the step's outcome was settled as not applied (settle_step.lua): a late commit is fenced off. Nothing is written
 -- but with {1}.
 local version = redis.call('HGET', KEYS[1], 'version')
@@ -18,6 +21,9 @@ local at = 8 + 2 * n
 local mode = ARGV[at]
 if mode == 'write' then
     local refused = write_version_from(KEYS[2], ARGV[at + 1], ttl, at + 2, #ARGV)
+    if refused then return refused end
+elseif mode == 'replay' then
+    local refused = write_replay_from(KEYS[2], ARGV[at + 1], ttl, at + 2)
     if refused then return refused end
 elseif mode == 'drop' then
     drop_versions(KEYS[2], ARGV[at + 1])
