@@ -137,7 +137,8 @@ class Steps:
             except NotFound:
                 raise await self.recovery.not_found(owner, session_id) from None
             session_held(owner, session_id, since=since)
-            state = await self.placement.fetch(meta)  # this step's hold, released when it ends
+            async with self._renewing(lease, None):  # reading it back may feed tokens again (write-behind)
+                state = await self.placement.fetch(meta)  # this step's hold, released when it ends
             cache = self.placement.cache
             cache.pin(session_id)
             try:
@@ -362,10 +363,11 @@ class Steps:
                 yield event
 
     @contextlib.asynccontextmanager
-    async def _renewing(self, lease: Lease | None, job: Job) -> AsyncIterator[None]:
+    async def _renewing(self, lease: Lease | None, job: Job | None) -> AsyncIterator[None]:
         """Keeps `lease` (if any) while the block runs: a long step outlives the lease's TTL. A renewal that finds
         the lease taken, or that cannot reach Redis until the lease would have expired, ends the step at once (its
-        job ends with a 409 `lease_lost`): a step that went on would only compute what its commit cannot keep."""
+        `job` ends with a 409 `lease_lost`; without one, its commit is refused the same way): a step that went on
+        would only compute what its commit cannot keep."""
 
         async def keep(lease: Lease) -> None:
             renewed = time.monotonic()
@@ -379,7 +381,8 @@ class Steps:
                     if time.monotonic() - renewed >= lease.ttl_seconds:
                         break
             self.observer.on_lease_lost()
-            job.cancel(lease_lost())
+            if job is not None:
+                job.cancel(lease_lost())
 
         renewer = asyncio.create_task(keep(lease)) if lease is not None else None
         try:

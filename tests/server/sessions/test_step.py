@@ -234,6 +234,23 @@ async def test_a_step_keeps_its_lease_through_a_short_outage_of_redis():
     assert (await step).version == 2 and s.observer.counts["lease_lost"] == 0
 
 
+async def test_a_step_keeps_its_lease_while_its_session_is_read_back():
+    """Reading a session back may take long (a version written ahead of its blocks feeds its tokens again): the
+    lease is renewed meanwhile, as while the step's own job runs."""
+    s = Stepping(ttl=0.3)  # renewed every 0.1 s
+    fetch = s.placement.fetch
+    renewed_while_reading = []
+
+    async def slow_fetch(session):
+        await asyncio.sleep(0.5)
+        renewed_while_reading.append(s.leases.calls["renew"])
+        return await fetch(session)
+
+    s.placement.fetch = slow_fetch
+    assert (await s.append()).version == 2
+    assert renewed_while_reading[0] >= 3 and s.observer.counts["lease_lost"] == 0
+
+
 async def test_a_deletion_runs_under_the_lease_and_forgets_the_acknowledged_version():
     s = Stepping()
     await s.append()
