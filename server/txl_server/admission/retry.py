@@ -5,15 +5,20 @@ admitted (the caller computes it from its own queue: `policy`, `slots`). The **s
 all sent back to the same moment (where one would be served and the rest refused again), but one after the other,
 as fast as the server makes room (the measured interval between two requests ending): each refusal is told the
 first free moment of a virtual queue of promised retries, no earlier than its own wait. Promises in the past cost
-nothing: a client that does not come back leaves no debt. A client refused again takes a new place, its old one
+nothing: a client that does not come back leaves no debt. A client refused again takes a new place, its old refusal
 still counted: so the queue reaches no further than one place for each refusal of the last CROWD_SECONDS (about
 the clients waiting now), and never past MAX_RETRY_AFTER_SECONDS.
 
-A promise is kept: the clients due back soon are work ahead of a new request (`due`, each as the work it was
+A promise is kept: the clients due back soon are work ahead of a new request (`arrived`, each as the work it was
 refused for), so that a client sending its next request the moment its last one ends does not take the room a
-refused client was told to come back to. A request that arrives when a promise falls due is taken for the
-client it was made to (`arrived`: promises are not named, the earliest due one goes), and a promise nobody
-came back to is forgotten PROMISE_KEPT_SECONDS after its time.
+refused client was told to come back to. A promise is made to the request refused (its `key`: a retry resends
+the same request, as OpenAI's SDKs and any client that honours Retry-After do), and only that request takes it
+when it comes back: a new request that happens to arrive at the promised moment is a new request, with the
+promises due soon ahead of it (anonymous promises, taken by whichever request came first, were taken by those
+about half the time, and the client they were made to was then refused again). A request that comes back early
+has the others' promises ahead of it, not its own; one refused again gives up its old place for a new one. A
+request without a key (`None`) takes the earliest due promise. A promise nobody came back to is forgotten
+PROMISE_KEPT_SECONDS after its time.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import bisect
 import collections
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 W = TypeVar("W")
@@ -33,30 +39,42 @@ PROMISE_KEPT_SECONDS = 2.0  # a promise waits this long for its client
 ARRIVAL_GRACE_SECONDS = 0.05  # a request this early for a promise is taken for its client
 
 
+@dataclass(frozen=True)
+class Promise(Generic[W]):
+    at: float  # when its client was told to come back (time.monotonic())
+    work: W  # what it was refused for
+    key: Hashable | None  # the request refused (None: unknown)
+
+
 class RetryQueue(Generic[W]):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._last = -math.inf  # the latest moment promised
         self._refused: collections.deque[float] = collections.deque()  # when, lately
-        self._promises: list[tuple[float, W]] = []  # (when, the work refused), in order
+        self._promises: list[Promise[W]] = []  # in the order they fall due
 
-    def arrived(self, within: float) -> list[W]:
-        """A request arrived: the work of the clients promised a retry before it. If a promise falls due now,
-        the request is taken for its client (the promise is kept: the earlier promises are ahead of it); else
-        the promises due within `within` seconds are. Expired promises are forgotten."""
+    def arrived(self, within: float, key: Hashable | None = None) -> list[W]:
+        """The request `key` arrived: the work of the clients promised a retry before it. If its own promise
+        falls due now (or the earliest one does, for a request without a key), the request is taken for the
+        client it was made to, in its turn: nothing is ahead of it. Else the promises due within `within`
+        seconds are, its own aside. Expired promises are forgotten."""
         now = self.clock()
         promises = self._promises
-        while promises and promises[0][0] < now - PROMISE_KEPT_SECONDS:
+        while promises and promises[0].at < now - PROMISE_KEPT_SECONDS:
             promises.pop(0)
-        if promises and promises[0][0] <= now + ARRIVAL_GRACE_SECONDS:
-            promises.pop(0)
+        mine = self._of(key) if key is not None else (promises[0] if promises else None)
+        if mine is not None and mine.at <= now + ARRIVAL_GRACE_SECONDS:
+            promises.remove(mine)
             return []
-        return [work for at, work in promises if at <= now + within]
+        return [p.work for p in promises if p.at <= now + within and p is not mine]
 
-    def after(self, wait: float, interval: float, work: W) -> float:
-        """Seconds the client refused `work` should wait: at least `wait`, and `interval` after the previous
-        promise (as far as the crowd waiting now reaches)."""
+    def after(self, wait: float, interval: float, work: W, key: Hashable | None = None) -> float:
+        """Seconds the client refused `work` (the request `key`) should wait: at least `wait`, and `interval`
+        after the previous promise (as far as the crowd waiting now reaches)."""
         now = self.clock()
+        earlier = self._of(key) if key is not None else None
+        if earlier is not None:  # refused again: it takes a new place
+            self._promises.remove(earlier)
         refused = self._refused
         refused.append(now)
         while refused[0] < now - CROWD_SECONDS:
@@ -66,8 +84,11 @@ class RetryQueue(Generic[W]):
         at = max(earliest, min(self._last + interval, earliest + len(refused) * interval))
         at = min(at, now + MAX_RETRY_AFTER_SECONDS)
         self._last = at
-        bisect.insort(self._promises, (at, work), key=lambda promise: promise[0])
+        bisect.insort(self._promises, Promise(at, work, key), key=lambda promise: promise.at)
         return at - now
+
+    def _of(self, key: Hashable) -> Promise[W] | None:
+        return next((p for p in self._promises if p.key == key), None)
 
 
 def header_values(seconds: float) -> dict[str, str]:
