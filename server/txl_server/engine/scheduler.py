@@ -10,7 +10,8 @@ iteration, never by the whole text.
 
 Who goes first is its request's class (admission.classes): a lower lane always (interactive, then flex, then
 batch). Within a lane, the batch's rows are divided between tenants by weighted max-min fair shares, and prompt
-segments go to the tenant served least first (virtual token counters): admission.fair_share. Within a tenant,
+segments go first to the tenants owed rows (holding fewer than their share, counting the rows their prompts open),
+then to the tenant served least (virtual token counters): admission.fair_share. Within a tenant,
 priority before default, then arrival (round robin among equals for prompt segments).
 
 A row keeps its place in the batch until it ends: rows beyond the cap wait, rather than every stream taking turns
@@ -96,6 +97,11 @@ class Ingesting(Classed, Protocol):
     @property
     def chunk_limit(self) -> int:
         """The most tokens its next segment may feed (a job may want its segments to end at given positions)."""
+        ...
+
+    @property
+    def rows_after(self) -> int:
+        """The decoding rows its request opens once this input is fed (a prompt's generations)."""
         ...
 
     def new_blocks(self, tokens: int, claimed: set[int]) -> int: ...
@@ -280,9 +286,10 @@ class Scheduler(Generic[D, I]):
         budget = pacing.chunk_tokens(rows, limit) if pacing is not None else limit
         background = pacing.background_allowed(streams) if pacing is not None else True
         counter = self.counters.of
+        owed = self.owed_rows()
         order = sorted(
-            self.ingesting, key=lambda j: (j.lane, counter(j.tenant), j.rank)
-        )  # stable: round robin
+            self.ingesting, key=lambda j: (j.lane, (j.lane, j.tenant) not in owed, counter(j.tenant), j.rank)
+        )  # stable: round robin among equals
         chunks: list[tuple[I, int]] = []
         for job in order:
             if len(chunks) >= self.max_batch_size:
@@ -293,7 +300,10 @@ class Scheduler(Generic[D, I]):
             if size > budget:
                 if chunks:
                     break
-                if pacing is not None:  # paced: the first segment is cut to the budget (at least min_chunk)
+                # Paced: the first segment is cut to the budget, unless what it would leave is less than
+                # min_chunk (a whole iteration more for a few tokens: a prompt's first token waits for it, and
+                # the rows beside it lose less to those tokens now than to one more iteration of them later).
+                if pacing is not None and (size - budget >= pacing.min_chunk or size > limit):
                     size = max(1, budget)
             chunks.append((job, size))
             budget -= size
@@ -305,6 +315,25 @@ class Scheduler(Generic[D, I]):
                 [j for j in self.ingesting if id(j) not in fed] + [j for j in self.ingesting if id(j) in fed]
             )
         return chunks
+
+    def owed_rows(self) -> set[tuple[Lane, str]]:
+        """The (lane, tenant)s holding fewer rows of the batch than their fair share of the lane's places, counting
+        the rows their prompts open once fed: their prompts go first, whatever their counters (a lone client's
+        prompt is not fed after the crowd's, and the row it is owed waits for nothing but its prompt)."""
+        owed: set[tuple[Lane, str]] = set()
+        places = self.cap
+        for lane in sorted({t.lane for t in self.decoding} | {j.lane for j in self.ingesting}):
+            demand = Counter(t.tenant for t in self.decoding if t.lane == lane)
+            for job in self.ingesting:
+                if job.lane == lane:
+                    demand[job.tenant] += job.rows_after
+            held = Counter(t.tenant for t in self.in_batch if t.lane == lane)
+            shares = max_min_shares(demand, places, weight=self.weight, held=held, counters=self.counters.of)
+            owed.update((lane, tenant) for tenant, share in shares.items() if held[tenant] < share)
+            places -= sum(shares.values())
+            if places <= 0:
+                break
+        return owed
 
     def fit(self, iteration: Iteration[D, I]) -> tuple[Iteration[D, I], int]:
         """The rows of `iteration` whose new blocks are free now (in order), and the blocks the others need."""
