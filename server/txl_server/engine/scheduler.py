@@ -11,7 +11,8 @@ iteration, never by the whole text.
 Who goes first is its request's class (admission.classes): a lower lane always (interactive, then flex, then
 batch). Within a lane, the batch's rows are divided between tenants by weighted max-min fair shares, and prompt
 segments go first to the tenants owed rows (holding fewer than their share, counting the rows their prompts open),
-then to the tenant served least (virtual token counters): admission.fair_share. Within a tenant,
+then to the tenant served least (virtual token counters; on a tie, as when a tenant joins, the one holding the
+fewest rows for its weight): admission.fair_share. Within a tenant,
 priority before default, then arrival (round robin among equals for prompt segments).
 
 A row keeps its place in the batch until it ends: rows beyond the cap wait, rather than every stream taking turns
@@ -285,11 +286,21 @@ class Scheduler(Generic[D, I]):
         pacing = self.pacing
         budget = pacing.chunk_tokens(rows, limit) if pacing is not None else limit
         background = pacing.background_allowed(streams) if pacing is not None else True
-        counter = self.counters.of
+        counter, weight = self.counters.of, self.weight
         owed = self.owed_rows()
+        held = Counter(t.tenant for t in self.in_batch)
+        # Counters tie when a tenant joins (at the smallest of those waiting): then the one with the fewest rows
+        # for its weight goes first. Stable: round robin among equals.
         order = sorted(
-            self.ingesting, key=lambda j: (j.lane, (j.lane, j.tenant) not in owed, counter(j.tenant), j.rank)
-        )  # stable: round robin among equals
+            self.ingesting,
+            key=lambda j: (
+                j.lane,
+                (j.lane, j.tenant) not in owed,
+                counter(j.tenant),
+                held[j.tenant] / max(weight(j.tenant), 1e-9),
+                j.rank,
+            ),
+        )
         chunks: list[tuple[I, int]] = []
         for job in order:
             if len(chunks) >= self.max_batch_size:

@@ -347,6 +347,20 @@ def test_a_tenant_owed_a_row_has_its_prompt_fed_before_the_crowds_whatever_the_c
     assert s.schedule().iteration.chunks[0][0] is not append
 
 
+def test_while_the_batch_has_room_a_tenant_joining_at_the_crowds_counter_goes_first_holding_fewer_rows():
+    s = make(segment_len=8, max_batch_size=8, max_batch_tokens=12)
+    rows = [Decode(tenant="a") for _ in range(4)]
+    crowd = [Ingest(8, tenant="a", rows_after=1) for _ in range(3)]
+    for task in rows:
+        s.add_decoding(task)
+    for job in crowd:
+        s.add_ingesting(job)
+    s.schedule()
+    lone = Ingest(8, tenant="b", rows_after=1)
+    s.add_ingesting(lone)  # both are owed rows (the batch has room): the counters tie, and b holds none
+    assert s.schedule().iteration.chunks == [(lone, 8)]
+
+
 def test_a_tenant_back_after_being_idle_cannot_spend_the_time_it_was_away():
     s = make(segment_len=8, max_batch_size=4, max_batch_tokens=8)
     a = Ingest(400, tenant="a")
