@@ -301,6 +301,11 @@ class Scheduler(Generic[D, I]):
                 j.rank,
             ),
         )
+        # A full batch whose rows a tenant is owed: its row comes from a tenant over its share, and its prompt is
+        # fed whole rather than cut to what the target leaves beside the others' rows (a few tokens an iteration
+        # when the machine is slow: the newcomer's first token waited for many iterations). The streams beside
+        # it lose the same time either way, at once rather than spread over those iterations.
+        full = len(self.in_batch) >= self.cap
         chunks: list[tuple[I, int]] = []
         for job in order:
             if len(chunks) >= self.max_batch_size:
@@ -311,10 +316,14 @@ class Scheduler(Generic[D, I]):
             if size > budget:
                 if chunks:
                     break
-                # Paced: the first segment is cut to the budget, unless what it would leave is less than
-                # min_chunk (a whole iteration more for a few tokens: a prompt's first token waits for it, and
-                # the rows beside it lose less to those tokens now than to one more iteration of them later).
-                if pacing is not None and (size - budget >= pacing.min_chunk or size > limit):
+                # Paced: the first segment is cut to the budget, unless it is owed a row of a full batch, or what
+                # it would leave is less than min_chunk (a whole iteration more for a few tokens: a prompt's first
+                # token waits for it, and the rows beside it lose less to those tokens now than to one more
+                # iteration of them later).
+                whole = (full and (job.lane, job.tenant) in owed) or size - budget < (
+                    pacing.min_chunk if pacing else 0
+                )
+                if pacing is not None and (not whole or size > limit):
                     size = max(1, budget)
             chunks.append((job, size))
             budget -= size
