@@ -175,6 +175,7 @@ class Scheduler(Generic[D, I]):
         self._background_tokens = 0  # flex and batch prompt tokens in the last iteration picked
         self._streams = False  # whether interactive rows decoded in it
         self._starved_since: float | None = None
+        self._lent = 0  # prompt tokens fed beyond the budgets, not yet repaid (`segments`)
 
     # ------------------------------------------------------------------ the jobs it holds
 
@@ -301,11 +302,12 @@ class Scheduler(Generic[D, I]):
                 j.rank,
             ),
         )
-        # A full batch whose rows a tenant is owed: its row comes from a tenant over its share, and its prompt is
-        # fed whole rather than cut to what the target leaves beside the others' rows (a few tokens an iteration
-        # when the machine is slow: the newcomer's first token waited for many iterations). The streams beside
-        # it lose the same time either way, at once rather than spread over those iterations.
-        full = len(self.in_batch) >= self.cap
+        # A newcomer (a tenant owed rows and holding none: a lone client beside a crowd) has its prompt segment fed
+        # whole rather than cut to what the target leaves beside the others' rows (a few tokens an iteration on a
+        # slow machine: its first token waited for many iterations). The tokens over the budget are lent by the
+        # streams beside it (they lose the same time, at once rather than spread) and repaid from the budgets of
+        # the next iterations before another newcomer borrows: prompts take no more time than the target leaves.
+        lent, self._lent = self._lent, max(0, self._lent - budget)
         chunks: list[tuple[I, int]] = []
         for job in order:
             if len(chunks) >= self.max_batch_size:
@@ -316,15 +318,16 @@ class Scheduler(Generic[D, I]):
             if size > budget:
                 if chunks:
                     break
-                # Paced: the first segment is cut to the budget, unless it is owed a row of a full batch, or what
-                # it would leave is less than min_chunk (a whole iteration more for a few tokens: a prompt's first
+                # Paced: the first segment is cut to the budget, unless it is a newcomer's, or what it would
+                # leave is less than min_chunk (a whole iteration more for a few tokens: a prompt's first
                 # token waits for it, and the rows beside it lose less to those tokens now than to one more
                 # iteration of them later).
-                whole = (full and (job.lane, job.tenant) in owed) or size - budget < (
-                    pacing.min_chunk if pacing else 0
-                )
+                newcomer = not lent and not held[job.tenant] and (job.lane, job.tenant) in owed
+                whole = newcomer or size - budget < (pacing.min_chunk if pacing is not None else 0)
                 if pacing is not None and (not whole or size > limit):
                     size = max(1, budget)
+                elif newcomer:
+                    self._lent += size - max(0, budget)
             chunks.append((job, size))
             budget -= size
             if budget <= 0:

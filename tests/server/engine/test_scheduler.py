@@ -454,7 +454,7 @@ def test_a_paced_segment_is_not_cut_to_leave_fewer_tokens_than_the_smallest_chun
     assert s.schedule().iteration.chunks[0][1] == 46
 
 
-def test_the_prompt_of_a_tenant_owed_a_row_of_a_full_batch_is_fed_whole_not_cut_to_the_budget():
+def test_a_newcomers_prompt_is_fed_whole_on_a_loan_that_later_budgets_repay():
     s = make(segment_len=64, max_batch_size=4, max_batch_tokens=256)
     paced(s, tbt=0.020, line=Line(0.002, 0.001, 0.001), min_chunk=8)
     for _ in range(4):
@@ -465,9 +465,16 @@ def test_the_prompt_of_a_tenant_owed_a_row_of_a_full_batch_is_fed_whole_not_cut_
     assert s.schedule().iteration.chunks == [(crowd, 14)]
     lone = Ingest(64, tenant="b", rows_after=1)
     s.add_ingesting(lone)
-    # The lone tenant is owed a row of the full batch: its prompt goes whole, at once (not in five iterations of
-    # 14 tokens, its first token waiting for all of them); the crowd's waits for the next iteration.
+    # The lone tenant is owed a row and holds none: its prompt goes whole, at once (not in five iterations of
+    # 14 tokens, its first token waiting for all of them), 50 tokens over the budget.
     assert s.schedule().iteration.chunks == [(lone, 64)]
+    s.remove_ingesting(lone)
+    other = Ingest(64, tenant="c", rows_after=1)
+    s.add_ingesting(other)
+    # Another newcomer is fed within the budget until the next iterations' budgets repaid the 50 tokens.
+    fed = [s.schedule().iteration.chunks for _ in range(4)]
+    assert fed == [[(other, 14)]] * 4
+    assert s.schedule().iteration.chunks == [(other, 64)]
 
 
 def test_flex_and_batch_prompts_take_no_more_time_than_the_streams_beside_them_get_back():
