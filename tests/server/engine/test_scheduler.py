@@ -323,8 +323,8 @@ def test_prompt_segments_go_to_the_tenant_served_least_first():
     assert order.count(b) == 2 and order.count(a1) + order.count(a2) == 2  # one segment each in turn
 
 
-def test_a_tenant_owed_a_row_has_its_prompt_fed_before_the_crowds_whatever_the_counters():
-    s = make(segment_len=8, max_batch_size=4, max_batch_tokens=12)
+def crowded(s: Scheduler) -> None:
+    """Tenant a's crowd: four rows decoding, three prompts waiting (each opening a row), one iteration run."""
     rows = [Decode(tenant="a") for _ in range(4)]
     crowd = [Ingest(8, tenant="a", rows_after=1) for _ in range(3)]
     for task in rows:
@@ -332,6 +332,11 @@ def test_a_tenant_owed_a_row_has_its_prompt_fed_before_the_crowds_whatever_the_c
     for job in crowd:
         s.add_ingesting(job)
     s.schedule()
+
+
+def test_a_tenant_owed_a_row_has_its_prompt_fed_before_the_crowds_whatever_the_counters():
+    s = make(segment_len=8, max_batch_size=4, max_batch_tokens=12)
+    crowded(s)
     lone = Ingest(16, tenant="b", rows_after=1)
     s.add_ingesting(lone)  # it joins at a's counter (the smallest waiting): not below it
     assert s.counters.of("b") == s.counters.of("a")
@@ -349,13 +354,7 @@ def test_a_tenant_owed_a_row_has_its_prompt_fed_before_the_crowds_whatever_the_c
 
 def test_while_the_batch_has_room_a_tenant_joining_at_the_crowds_counter_goes_first_holding_fewer_rows():
     s = make(segment_len=8, max_batch_size=8, max_batch_tokens=12)
-    rows = [Decode(tenant="a") for _ in range(4)]
-    crowd = [Ingest(8, tenant="a", rows_after=1) for _ in range(3)]
-    for task in rows:
-        s.add_decoding(task)
-    for job in crowd:
-        s.add_ingesting(job)
-    s.schedule()
+    crowded(s)
     lone = Ingest(8, tenant="b", rows_after=1)
     s.add_ingesting(lone)  # both are owed rows (the batch has room): the counters tie, and b holds none
     assert s.schedule().iteration.chunks == [(lone, 8)]
