@@ -131,6 +131,20 @@ def test_a_request_refused_again_takes_a_new_place_and_one_back_early_is_not_beh
     assert isinstance(p.decide(fits, request(), key="other"), Admit)
 
 
+def test_promises_to_clients_that_never_come_back_stop_refusing_newcomers():
+    clock = Clock()
+    p = policy(clock)
+    one_row = Backlog((Work(Lane.INTERACTIVE, "a", 1, 0, 100, 1, True),), 1, STEP, TOKEN, interval=0.1)
+    # Open-loop traffic: every request refused, none sent again.
+    for i in range(200):
+        p.decide(one_row, request(), key=f"gone-{i}")
+        clock.now += 0.05
+    # The row frees at once now: a newcomer would fit, and the promises falling due (their clients gone) are no
+    # longer held against it: it is admitted, not refused for work that never comes (each refusal one more).
+    idle = Backlog((), 1, STEP, TOKEN, interval=0.1)
+    assert isinstance(p.decide(idle, request(), key="new"), Admit)
+
+
 def test_a_keys_first_request_is_admitted_beside_another_keys_crowd_but_not_its_second():
     crowd = tuple(Work(Lane.INTERACTIVE, "crowd", 1, 128, 64, 1) for _ in range(40))
     backlog = Backlog(busy(4, 300).work + crowd, 4, STEP, TOKEN)
