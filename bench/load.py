@@ -4,8 +4,8 @@ now, each scenario run on both, one after the other, in one run on one machine.
 Clients stream `/v1/completions` (prompts of 128 bytes new to the prefix cache, 64 tokens out), over raw sockets
 in this process (bench/load_client.py). A request is good when its first token comes within 1 s and its tokens at
 most 50 ms apart on average; goodput is good requests per second. Closed-loop clients send their next request
-when the last ends, and when told 429 wait its Retry-After first; open-loop arrivals come at a rate (Poisson) and
-are not sent again when refused.
+when the last ends, and when told 429 send the same request again after its Retry-After (as OpenAI's SDKs retry);
+open-loop arrivals come at a rate (Poisson) and are not sent again when refused.
 
 1. Closed loop, 2, 4, 8 and 64 clients: goodput, time to first token (TTFT), refusals, how fast they came, how
    often a client that waited its Retry-After was served on its next try, errors (5xx, broken streams).

@@ -3,7 +3,8 @@ little: it shares the cores with the server it measures), what each request saw,
 
 A request is good when its first token comes within GOOD_TTFT seconds and its tokens come at most GOOD_TBT apart
 on average (the goodput yardstick of docs/benchmarks/load.md). A client told 429 waits its Retry-After
-(retry-after-ms where sent, as OpenAI's SDKs do) and tries again; whether that next try is served is counted.
+(retry-after-ms where sent, as OpenAI's SDKs do) and sends the same request again; whether that next try is
+served is counted.
 """
 
 from __future__ import annotations
@@ -163,12 +164,15 @@ async def closed_loop(
     tier: str | None = None,
     max_tokens: int = 64,
 ) -> None:
-    """One client: a request, then the next as soon as it ends (after its Retry-After, when refused)."""
+    """One client: a request, then the next as soon as it ends; a request refused is sent again after its
+    Retry-After, as OpenAI's SDKs retry (the same request)."""
     waited = False
+    body: dict = {}
     while time.monotonic() < deadline:
-        body: dict = {"prompt": prompt(rng), "max_tokens": max_tokens, "stream": True, "temperature": 1.0}
-        if tier is not None:
-            body["service_tier"] = tier
+        if not waited:
+            body = {"prompt": prompt(rng), "max_tokens": max_tokens, "stream": True, "temperature": 1.0}
+            if tier is not None:
+                body["service_tier"] = tier
         try:
             seen = await complete(port, body, key=key)
         except (OSError, TimeoutError):

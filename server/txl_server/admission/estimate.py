@@ -5,8 +5,10 @@ and may hold, and the measured step times. Nothing here runs the model: the work
 A first token comes once two things happened, at the same time:
 
 - **its prompt is fed**: the prompt tokens ahead of it are those of lanes served before its own, those of its own
-  tenant's higher rank, those of tenants of its lane served less than its own (their virtual token counters are
-  smaller: they go first), and, of work that shares the prompt budget with it (the same rank of its tenant,
+  tenant's higher rank, those of tenants of its lane owed rows where its own is not (holding fewer rows than their
+  fair share, counting the rows their prompts open: they go first, and none of those of tenants not owed rows where
+  its own is), those of tenants served less than its own (their virtual token counters are smaller: they go
+  first), and, of work that shares the prompt budget with it (the same rank of its tenant,
   round robin; tenants of its lane served as much), as much as its own prompt; all at the measured seconds per
   prompt token beside the batch (`Backlog.token_seconds`);
 - **it has a row in the batch**: at once if its tenant's fair share of the lane's rows (`fair_share`) is not
@@ -71,14 +73,30 @@ def first_token(backlog: Backlog, new: Work, *, weight: Callable[[str], float] =
     """The wait of `new` (its `feed`: the input tokens fed before its first token; `rows`, `decode`: what it then
     decodes) behind `backlog`."""
     own = new.feed * backlog.token_seconds
-    prefill = (_prompt_tokens_ahead(backlog, new) + new.feed) * backlog.token_seconds
+    prefill = (_prompt_tokens_ahead(backlog, new, weight) + new.feed) * backlog.token_seconds
     row = _row_wait(backlog, new, weight) if new.rows else 0.0
     step = backlog.step if new.rows else 0.0
     return Wait(max(prefill, row) + step + backlog.lag, own + step)
 
 
-def _prompt_tokens_ahead(backlog: Backlog, new: Work) -> int:
+def _owed(backlog: Backlog, new: Work, weight: Callable[[str], float]) -> set[str]:
+    """The tenants of `new`'s lane holding fewer rows than their fair share of the lane's places, counting the rows
+    their prompts open (`new`'s too): the scheduler feeds their prompts first (engine.scheduler.owed_rows)."""
+    places = backlog.cap - sum(w.rows for w in backlog.work if w.lane < new.lane and w.running)
+    demand: dict[str, int] = defaultdict(int)
+    held: dict[str, int] = defaultdict(int)
+    for w in backlog.work:
+        if w.lane == new.lane:
+            demand[w.tenant] += w.rows
+            held[w.tenant] += w.rows if w.running else 0
+    demand[new.tenant] += new.rows
+    shares = max_min_shares(demand, places, weight=weight, held=held)
+    return {tenant for tenant, share in shares.items() if held[tenant] < share}
+
+
+def _prompt_tokens_ahead(backlog: Backlog, new: Work, weight: Callable[[str], float]) -> int:
     counters = backlog.counters
+    owed = _owed(backlog, new, weight)
     waiting = [counters.get(w.tenant, 0.0) for w in backlog.work if w.feed and w.lane == new.lane]
     # A tenant with no work waiting starts at the smallest counter of those waiting (fair_share.join).
     mine = max(counters.get(new.tenant, 0.0), min(waiting, default=0.0))
@@ -89,6 +107,8 @@ def _prompt_tokens_ahead(backlog: Backlog, new: Work) -> int:
             continue
         if w.lane < new.lane or (w.tenant == new.tenant and w.rank < new.rank):
             ahead += w.feed
+        elif w.tenant != new.tenant and (w.tenant in owed) != (new.tenant in owed):
+            ahead += w.feed if w.tenant in owed else 0  # a tenant owed rows goes first, whatever the counters
         elif w.tenant == new.tenant:
             if w.rank == new.rank:
                 sharing[w.tenant] += w.feed

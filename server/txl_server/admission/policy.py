@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from .classes import Lane
@@ -99,12 +99,14 @@ class AdmissionPolicy:
         self._factor = self.factor + FACTOR_SMOOTHING * (ratio - self.factor)
         self._learned_at = self.clock()
 
-    def decide(self, backlog: Backlog, new: Work) -> Admit | Refuse:
+    def decide(self, backlog: Backlog, new: Work, key: Hashable | None = None) -> Admit | Refuse:
+        """Admits `new` (the request `key`: a retry of a refused request has the same) or refuses it."""
         if new.lane is Lane.BATCH:
             return Admit()
         target = self.targets.ttft
         promised = self._retry[new.lane]
-        ahead = promised.arrived(within=target)  # clients told to come back before it: their room is kept
+        # Clients told to come back before it: their room is kept (its own promise, if it is one of them, is its turn).
+        ahead = promised.arrived(within=target, key=key)
         if ahead:
             backlog = dataclasses.replace(backlog, work=backlog.work + tuple(ahead))
         if _first_of_its_tenant(backlog, new):
@@ -115,7 +117,7 @@ class AdmissionPolicy:
         allowed = max(ADMIT_SHARE * target - wait.alone, QUEUE_FLOOR * target)
         if wait.queued <= allowed:
             return Admit(estimated)
-        retry_after = promised.after(wait.queued - allowed, backlog.interval, new)
+        retry_after = promised.after(wait.queued - allowed, backlog.interval, new, key)
         if new.lane is Lane.FLEX:
             message = "flex capacity is taken by other work now"
             reason = FLEX_CAPACITY

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from ..admission.classes import CLASSES, DEFAULT, Lane, RequestClass
 from ..admission.estimate import Backlog, Work
@@ -100,7 +100,7 @@ class Gate:
         klass = job.klass
         if klass is None or klass.admitted:
             return
-        decision = self.policy.decide(self.backlog(queued), self.demand(job))
+        decision = self.policy.decide(self.backlog(queued), self.demand(job), request_key(job))
         if isinstance(decision, Refuse):
             self.observer.on_admission(klass.name, decision.reason)
             raise Overloaded(decision.message, retry_after=decision.retry_after, code=decision.reason)
@@ -202,6 +202,18 @@ def _queued(job: AdvanceJob | GenerateJob) -> Work:
     feed = len(job.prompt) if isinstance(job, GenerateJob) else len(job.tokens)
     decode, rows = _then(job)
     return Work(lane, tenant, rank, feed, decode, rows)
+
+
+def request_key(job: AdvanceJob | GenerateJob) -> Hashable | None:
+    """The request whose first job this is, as its retry makes it again (the same request resent: the same
+    tenant and class, input and tokens to decode), by which a promise of a retry is kept for it
+    (admission.retry); None for batch work, which is never refused for its latency."""
+    klass = job.klass
+    if klass is None or klass.lane is Lane.BATCH:
+        return None
+    tokens = job.prompt if isinstance(job, GenerateJob) else job.tokens
+    decode = _then(job)
+    return (klass.tenant, klass.tier, type(job).__name__, decode, len(tokens), hash(tuple(tokens)))
 
 
 def _then(job: AdvanceJob | GenerateJob) -> tuple[int, int]:

@@ -10,7 +10,9 @@ iteration, never by the whole text.
 
 Who goes first is its request's class (admission.classes): a lower lane always (interactive, then flex, then
 batch). Within a lane, the batch's rows are divided between tenants by weighted max-min fair shares, and prompt
-segments go to the tenant served least first (virtual token counters): admission.fair_share. Within a tenant,
+segments go first to the tenants owed rows (holding fewer than their share, counting the rows their prompts open),
+then to the tenant served least (virtual token counters; on a tie, as when a tenant joins, the one holding the
+fewest rows for its weight): admission.fair_share. Within a tenant,
 priority before default, then arrival (round robin among equals for prompt segments).
 
 A row keeps its place in the batch until it ends: rows beyond the cap wait, rather than every stream taking turns
@@ -98,6 +100,11 @@ class Ingesting(Classed, Protocol):
         """The most tokens its next segment may feed (a job may want its segments to end at given positions)."""
         ...
 
+    @property
+    def rows_after(self) -> int:
+        """The decoding rows its request opens once this input is fed (a prompt's generations)."""
+        ...
+
     def new_blocks(self, tokens: int, claimed: set[int]) -> int: ...
 
 
@@ -168,6 +175,7 @@ class Scheduler(Generic[D, I]):
         self._background_tokens = 0  # flex and batch prompt tokens in the last iteration picked
         self._streams = False  # whether interactive rows decoded in it
         self._starved_since: float | None = None
+        self._lent = 0  # prompt tokens fed beyond the budgets, not yet repaid (`segments`)
 
     # ------------------------------------------------------------------ the jobs it holds
 
@@ -279,10 +287,27 @@ class Scheduler(Generic[D, I]):
         pacing = self.pacing
         budget = pacing.chunk_tokens(rows, limit) if pacing is not None else limit
         background = pacing.background_allowed(streams) if pacing is not None else True
-        counter = self.counters.of
+        counter, weight = self.counters.of, self.weight
+        owed = self.owed_rows()
+        held = Counter(t.tenant for t in self.in_batch)
+        # Counters tie when a tenant joins (at the smallest of those waiting): then the one with the fewest rows
+        # for its weight goes first. Stable: round robin among equals.
         order = sorted(
-            self.ingesting, key=lambda j: (j.lane, counter(j.tenant), j.rank)
-        )  # stable: round robin
+            self.ingesting,
+            key=lambda j: (
+                j.lane,
+                (j.lane, j.tenant) not in owed,
+                counter(j.tenant),
+                held[j.tenant] / max(weight(j.tenant), 1e-9),
+                j.rank,
+            ),
+        )
+        # A newcomer (a tenant owed rows and holding none: a lone client beside a crowd) has its prompt segment fed
+        # whole rather than cut to what the target leaves beside the others' rows (a few tokens an iteration on a
+        # slow machine: its first token waited for many iterations). The tokens over the budget are lent by the
+        # streams beside it (they lose the same time, at once rather than spread) and repaid from the budgets of
+        # the next iterations before another newcomer borrows: prompts take no more time than the target leaves.
+        lent, self._lent = self._lent, max(0, self._lent - budget)
         chunks: list[tuple[I, int]] = []
         for job in order:
             if len(chunks) >= self.max_batch_size:
@@ -293,8 +318,16 @@ class Scheduler(Generic[D, I]):
             if size > budget:
                 if chunks:
                     break
-                if pacing is not None:  # paced: the first segment is cut to the budget (at least min_chunk)
+                # Paced: the first segment is cut to the budget, unless it is a newcomer's, or what it would
+                # leave is less than min_chunk (a whole iteration more for a few tokens: a prompt's first
+                # token waits for it, and the rows beside it lose less to those tokens now than to one more
+                # iteration of them later).
+                newcomer = not lent and not held[job.tenant] and (job.lane, job.tenant) in owed
+                whole = newcomer or size - budget < (pacing.min_chunk if pacing is not None else 0)
+                if pacing is not None and (not whole or size > limit):
                     size = max(1, budget)
+                elif newcomer:
+                    self._lent += size - max(0, budget)
             chunks.append((job, size))
             budget -= size
             if budget <= 0:
@@ -305,6 +338,25 @@ class Scheduler(Generic[D, I]):
                 [j for j in self.ingesting if id(j) not in fed] + [j for j in self.ingesting if id(j) in fed]
             )
         return chunks
+
+    def owed_rows(self) -> set[tuple[Lane, str]]:
+        """The (lane, tenant)s holding fewer rows of the batch than their fair share of the lane's places, counting
+        the rows their prompts open once fed: their prompts go first, whatever their counters (a lone client's
+        prompt is not fed after the crowd's, and the row it is owed waits for nothing but its prompt)."""
+        owed: set[tuple[Lane, str]] = set()
+        places = self.cap
+        for lane in sorted({t.lane for t in self.decoding} | {j.lane for j in self.ingesting}):
+            demand = Counter(t.tenant for t in self.decoding if t.lane == lane)
+            for job in self.ingesting:
+                if job.lane == lane:
+                    demand[job.tenant] += job.rows_after
+            held = Counter(t.tenant for t in self.in_batch if t.lane == lane)
+            shares = max_min_shares(demand, places, weight=self.weight, held=held, counters=self.counters.of)
+            owed.update((lane, tenant) for tenant, share in shares.items() if held[tenant] < share)
+            places -= sum(shares.values())
+            if places <= 0:
+                break
+        return owed
 
     def fit(self, iteration: Iteration[D, I]) -> tuple[Iteration[D, I], int]:
         """The rows of `iteration` whose new blocks are free now (in order), and the blocks the others need."""

@@ -172,6 +172,14 @@ class IngestTask(Classed):
         return len(self.tokens) - self.cursor
 
     @property
+    def rows_after(self) -> int:
+        """The decoding rows its request opens once this input is fed (the scheduler's fair shares)."""
+        if self.then is not None:
+            return 1
+        klass = self.job.klass
+        return klass.decode_rows if klass is not None else 0
+
+    @property
     def progressed(self) -> bool:
         """Its state holds blocks of its own (beyond its job's input): a segment fed."""
         return self.cursor > 0

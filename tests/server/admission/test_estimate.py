@@ -36,7 +36,7 @@ def test_on_an_idle_worker_the_first_token_comes_after_its_own_prompt_and_one_st
 
 def test_prompts_ahead_count_whole_from_lanes_before_it_and_as_much_as_its_own_from_those_sharing_the_budget():
     ahead = [
-        feeding(1000, lane=Lane.INTERACTIVE, tenant="x"),  # another tenant of its lane: shares, up to 100
+        feeding(1000, lane=Lane.INTERACTIVE, tenant="x", decode=10),  # another tenant owed a row too: shares
         feeding(1000, lane=Lane.FLEX),  # a lane after its own: nothing
         feeding(50, rank=0),  # its tenant's priority work: whole
         feeding(30),  # its tenant's default work: round robin, up to 100
@@ -58,8 +58,8 @@ def test_with_its_tenants_share_of_rows_taken_it_waits_for_the_first_rows_to_end
 def test_another_tenants_crowd_does_not_make_a_lone_client_wait_for_a_row():
     crowd = [decoding(60, tenant="crowd") for _ in range(4)] + [feeding(100, tenant="crowd", decode=60)] * 10
     wait = first_token(backlog(*crowd, cap=4), new(100, tenant="lone"))
-    # Its row: at once (the crowd is over its share). Its prompt: beside the crowd's, sharing the budget.
-    assert wait.first_token == pytest.approx((100 + 100) * TOKEN + STEP)
+    # Its row: at once (the crowd is over its share). Its prompt: first (it is owed a row, the crowd is not).
+    assert wait.first_token == pytest.approx(100 * TOKEN + STEP)
     crowded = first_token(backlog(*crowd, cap=4), new(100, tenant="crowd"))
     assert crowded.first_token > 60 * STEP  # one of the crowd waits for the crowd's rows
 
@@ -76,8 +76,24 @@ def test_a_job_that_only_feeds_waits_for_no_row_and_the_event_loops_lag_counts()
     assert wait.first_token == pytest.approx(64 * TOKEN + 0.05) and wait.alone == pytest.approx(64 * TOKEN)
 
 
+def test_prompts_of_a_tenant_owed_rows_go_before_those_of_one_that_is_not():
+    crowd = [decoding(60, tenant="crowd") for _ in range(2)] + [feeding(300, tenant="crowd", decode=10)]
+    scoring = feeding(500, tenant="scoring")  # opens no row: owed none
+    # Two places of four are free: the crowd is owed one (its prompt goes first, whatever the counters), and so is
+    # "new"; the scoring tenant's prompt waits behind both, though it was served least.
+    counters = {"crowd": 900.0, "scoring": 0.0, "new": 900.0}
+    b = Backlog((*crowd, scoring), 4, STEP, TOKEN, counters=counters)
+    assert first_token(b, new(100, tenant="new")).first_token == pytest.approx((100 + 100) * TOKEN + STEP)
+    # More scoring of that tenant: behind the crowd's prompt, sharing the budget with its own tenant's.
+    more = first_token(b, new(100, tenant="scoring", decode=0))
+    assert more.first_token == pytest.approx((300 + 100 + 100) * TOKEN)
+
+
 def test_prompts_of_a_tenant_served_more_are_behind_and_of_one_served_less_ahead():
-    crowd = [feeding(500, tenant="crowd"), feeding(300, tenant="light")]
+    crowd = [
+        feeding(500, tenant="crowd", decode=10),
+        feeding(300, tenant="light", decode=10),
+    ]  # all owed rows
     counters = {"crowd": 9000.0, "light": 100.0, "new": 0.0}
     backlog = Backlog(tuple(crowd), 4, STEP, TOKEN, counters=counters)
     # "new" joins at the smallest counter of those waiting (light's): light's prompt shares the budget with it,

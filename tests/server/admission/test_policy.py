@@ -99,6 +99,52 @@ def test_the_room_a_refused_client_was_promised_is_kept_for_it():
     assert isinstance(p.decide(back, request()), Admit)  # the client it was promised to
 
 
+def test_a_promise_is_kept_for_the_request_refused_not_for_whichever_comes_at_its_moment():
+    clock = Clock()
+    p = policy(clock)
+    one_row = Backlog((Work(Lane.INTERACTIVE, "a", 1, 0, 100, 1, True),), 1, STEP, TOKEN, interval=0.5)
+    refused = p.decide(one_row, request(), key="refused")
+    assert isinstance(refused, Refuse)
+    clock.now += refused.retry_after
+    back = dataclasses.replace(one_row, work=(Work(Lane.INTERACTIVE, "a", 1, 0, 79, 1, True),))
+    # A new request sent at the promised moment would fit alone, but the room is the refused request's: an
+    # anonymous promise went to whichever came first, and the client it was made to was refused again.
+    newcomer = p.decide(back, request(), key="new")
+    assert isinstance(newcomer, Refuse)
+    assert isinstance(p.decide(back, request(), key="refused"), Admit)
+
+
+def test_a_request_refused_again_takes_a_new_place_and_one_back_early_is_not_behind_itself():
+    clock = Clock()
+    p = policy(clock)
+    full = busy(4, 300, interval=0.2)
+    first = p.decide(full, request(), key="r")
+    assert isinstance(first, Refuse)
+    clock.now += first.retry_after / 2  # back early: still refused, told a new moment
+    again = p.decide(full, request(), key="r")
+    assert isinstance(again, Refuse) and again.retry_after > 0
+    clock.now += again.retry_after
+    # One promise (its old place was given up): the room left for one more request is its own, and it comes
+    # back to it; a newcomer then finds no promise ahead.
+    fits = busy(4, 50, interval=0.2)
+    assert isinstance(p.decide(fits, request(), key="r"), Admit)
+    assert isinstance(p.decide(fits, request(), key="other"), Admit)
+
+
+def test_promises_to_clients_that_never_come_back_stop_refusing_newcomers():
+    clock = Clock()
+    p = policy(clock)
+    one_row = Backlog((Work(Lane.INTERACTIVE, "a", 1, 0, 100, 1, True),), 1, STEP, TOKEN, interval=0.1)
+    # Open-loop traffic: every request refused, none sent again.
+    for i in range(200):
+        p.decide(one_row, request(), key=f"gone-{i}")
+        clock.now += 0.05
+    # The row frees at once now: a newcomer would fit, and the promises falling due (their clients gone) are no
+    # longer held against it: it is admitted, not refused for work that never comes (each refusal one more).
+    idle = Backlog((), 1, STEP, TOKEN, interval=0.1)
+    assert isinstance(p.decide(idle, request(), key="new"), Admit)
+
+
 def test_a_keys_first_request_is_admitted_beside_another_keys_crowd_but_not_its_second():
     crowd = tuple(Work(Lane.INTERACTIVE, "crowd", 1, 128, 64, 1) for _ in range(40))
     backlog = Backlog(busy(4, 300).work + crowd, 4, STEP, TOKEN)

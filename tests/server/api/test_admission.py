@@ -2,7 +2,7 @@
 engine/scheduler.py, api/middleware.py): refusals at once with a computed Retry-After in the route's shape;
 `service_tier` echoed on every family; a flex row that leaves the batch for default work and comes back with the
 same tokens at a fixed seed; a second key's lone client served beside another key's crowd, whose slots it cannot
-take, and whose rows make room.
+take, and whose rows make room (and come back with the same tokens).
 
 Steps are slowed (the runner sleeps before each forward) where a test needs the batch to stay full."""
 
@@ -218,6 +218,53 @@ def test_one_key_cannot_take_another_keys_slots_or_rows(tiny_model_dir, redis_se
             release.set()
             for thread in crowds:
                 thread.join()
+
+
+def test_a_crowd_row_leaves_the_batch_for_another_keys_lone_request_and_comes_back_with_the_same_tokens(
+    tiny_model_dir, redis_server
+):
+    settings = {
+        "api_keys": "crowd-key,lone-key",
+        "max_batch_size": 2,
+        "ttft_target_seconds": 600.0,  # everything is admitted: the rows are shared by key
+    }
+    body = {"prompt": "The crowd's stream", "max_tokens": 48, "temperature": 1.0, "seed": 7, "stream": True}
+    with serve(tiny_model_dir, redis_server, "tenant-preemption", **settings) as live:
+        with live.client("crowd-key") as client:
+            alone = completion_text(sse_events(client.post("/v1/completions", json=body)))
+        with slowed(live, 0.01), live.client("crowd-key") as first, live.client("crowd-key") as second:
+            lone_done: list[float] = []
+
+            def lone_request() -> None:
+                with live.client("lone-key") as lone:
+                    response = lone.post("/v1/completions", json={"prompt": "Lone", "max_tokens": 24})
+                    assert response.status_code == 200
+                    lone_done.append(time.monotonic())
+
+            with first.stream("POST", "/v1/completions", json=body) as older:
+                assert older.status_code == 200
+                lines = older.iter_lines()
+                older_events = [json.loads(next(lines)[len("data: ") :])]  # its row is in the batch
+                arrivals: list[float] = []
+                events: list[dict] = []
+                worker = None
+                for line in stream_lines(second, "/v1/completions", body):
+                    if not line.startswith("data: {"):
+                        continue
+                    events.append(json.loads(line[len("data: ") :]))
+                    arrivals.append(time.monotonic())
+                    if len(arrivals) == 8:  # both rows are the crowd's: the lone key's request arrives
+                        worker = threading.Thread(target=lone_request)
+                        worker.start()
+                assert worker is not None
+                worker.join()
+                older_events += [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: {")]
+    # Both went on where they were: their memory and their sampling (the same seed, the same tokens).
+    assert completion_text(events) == alone and completion_text(older_events) == alone
+    # The crowd's younger row left at a token boundary for the lone key's (fair share: one row each), and came
+    # back when a row was free: no token of it while the lone request's 24 tokens ran.
+    paused = max(b - a for a, b in itertools.pairwise(arrivals))
+    assert paused >= 20 * 0.01 and any(t > lone_done[0] for t in arrivals)
 
 
 def test_a_body_that_does_not_arrive_in_time_is_a_408_and_takes_no_slot(tiny_model_dir, redis_server):

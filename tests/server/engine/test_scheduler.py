@@ -38,6 +38,7 @@ class Decode:
 class Ingest:
     pending: int
     limit: int | None = None  # the most its next segment may feed (None: all it has)
+    rows_after: int = 0  # decoding rows it opens once fed
     blocks: int = 0  # fresh blocks its next segment takes
     cancelled: bool = False
     tenant: str = "a"
@@ -322,6 +323,43 @@ def test_prompt_segments_go_to_the_tenant_served_least_first():
     assert order.count(b) == 2 and order.count(a1) + order.count(a2) == 2  # one segment each in turn
 
 
+def crowded(s: Scheduler) -> None:
+    """Tenant a's crowd: four rows decoding, three prompts waiting (each opening a row), one iteration run."""
+    rows = [Decode(tenant="a") for _ in range(4)]
+    crowd = [Ingest(8, tenant="a", rows_after=1) for _ in range(3)]
+    for task in rows:
+        s.add_decoding(task)
+    for job in crowd:
+        s.add_ingesting(job)
+    s.schedule()
+
+
+def test_a_tenant_owed_a_row_has_its_prompt_fed_before_the_crowds_whatever_the_counters():
+    s = make(segment_len=8, max_batch_size=4, max_batch_tokens=12)
+    crowded(s)
+    lone = Ingest(16, tenant="b", rows_after=1)
+    s.add_ingesting(lone)  # it joins at a's counter (the smallest waiting): not below it
+    assert s.counters.of("b") == s.counters.of("a")
+    # It holds no row and is owed one (a holds all four): its prompt goes first, not behind the crowd's that
+    # came before it, and so does its second segment, though its counter is now past a's.
+    assert s.schedule().iteration.chunks == [(lone, 8)]
+    assert s.counters.of("b") > s.counters.of("a")
+    assert s.schedule().iteration.chunks == [(lone, 8)]
+    # A prompt that opens no row (an append, a scoring) is owed nothing: the counters decide.
+    s.remove_ingesting(lone)
+    append = Ingest(16, tenant="b")
+    s.add_ingesting(append)
+    assert s.schedule().iteration.chunks[0][0] is not append
+
+
+def test_while_the_batch_has_room_a_tenant_joining_at_the_crowds_counter_goes_first_holding_fewer_rows():
+    s = make(segment_len=8, max_batch_size=8, max_batch_tokens=12)
+    crowded(s)
+    lone = Ingest(8, tenant="b", rows_after=1)
+    s.add_ingesting(lone)  # both are owed rows (the batch has room): the counters tie, and b holds none
+    assert s.schedule().iteration.chunks == [(lone, 8)]
+
+
 def test_a_tenant_back_after_being_idle_cannot_spend_the_time_it_was_away():
     s = make(segment_len=8, max_batch_size=4, max_batch_tokens=8)
     a = Ingest(400, tenant="a")
@@ -399,6 +437,43 @@ def test_prompt_tokens_fill_what_the_target_leaves_beside_the_rows_and_at_least_
     assert s.schedule().iteration.chunks[0][1] == 14
     line.c = 0.1  # none fit: the minimum still runs, so that prompts progress
     assert s.schedule().iteration.chunks[0][1] == 4
+
+
+def test_a_paced_segment_is_not_cut_to_leave_fewer_tokens_than_the_smallest_chunk():
+    s = make(segment_len=64, max_batch_size=64, max_batch_tokens=256)
+    line = Line(0.002, 0.001, 0.00024)
+    paced(s, tbt=0.020, line=line, min_chunk=8)
+    for _ in range(4):
+        s.add_decoding(Decode())
+    s.add_ingesting(Ingest(64))
+    # 14 ms are left beside the rows: 58 tokens. The 6 left over would cost the prompt (its first token) a whole
+    # iteration more: the segment runs whole.
+    assert s.schedule().iteration.chunks[0][1] == 64
+    line.c = 0.0003  # 46 fit: the 18 left over are worth an iteration of their own
+    assert s.schedule().iteration.chunks[0][1] == 46
+
+
+def test_a_newcomers_prompt_is_fed_whole_on_a_loan_that_later_budgets_repay():
+    s = make(segment_len=64, max_batch_size=4, max_batch_tokens=256)
+    paced(s, tbt=0.020, line=Line(0.002, 0.001, 0.001), min_chunk=8)
+    for _ in range(4):
+        s.add_decoding(Decode(tenant="a"))
+    crowd = Ingest(64, tenant="a", rows_after=1)
+    s.add_ingesting(crowd)
+    # 14 ms are left beside the four rows: 14 tokens of the crowd's own prompt (it is owed nothing).
+    assert s.schedule().iteration.chunks == [(crowd, 14)]
+    lone = Ingest(64, tenant="b", rows_after=1)
+    s.add_ingesting(lone)
+    # The lone tenant is owed a row and holds none: its prompt goes whole, at once (not in five iterations of
+    # 14 tokens, its first token waiting for all of them), 50 tokens over the budget.
+    assert s.schedule().iteration.chunks == [(lone, 64)]
+    s.remove_ingesting(lone)
+    other = Ingest(64, tenant="c", rows_after=1)
+    s.add_ingesting(other)
+    # Another newcomer is fed within the budget until the next iterations' budgets repaid the 50 tokens.
+    fed = [s.schedule().iteration.chunks for _ in range(4)]
+    assert fed == [[(other, 14)]] * 4
+    assert s.schedule().iteration.chunks == [(other, 64)]
 
 
 def test_flex_and_batch_prompts_take_no_more_time_than_the_streams_beside_them_get_back():
