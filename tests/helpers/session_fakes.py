@@ -256,6 +256,7 @@ class FakeSessionStore(Scripted):
         write: VersionWrite | None = None,
         drop_stored: bool = False,
         receipt: Any = None,
+        response: Any = None,
     ) -> bool:
         await self._cue("commit")
         self._check_blocks(write)

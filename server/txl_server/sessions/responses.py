@@ -12,8 +12,9 @@ The stored responses, each naming the session and the version its turn committed
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from ..admission.classes import RequestClass
 from ..engine.jobs import ProgressEvent, TokenEvent
 from ..errors import Conflict, Gone, InvalidRequest, NotFound
 from .service import GenerateOutcome, SessionService
-from .store.responses import ResponseRecord, ResponseStore, response_id
+from .store.responses import ResponseRecord, ResponseStore, ResponseWrite, response_id
 
 # ResponseRecord too: the API reads stored responses through this service, never through their store.
 __all__ = [
@@ -116,6 +117,8 @@ class ContextTooLong(InvalidRequest):
 
 
 _Begun = tuple[AsyncGenerator[Any, None], TurnStarted, Any, str | None]
+# The record of a turn's response, made of its outcome as the turn commits (stored by that commit).
+RecordOf = Callable[[GenerateOutcome], ResponseRecord | None]
 
 
 class ResponseTurns:
@@ -142,20 +145,21 @@ class ResponseTurns:
         return record
 
     async def run(
-        self, owner: str, previous: ResponseRecord | None, turn: Turn
+        self, owner: str, previous: ResponseRecord | None, turn: Turn, record: RecordOf | None = None
     ) -> AsyncGenerator[TurnStarted | TokenEvent | GenerateOutcome, None]:
         """TurnStarted once the turn holds its session (errors before it are the request's), then a TokenEvent
         per token, then the GenerateOutcome (committed). A first turn reads its input through the prefix cache
         into a new session; a chained one continues its previous response's session, or branches. A session
-        this turn made is deleted if the turn does not commit, or with `store` false."""
-        async for item in self._drive(owner, turn, await self._begin(owner, previous, turn)):
+        this turn made is deleted if the turn does not commit, or with `store` false. `record`: the response's
+        record of the outcome, stored by the commit itself (no `save` after it)."""
+        async for item in self._drive(owner, turn, await self._begin(owner, previous, turn, record)):
             yield item
 
     async def run_at(
-        self, owner: str, place: TurnPlace, turn: Turn
+        self, owner: str, place: TurnPlace, turn: Turn, record: RecordOf | None = None
     ) -> AsyncGenerator[TurnStarted | TokenEvent | GenerateOutcome, None]:
         """As `run`, on a session chosen beforehand (`place`): a conversation's, or a background turn's."""
-        async for item in self._drive(owner, turn, await self._start(owner, place, turn)):
+        async for item in self._drive(owner, turn, await self._start(owner, place, turn, record)):
             yield item
 
     async def place(self, owner: str, previous: ResponseRecord | None) -> TurnPlace:
@@ -189,21 +193,17 @@ class ResponseTurns:
             if made is not None and not (committed and turn.store):
                 await self._discard(owner, made)
 
-    async def _begin(self, owner: str, previous: ResponseRecord | None, turn: Turn) -> _Begun:
+    async def _begin(
+        self, owner: str, previous: ResponseRecord | None, turn: Turn, record: RecordOf | None
+    ) -> _Begun:
         service = self.service
         if previous is None:
             meta, cached = await service.create_reading(owner, turn.text, turn.tokens, turn.klass)
-            return await self._start(owner, TurnPlace(meta, cached, made=True, prompted=True), turn)
-        try:
-            meta = await service.get(owner, previous.session_id)
-        except NotFound as exc:
-            raise PreviousResponseNotFound(previous.id) from exc
+            return await self._start(owner, TurnPlace(meta, cached, made=True, prompted=True), turn, record)
         # A conversation's session moves only with its conversation: a response of it is continued on a branch.
-        own = turn.store and meta.version == previous.version and not previous.response.get("conversation")
-        if own:
-            try:
-                place = TurnPlace(meta, meta.mem_tokens, expected_version=previous.version)
-                return await self._start(owner, place, turn)
+        if turn.store and not previous.response.get("conversation"):
+            try:  # on its session, if the step finds it still at the response's version (read under its lease)
+                return await self._open(owner, previous.session_id, previous.version, turn, record)
             except Conflict:
                 pass  # it moved on, or another turn is continuing it right now: this one branches
             except (NotFound, Gone) as exc:
@@ -212,45 +212,77 @@ class ResponseTurns:
             branch = await service.fork(owner, previous.session_id, version=previous.version)
         except (NotFound, Gone) as exc:  # the version is no longer kept, or the session's memory is gone
             raise PreviousResponseNotFound(previous.id) from exc
-        return await self._start(owner, TurnPlace(branch, branch.mem_tokens, made=True), turn)
+        return await self._start(owner, TurnPlace(branch, branch.mem_tokens, made=True), turn, record)
 
-    async def _start(self, owner: str, place: TurnPlace, turn: Turn) -> _Begun:
+    async def _start(self, owner: str, place: TurnPlace, turn: Turn, record: RecordOf | None) -> _Begun:
         """The turn's generation on `place`'s session, up to its first event (where a moved version shows)."""
         meta = place.meta
-        fed = [] if place.prompted else turn.tokens
         try:
-            needed = meta.tokens + 1 + len(fed) + turn.max_tokens  # the start token's position too
-            if turn.window and needed > meta.mem_len:
-                raise ContextTooLong(needed, meta.mem_len)
-            generation = self.service.generate(
-                owner,
-                meta.id,
-                text="" if place.prompted else turn.text,
-                prompt_tokens=fed,
-                max_tokens=turn.max_tokens,
-                sampling=turn.sampling,
-                stop=turn.stop,
-                top_logprobs=turn.top_logprobs,
-                klass=turn.klass,
-                report_progress=True,
-                expected_version=place.expected_version,
+            begun = await self._open(
+                owner, meta.id, place.expected_version, turn, record, prompted=place.prompted
             )
-            try:
-                first = await anext(generation)
-            except BaseException:
-                await generation.aclose()
-                raise
         except BaseException:
             if place.made:
                 await self._discard(owner, meta.id)
             raise
-        started = TurnStarted(
-            session_id=meta.id,
-            version=meta.version + 1,
-            cached_tokens=place.cached,
-            fed_tokens=len(turn.tokens) - place.cached if place.prompted else len(turn.tokens),
-        )
+        generation, started, first, _ = begun
+        if place.prompted:
+            started = dataclasses.replace(
+                started, cached_tokens=place.cached, fed_tokens=len(turn.tokens) - place.cached
+            )
+        else:
+            started = dataclasses.replace(started, cached_tokens=place.cached)
         return generation, started, first, meta.id if place.made else None
+
+    async def _open(
+        self,
+        owner: str,
+        session_id: str,
+        expected_version: int | None,
+        turn: Turn,
+        record: RecordOf | None,
+        *,
+        prompted: bool = False,
+    ) -> _Begun:
+        """The turn's generation on the session, up to its first event, with what the step found (its version,
+        the positions its memory serves) read under the step's lease: nothing is read before it."""
+        fed = [] if prompted else turn.tokens
+        held: list[SessionMeta] = []
+
+        def check(meta: SessionMeta) -> None:
+            needed = meta.tokens + 1 + len(fed) + turn.max_tokens  # the start token's position too
+            if turn.window and needed > meta.mem_len:
+                raise ContextTooLong(needed, meta.mem_len)
+            held.append(meta)
+
+        generation = self.service.generate(
+            owner,
+            session_id,
+            text="" if prompted else turn.text,
+            prompt_tokens=fed,
+            max_tokens=turn.max_tokens,
+            sampling=turn.sampling,
+            stop=turn.stop,
+            top_logprobs=turn.top_logprobs,
+            klass=turn.klass,
+            report_progress=True,
+            expected_version=expected_version,
+            on_held=check,
+            response=(lambda outcome: self._write_of(record(outcome))) if record is not None else None,
+        )
+        try:
+            first = await anext(generation)
+        except BaseException:
+            await generation.aclose()
+            raise
+        meta = held[0]
+        started = TurnStarted(
+            session_id=meta.id, version=meta.version + 1, cached_tokens=meta.mem_tokens, fed_tokens=len(fed)
+        )
+        return generation, started, first, None
+
+    def _write_of(self, record: ResponseRecord | None) -> ResponseWrite | None:
+        return self.store.write_of(record) if record is not None else None
 
     async def _discard(self, owner: str, session_id: str) -> None:
         """Deletes a session the turn made, even when the request is being cancelled."""

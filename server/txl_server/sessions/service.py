@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from txl import TransfoXLLMHeadModel
@@ -55,6 +55,7 @@ from .state_cache import StateCache
 from .step import OutcomeReceipt, Progress, ReceiptOf, Steps, of_outcome
 from .store.idempotency import Receipt
 from .store.plumbing import now
+from .store.responses import ResponseWrite
 from .store.sessions import SessionMeta
 from .store.stores import Stores
 from .store.versions import VersionSummary
@@ -411,6 +412,8 @@ class SessionService:
         expected_version: int | None = None,
         receipt: OutcomeReceipt[GenerateOutcome] | None = None,
         klass: RequestClass | None = None,
+        on_held: Callable[[SessionMeta], None] | None = None,
+        response: Callable[[GenerateOutcome], ResponseWrite | None] | None = None,
     ) -> AsyncGenerator[TokenEvent | ProgressEvent | GenerateOutcome, None]:
         """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
         then the GenerateOutcome (after the commit). With `report_progress`, a text longer than one segment
@@ -420,17 +423,18 @@ class SessionService:
         `prompt_tokens`, when the caller has already encoded `text` (or was given token ids), are used as they
         are: a request's text is encoded once. With `expected_version`, the step runs only if the session is at
         that version when its lease is taken (else Conflict, code `version_moved`, before any event).
-        `receipt`: the Idempotency-Key's record of the outcome, written with the commit.
+        `receipt` (the Idempotency-Key's record) and `response` (the turn's response record) of the outcome are
+        written with the commit. `on_held` gets the session's metadata once the step holds it, before anything
+        runs (what it raises ends the step): a caller need not read the session first.
         """
         check_max_tokens(self.settings, max_tokens)
         prompt = self.tokenizer.encode(text) if prompt_tokens is None else list(prompt_tokens)
         async with self.steps.hold(owner, session_id) as (meta, state, lease):
             if expected_version is not None and meta.version != expected_version:
-                raise Conflict(
-                    f"the session moved on from version {expected_version}",
-                    param="session_id",
-                    code="version_moved",
-                )
+                moved = f"the session moved on from version {expected_version}"
+                raise Conflict(moved, param="session_id", code="version_moved")
+            if on_held is not None:
+                on_held(meta)
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")
             job = GenerateJob(
@@ -468,9 +472,10 @@ class SessionService:
                     lease=lease,
                     kind="generate",
                     text=text + result.text,
-                    receipt=of_outcome(receipt, lambda new: GenerateOutcome(new, finished)),
+                    receipt=of_outcome(receipt, outcome := lambda new: GenerateOutcome(new, finished)),
                     prewrite=prewrite,
                     fed=[*prompt, *result.token_ids],
+                    response=of_outcome(response, outcome),
                 )
             finally:
                 if prewrite is not None:

@@ -36,6 +36,7 @@ from .store.idempotency import Receipt
 from .store.lease import Lease, new_token
 from .store.leases import LeaseStore
 from .store.plumbing import now
+from .store.responses import ResponseWrite
 from .store.sessions import Fenced, SessionGone, SessionMeta, SessionStore
 from .store.versions import Replay, VersionSummary, VersionWrite
 
@@ -44,17 +45,20 @@ Progress = Callable[[int, int], None]  # (tokens_done, tokens_total)
 # The Idempotency-Key's record of the version a step commits (None: the request has no key).
 ReceiptOf = Callable[[SessionMeta], Receipt | None]
 Outcome = TypeVar("Outcome")
+Made = TypeVar("Made")
 # The record of a step's outcome (what its answer is made of).
 OutcomeReceipt = Callable[[Outcome], Receipt | None]
+# The response record of the version a turn commits, stored with it (sessions/responses.py).
+ResponseOf = Callable[[SessionMeta], ResponseWrite | None]
 
 
 def of_outcome(
-    receipt: OutcomeReceipt[Outcome] | None, outcome: Callable[[SessionMeta], Outcome]
-) -> ReceiptOf | None:
-    """`receipt` of the outcome a committed version makes (None without one)."""
-    if receipt is None:
+    record: Callable[[Outcome], Made] | None, outcome: Callable[[SessionMeta], Outcome]
+) -> Callable[[SessionMeta], Made] | None:
+    """`record` (a receipt, a response record) of the outcome a committed version makes (None without one)."""
+    if record is None:
         return None
-    return lambda committed: receipt(outcome(committed))
+    return lambda committed: record(outcome(committed))
 
 
 # Settling a lost reply waits this long past the lease's TTL (Redis's and this process's clocks tick alike).
@@ -137,6 +141,8 @@ class Steps:
             except NotFound:
                 raise await self.recovery.not_found(owner, session_id) from None
             session_held(owner, session_id, since=since)
+            if meta.tier != "gone":  # 410 if Redis holds an older version than this process acknowledged
+                await self.recovery.check_acked(meta)
             async with self._renewing(lease, None):  # reading it back may feed tokens again (write-behind)
                 state = await self.placement.fetch(meta)  # this step's hold, released when it ends
             cache = self.placement.cache
@@ -179,13 +185,15 @@ class Steps:
         receipt: ReceiptOf | None = None,
         prewrite: Prewrite | None = None,
         fed: list[int] | None = None,
+        response: ResponseOf | None = None,
     ) -> SessionMeta:
         """Commits `state` as the version after `meta`'s, holding `tokens` tokens of text (`kind` and `text`: what
         the step was and what it added, for the versions list), with the Idempotency-Key's record `receipt`
         makes of the version. With persistence `always`, only the blocks the block store does not hold yet are
         written (those `prewrite` wrote while the step ran are not written again); a step that says which tokens
         it `fed` to `meta`'s state, few enough, commits ahead of its blocks, which are written after the answer
-        (write-behind: persistence.py). `state` is the caller's hold, which this takes: released once committed
+        (write-behind: persistence.py). `response` makes the turn's response record of the version, stored with
+        it. `state` is the caller's hold, which this takes: released once committed
         or failed (the state cache keeps its own)."""
         new = dataclasses.replace(
             meta,
@@ -209,6 +217,7 @@ class Steps:
                 durable = persistence.unstored(state)
         commit_written(new.version, self.settings.persistence, durable.version)
         record = receipt(new) if receipt is not None else None
+        stored_response = response(new) if response is not None else None
         # What Redis was sent (a Replay it refused is sent again with its blocks).
         written: list[VersionWrite | Replay | None] = []
 
@@ -224,6 +233,7 @@ class Steps:
                     write=stored,
                     drop_stored=stored is None,
                     receipt=record,
+                    response=stored_response,
                 )
             except SessionGone:  # declared lost meanwhile (its holder looked dead): gone for every replica
                 fresh = await self.store.get(meta.id)

@@ -89,6 +89,29 @@ def test_a_chain_feeds_only_the_new_input_and_equals_one_request_with_the_whole_
     assert second.output_text == whole.output_text
 
 
+def test_a_stored_turns_record_is_written_by_its_commit_in_the_same_step(server, client, monkeypatch):
+    """No second round trip after the commit: a turn's record is stored by the script that commits its version
+    (so a response exists exactly when its turn committed)."""
+    turns = server.app.state.runtime.responses.turns
+
+    async def no_separate_save(record):
+        raise AssertionError(f"{record.id} was saved after its commit")
+
+    monkeypatch.setattr(turns.store, "save", no_separate_save)
+    first = _create(client, "Lanterns in the fog")
+    second = _create(client, ", gulls", previous_response_id=first.id)
+    streamed = [
+        e
+        for e in client.responses.create(
+            model="tiny-byte", input=" and", previous_response_id=second.id, stream=True, **GREEDY
+        )
+    ]
+    third = streamed[-1].response
+    for answered in (first, second, third):
+        assert client.responses.retrieve(answered.id).model_dump() == answered.model_dump()
+    assert _session_of(third) == _session_of(first)
+
+
 def test_a_first_turn_reads_its_input_through_the_prefix_cache(client):
     transcript = "The harbour master kept a log of every ship that came in on the morning tide. " * 2
     first = _create(client, transcript, store=False)

@@ -12,7 +12,7 @@ from txl_server.sessions.store.blocks import StoredVersion
 from txl_server.sessions.store.lease import Lease, new_token
 from txl_server.sessions.store.plumbing import now
 from txl_server.sessions.store.sessions import SessionMeta, SessionStore
-from txl_server.sessions.store.versions import BlocksMissing, VersionSummary, VersionWrite
+from txl_server.sessions.store.versions import BlocksMissing, Replay, VersionSummary, VersionWrite
 
 
 @pytest.fixture
@@ -142,6 +142,39 @@ async def test_blocks_live_at_least_as_long_as_every_memory_listing_them(store):
     assert await store.redis.ttl(store.keys.blocks + "a") > 4000
 
 
+async def test_a_version_listing_another_sessions_block_makes_it_live_as_long_as_itself(store):
+    short = _meta("o")
+    short.ttl_seconds = 60
+    await _create(store, short, _write(1, ["x"], ["x"]))
+    await _create(store, _meta("s"), _write(1, ["a"], ["a"]))  # its blocks live 600 s (and the margin)
+    await _commit(store, "s", 2, ["a", "x"], [])  # a block only the short-lived session's version listed
+    assert await store.redis.ttl(store.keys.blocks + "x") >= 600
+
+
+async def _script_ttl_calls(store: SessionStore) -> int:
+    stats = await store.redis.info("commandstats")
+    return int(stats.get("cmdstat_ttl", {}).get("calls", 0))
+
+
+async def test_steps_within_the_margin_touch_no_block_and_then_every_block_outlives_its_versions(store):
+    """A session's blocks are extended once per EXTEND_MARGIN (lua/versions.lua's `t`), not at every step."""
+    await _create(store, _meta("s"), _write(1, ["a", "b"], ["a", "b"]))
+    before = await _script_ttl_calls(store)
+    for version in (2, 3):
+        assert await _commit_write(store, "s", version, _replay(version, [version], fed=version))
+    assert await _script_ttl_calls(store) == before
+    for block in "ab":
+        assert await store.redis.ttl(store.keys.blocks + block) >= 600
+    # Once the margin has passed (here: `t` moved back, and the blocks' own TTLs with it), a step extends them.
+    await store.redis.hset(store.keys.versions("s"), "t", 0)
+    for block in "ab":
+        await store.redis.expire(store.keys.blocks + block, 5)
+    assert await _commit_write(store, "s", 4, _replay(4, [4], fed=4))
+    for block in "ab":
+        assert 600 <= await store.redis.ttl(store.keys.blocks + block) <= 630
+    assert 595 <= await store.redis.ttl(store.keys.versions("s")) <= 600
+
+
 async def test_a_memory_an_older_server_stored_still_loads(store):
     header = {"format": 2, "blocks": 1, "first": 0}
     await store.redis.hset(
@@ -154,3 +187,7 @@ async def test_a_memory_an_older_server_stored_still_loads(store):
     assert await _commit(store, "old", 5, ["n"], ["n"])
     assert (await store.load_version("old")).header["blocks"] == ["n"]
     assert not await store.redis.hexists(store.keys.versions("old"), "b:0")
+
+
+def _replay(version: int, tokens: list[int], fed: int) -> Replay:
+    return Replay(VersionSummary(version, fed, now(), "append", f"v{version}"), tuple(tokens), fed, 32, 64)

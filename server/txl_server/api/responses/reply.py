@@ -88,12 +88,16 @@ class Reply:
         self.saved = False
         self.on_finish = to.on_finish  # once the response is saved
         self._final: ResponseObject | None = None
+        # The object its record holds, when the turn's commit stored it (`committed`): the one answered.
+        self._committed: ResponseObject | None = None
 
     def take(self, item: Any) -> tuple[str, list[TokenLogprob]]:
         """Takes a turn's event; returns the text it adds to the reply (a chat reply's leading whitespace is
         dropped, as chat completions drop it) and its tokens' log-probs (with `include`)."""
         if isinstance(item, GenerateOutcome):
             self.outcome = item
+            if self._committed is not None:
+                self._final = self._committed
             started = self.started  # the trace's usage as the response's: cached context counted in
             annotate_request(usage(started.fed_tokens, started.cached_tokens, item.result.completion_tokens))
             return "", []
@@ -191,14 +195,27 @@ class Reply:
             self.turn_end,
         )
 
+    def committed(self, outcome: GenerateOutcome) -> ResponseRecord:
+        """The response's record as its turn commits with `outcome`, for that commit to store (Redis writes both
+        or neither). Nothing of the reply changes until the outcome arrives (`take`): a commit that fails leaves
+        it unfinished; one that succeeds makes this record's object the one answered."""
+        self.outcome = outcome
+        try:
+            record = self.record()
+            self._committed = self._final
+        finally:
+            self.outcome, self._final = None, None
+        return record
+
     async def save(self) -> None:
         """Stores the finished response (with `store`), so that it can be retrieved and continued; runs to its
-        end once begun (the turn committed: what it leaves must say so)."""
+        end once begun (the turn committed: what it leaves must say so). A record its commit stored is not
+        written again."""
         if not self.saved:
             await to_the_end(self._save())
 
     async def _save(self) -> None:
-        if self.body.store is not False:
+        if self.body.store is not False and self._committed is None:
             await self.turns.save(self.record())
         if self.on_finish is not None:
             await self.on_finish(self)

@@ -95,7 +95,18 @@ async def create_response(
         if body.background:
             place = place or await turns.place(tenant, previous)
             return await background.start(responses, to, place=place, metrics=metrics, held=stack.pop_all())
-        source = turns.run_at(tenant, place, turn) if place is not None else turns.run(tenant, previous, turn)
+        # A stored turn's record is written by its commit, in the same step (the reply is made once it starts;
+        # a turn that commits before its first event, if any could, saves it after).
+        replies: list[Reply] = []
+        stored = (
+            (lambda outcome: replies[0].committed(outcome) if replies else None)
+            if body.store is not False
+            else None
+        )
+        if place is not None:
+            source = turns.run_at(tenant, place, turn)
+        else:
+            source = turns.run(tenant, previous, turn, stored)
         events = timed(source, TokenTiming(metrics), _token_choice)
         try:
             started = await anext(events)  # errors before the turn holds its session are HTTP errors
@@ -105,6 +116,7 @@ async def create_response(
         assert isinstance(started, TurnStarted)
         turn_started(started.response_id, body.conversation_id or started.session_id)
         reply = Reply(to, started)
+        replies.append(reply)
         if body.stream:
             numbered = NumberedEvents(reply)
             kept = stack.pop_all()  # the conversation stays held until the stream ends

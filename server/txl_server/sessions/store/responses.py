@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .plumbing import RedisStore
-from .sessions import SessionStore
 
 RESPONSE_ID = re.compile(r"^resp_([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})$")
 
@@ -66,22 +65,44 @@ class ResponseRecord:
         return cls(response_id, d["owner"], d["response"], d["input_items"], d["messages"], d["turn_end"])
 
 
-class ResponseStore(RedisStore):
-    """The response records of every session, in the sessions' Redis."""
+@dataclass(frozen=True)
+class ResponseWrite:
+    """A response record as the script that commits its turn stores it (store/sessions.py's commit), in the same
+    step: the response is stored exactly when its turn commits. `oldest`: the oldest version the session keeps
+    (older versions' records are dropped)."""
 
-    def __init__(self, sessions: SessionStore, *, keep_versions: int) -> None:
+    id: str
+    record: str  # JSON (ResponseRecord.to_json)
+    oldest: int
+
+    def args(self) -> list[str]:
+        return [self.id, self.record, str(self.oldest)]
+
+
+def no_response_args() -> list[str]:
+    """A commit's arguments when it stores no response record."""
+    return ["", "", "0"]
+
+
+class ResponseStore(RedisStore):
+    """The response records of every session, in the sessions' Redis (the `store` of its sessions)."""
+
+    def __init__(self, sessions: RedisStore, *, keep_versions: int) -> None:
         super().__init__(sessions.redis, prefix=sessions.prefix)
         self.keep = max(1, keep_versions)
-        self._put = self.script("response_put")
+        self._put = self.script("responses", "response_put")
         self._get = self.script("response_get")
 
     def _keys(self, session_id: str) -> list[str]:
         return [self.keys.responses(session_id), self.keys.session(session_id)]
 
+    def write_of(self, record: ResponseRecord) -> ResponseWrite:
+        """The record, for its turn's commit to store (`save` stores it by itself)."""
+        return ResponseWrite(record.id, record.to_json(), record.version - self.keep + 1)
+
     async def save(self, record: ResponseRecord) -> bool:
         """Stores the record for as long as its session lives; False if the session is gone."""
-        oldest = record.version - self.keep + 1
-        keys, args = self._keys(record.session_id), [record.id, record.to_json(), str(oldest)]
+        keys, args = self._keys(record.session_id), self.write_of(record).args()
         return bool(await self.call(lambda: self._put(keys=keys, args=args)))
 
     async def find(self, owner: str, response_id: str) -> ResponseRecord | None:

@@ -28,6 +28,7 @@ from ...errors import Conflict
 from .idempotency import Receipt, receipt_args, receipt_keys
 from .lease import Lease
 from .plumbing import HashRecord, RedisStore, as_bytes, field_args, now, text
+from .responses import ResponseWrite, no_response_args
 from .versions import (
     MAX_BLOCK_AGE_SECONDS,
     LoadedVersion,
@@ -78,7 +79,7 @@ class SessionStore(RedisStore):
     def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:") -> None:
         super().__init__(redis, prefix=prefix)
         self._create = self.script("fields", "versions", "session_create")
-        self._commit = self.script("fields", "versions", "session_commit")
+        self._commit = self.script("fields", "versions", "responses", "session_commit")
         self._delete = self.script("fields", "versions", "session_delete")
         self._settle = self.script("settle_step")
         self._reserve = self.script("session_reserve")
@@ -149,11 +150,12 @@ class SessionStore(RedisStore):
         write: VersionWrite | Replay | None = None,
         drop_stored: bool = False,
         receipt: Receipt | None = None,
+        response: ResponseWrite | None = None,
     ) -> bool:
         """Writes `meta` (whose version is the new one) if Redis still holds `expected_version` and the step still
         holds its `lease` (handed back by the commit), with the new stored version (`write`: its header and the
         blocks the store does not hold yet; or a Replay, the version ahead of its blocks), or dropping the stored
-        versions (`drop_stored`: they are stale), and `receipt`. Returns False if the session is gone; raises
+        versions (`drop_stored`: they are stale), `receipt`, and the turn's `response` record. Returns False if the session is gone; raises
         Conflict if another writer committed first, SessionGone if it was marked gone, Fenced if the lease is no
         longer the step's, BlocksMissing if `write` lists a block the store does not hold, and ReplayRefused if
         Redis would not write the Replay (nothing is written then)."""
@@ -163,6 +165,7 @@ class SessionStore(RedisStore):
             lease.token,
             lease.op,
             *receipt_args(receipt),
+            *(response.args() if response is not None else no_response_args()),
             *field_args(meta.to_redis()),
         ]
         if write is None:
@@ -176,6 +179,7 @@ class SessionStore(RedisStore):
             self.keys.versions(meta.id),
             self.keys.lease(meta.id),
             self.keys.store,
+            self.keys.responses(meta.id),
             *receipt_keys(receipt),
         ]
         reply = await self._replicated(self._commit, keys, args)

@@ -1,6 +1,8 @@
 -- KEYS[1] s:{id} (metadata), KEYS[2] m:{id} (stored versions), KEYS[3] l:{id} (the step's lease, handed back),
--- KEYS[4] the store's identity (its commit count), KEYS[5] (optional) an Idempotency-Key's record. ARGV: expected version, ttl, lease token, op (the step's id),
--- receipt record, receipt ttl, n, n field/value pairs, then mode ('keep' | 'drop' | 'write' | 'replay'); for
+-- KEYS[4] the store's identity (its commit count), KEYS[5] r:{id} (its stored responses), KEYS[6] (optional) an
+-- Idempotency-Key's record. ARGV: expected version, ttl, lease token, op (the step's id), receipt record, receipt
+-- ttl, response id ('' none: the turn's response record, stored with the commit), its record, the oldest version
+-- kept, n, n field/value pairs, then mode ('keep' | 'drop' | 'write' | 'replay'); for
 -- 'drop': block prefix; for 'write': block prefix, then a version to write (version, summary, header, hidden, keep,
 -- written_at, max_age, the ids of the blocks new to the store: versions.lua); for 'replay': block prefix, then a
 -- version to write ahead of its blocks (previous version, version, summary, token ids, fed, keep, max_tokens:
@@ -16,8 +18,8 @@ if redis.call('HGET', KEYS[1], 'tier') == 'gone' then return {-4} end
 if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {-5} end
 if tonumber(version) ~= tonumber(ARGV[1]) then return {-2} end
 local ttl = tonumber(ARGV[2])
-local n = tonumber(ARGV[7])
-local at = 8 + 2 * n
+local n = tonumber(ARGV[10])
+local at = 11 + 2 * n
 local mode = ARGV[at]
 if mode == 'write' then
     local refused = write_version_from(KEYS[2], ARGV[at + 1], ttl, at + 2, #ARGV)
@@ -28,8 +30,9 @@ elseif mode == 'replay' then
 elseif mode == 'drop' then
     drop_versions(KEYS[2], ARGV[at + 1])
 end
-write_fields(KEYS[1], 8, n, ttl)
+write_fields(KEYS[1], 11, n, ttl)
 note_op(KEYS[1], ARGV[4], redis.call('HGET', KEYS[1], 'version'))
 redis.call('DEL', KEYS[3])
-write_receipt(KEYS[5], ARGV[5], ARGV[6])
+write_receipt(KEYS[6], ARGV[5], ARGV[6])
+if ARGV[7] ~= '' then put_response(KEYS[5], ARGV[7], ARGV[8], tonumber(ARGV[9]), ttl * 1000) end
 return {1, redis.call('HINCRBY', KEYS[4], 'commits', 1)}

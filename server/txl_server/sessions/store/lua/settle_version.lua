@@ -11,6 +11,9 @@ local refused = check_blocks(prefix, header, ARGV[6], ARGV[7], blocks)
 if refused then return refused end
 local ttl = redis.call('TTL', mkey)
 if ttl <= 0 then ttl = tonumber(ARGV[2]) end
+-- Its blocks join those every kept version's blocks outlive (versions.lua's `t`).
+local now = tonumber(redis.call('TIME')[1])
+ttl = math.max(ttl, tonumber(redis.call('HGET', mkey, 't') or 0) - now)
 local read = redis.call('HGET', mkey, 'h:' .. version)
 count_references(prefix, ttl, header, blocks)  -- before the release: a block both list never drops to 0
 release(prefix, read)

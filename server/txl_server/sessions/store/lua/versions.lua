@@ -14,11 +14,19 @@
 -- collects its bytes); one whose referrers expired (Redis TTLs, no script runs) expires itself: a block's TTL is
 -- kept at least that of every version listing it. Every function below runs inside one script, so a version and
 -- its references are written, listed and dropped atomically. `prefix` is the block key prefix.
+--
+-- `t` in m:{id}: the time (seconds since the epoch) until which every block a kept version lists lives at least.
+-- A write that needs them `ttl` seconds more extends them one by one only when `t` falls short, and then by
+-- EXTEND_MARGIN more: a session stepped every few seconds touches each of its blocks once in that margin, not at
+-- every step (a chained turn's commit ran about 150 TTL calls). A block so outlives its last version by at most the
+-- margin, and the sweeper then collects it within a minute (sessions/blocks/sweeper.py).
 
 local function extend(key, ttl)  -- like EXPIRE ... GT on every Redis version: never shortens, never adds
     local left = redis.call('TTL', key)
     if left >= 0 and left < ttl then redis.call('EXPIRE', key, ttl) end
 end
+
+local EXTEND_MARGIN = 30
 
 local function release(prefix, header)
     for _, block in ipairs(cjson.decode(header).blocks) do
@@ -62,11 +70,17 @@ end
 -- {-6} the new blocks were written more than `max_age` seconds ago (the block store's sweeper may have collected
 -- them, taking them for a crashed writer's: write them again).
 local function write_version(mkey, prefix, ttl, version, summary, header, hidden, keep, written_at, max_age, blocks,
-                             replay)
-    local refused = check_blocks(prefix, header, written_at, max_age, blocks)
-    if refused then return refused end
+                             replay, shared)
+    if not shared then  -- `shared`: `header` is a kept version's (write_replay), so its blocks are stored
+        local refused = check_blocks(prefix, header, written_at, max_age, blocks)
+        if refused then return refused end
+    end
     if redis.call('HEXISTS', mkey, 'vs') == 0 then drop_versions(mkey, prefix) end  -- an older format: replaced
-    count_references(prefix, ttl, header, blocks)
+    local now = tonumber(redis.call('TIME')[1])
+    local covered = tonumber(redis.call('HGET', mkey, 't') or 0)
+    local extending = covered < now + ttl
+    if extending then covered = now + ttl + EXTEND_MARGIN end
+    count_references(prefix, covered - now, header, blocks)
     redis.call('HSET', mkey, 'h:' .. version, header, 'v', version)
     if replay and replay ~= '' then
         redis.call('HSET', mkey, 'r:' .. version, replay)
@@ -92,19 +106,25 @@ local function write_version(mkey, prefix, ttl, version, summary, header, hidden
     end
     redis.call('HSET', mkey, 'vs', cjson.encode(kept))
     redis.call('EXPIRE', mkey, ttl)
-    -- Versions share most blocks (and those ahead of their blocks, their whole header): each block once.
-    local headers, blocks_seen = {}, {}
-    for _, entry in ipairs(kept) do
-        local kept_header = redis.call('HGET', mkey, 'h:' .. entry.version)
-        if kept_header and not headers[kept_header] then
-            headers[kept_header] = true
-            for _, block in ipairs(cjson.decode(kept_header).blocks) do
-                if not blocks_seen[block] then
-                    blocks_seen[block] = true
-                    extend(prefix .. block, ttl)
+    if extending then
+        -- Versions share most blocks (and those ahead of their blocks, their whole header): each block once.
+        local headers, blocks_seen = {}, {}
+        for _, entry in ipairs(kept) do
+            local kept_header = redis.call('HGET', mkey, 'h:' .. entry.version)
+            if kept_header and not headers[kept_header] then
+                headers[kept_header] = true
+                for _, block in ipairs(cjson.decode(kept_header).blocks) do
+                    if not blocks_seen[block] then
+                        blocks_seen[block] = true
+                        extend(prefix .. block, covered - now)
+                    end
                 end
             end
         end
+        redis.call('HSET', mkey, 't', covered)
+    elseif not shared then
+        -- Its header may list blocks only another session's versions kept (a fork's): they must live as long.
+        for _, block in ipairs(cjson.decode(header).blocks) do extend(prefix .. block, covered - now) end
     end
     return nil
 end
@@ -136,7 +156,7 @@ local function write_replay(mkey, prefix, ttl, previous, version, summary, token
     local base = tonumber(cjson.decode(header).fed)
     if not base or base + #replay ~= tonumber(fed) then return {-7} end
     return write_version(mkey, prefix, ttl, version, summary, header, '', keep, redis.call('TIME')[1], 1, {},
-        cjson.encode(replay))
+        cjson.encode(replay), true)
 end
 
 -- Writes the version ARGV holds from ARGV[at] on, ahead of its blocks (previous version, version, summary, token
