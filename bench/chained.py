@@ -27,6 +27,7 @@ from .http import Server
 from .responses import message
 
 TURNS = 30
+RUNS = 9  # conversations: each turn's medians over this many (the machine's noise is a few ms at a turn)
 PAUSE = 0.1  # seconds between requests: what a request leaves behind (blocks written behind) is done by then
 
 
@@ -94,7 +95,7 @@ def run(quick: bool = False) -> Section:
         with httpx.Client(base_url=server.url, timeout=120) as http:
             stateless(http, "warm up " * 20)
             firsts = first_turns(http, 5 if quick else 15)
-            runs = [conversation(http, tag) for tag in range(2 if quick else 5)]
+            runs = [conversation(http, tag) for tag in range(2 if quick else RUNS)]
     finally:
         server.stop()
 
@@ -136,9 +137,15 @@ def run(quick: bool = False) -> Section:
     )
     later = medians[1:]
     not_dearer = sum(1 for m in later if m[1] <= m[3])
+    dearer = [
+        f"{t} (+{(m[1] - m[3]) * 1000:.1f} ms)" for t, m in enumerate(medians, 1) if t > 1 and m[1] > m[3]
+    ]
+    closest = max(range(2, TURNS + 1), key=lambda t: medians[t - 1][1] - medians[t - 1][3])
+    gap = (medians[closest - 1][1] - medians[closest - 1][3]) * 1000
     section.note(
         f"Turns 2 to {TURNS}: the chained turn ended no later than the resent one at {not_dearer} of {len(later)} "
-        f"turns; medians over those turns: chained {statistics.median(m[1] for m in later) * 1000:.1f} ms end to "
+        f"turns ({'later at turns ' + ', '.join(dearer) if dearer else 'every one'}; the closest, turn {closest}: "
+        f"chained {gap:+.1f} ms against the resend); medians over those turns: chained {statistics.median(m[1] for m in later) * 1000:.1f} ms end to "
         f"end ({statistics.median(m[0] for m in later) * 1000:.1f} ms to the first token), resent "
         f"{statistics.median(m[3] for m in later) * 1000:.1f} ms ({statistics.median(m[2] for m in later) * 1000:.1f}"
         " ms). Targets: a first stored turn within 1.25x a stateless request, end to end and to the first token; a "
