@@ -36,7 +36,7 @@ from ..engine.jobs import (
 )
 from ..engine.state import ModelState, released
 from ..engine.worker import Worker
-from ..errors import Conflict, InvalidRequest
+from ..errors import InvalidRequest
 from ..limits import check_max_tokens
 from ..memory_budgets import MemoryBudgets
 from ..settings import Settings
@@ -429,12 +429,8 @@ class SessionService:
         """
         check_max_tokens(self.settings, max_tokens)
         prompt = self.tokenizer.encode(text) if prompt_tokens is None else list(prompt_tokens)
-        async with self.steps.hold(owner, session_id) as (meta, state, lease):
-            if expected_version is not None and meta.version != expected_version:
-                moved = f"the session moved on from version {expected_version}"
-                raise Conflict(moved, param="session_id", code="version_moved")
-            if on_held is not None:
-                on_held(meta)
+        held = self.steps.hold(owner, session_id, expected_version=expected_version, check=on_held)
+        async with held as (meta, state, lease):
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")
             job = GenerateJob(

@@ -125,9 +125,17 @@ class Steps:
     queues: RequestQueues = field(default_factory=RequestQueues, init=False)
 
     @contextlib.asynccontextmanager
-    async def hold(self, owner: str, session_id: str) -> AsyncIterator[tuple[SessionMeta, ModelState, Lease]]:
+    async def hold(
+        self,
+        owner: str,
+        session_id: str,
+        *,
+        expected_version: int | None = None,
+        check: Callable[[SessionMeta], None] | None = None,
+    ) -> AsyncIterator[tuple[SessionMeta, ModelState, Lease]]:
         """The owner's session for one step: its committed metadata, under its lease, and its state on the device
-        (pinned there while the block runs)."""
+        (pinned there while the block runs). Before its state is fetched: Conflict (`version_moved`) if the
+        session is not at `expected_version`, and `check` sees the metadata (what it raises ends the step)."""
         async with contextlib.AsyncExitStack() as stack:
             since = span_start()
             try:  # the committed metadata, under the lease; 404 before 409 (a foreign session's state is private)
@@ -143,6 +151,11 @@ class Steps:
             session_held(owner, session_id, since=since)
             if meta.tier != "gone":  # 410 if Redis holds an older version than this process acknowledged
                 await self.recovery.check_acked(meta)
+            if expected_version is not None and meta.version != expected_version:
+                moved = f"the session moved on from version {expected_version}"
+                raise Conflict(moved, param="session_id", code="version_moved")
+            if check is not None:
+                check(meta)
             async with self._renewing(lease, None):  # reading it back may feed tokens again (write-behind)
                 state = await self.placement.fetch(meta)  # this step's hold, released when it ends
             cache = self.placement.cache

@@ -135,6 +135,24 @@ def test_two_turns_chained_to_one_response_branch_and_give_equal_results(client)
     )
 
 
+def test_a_turn_that_branches_never_fetches_the_state_its_session_moved_on_to(server, client, monkeypatch):
+    """A chained turn finds its session moved on under the step's lease, before that newer state is brought to
+    the device (it may have to be read back from the block store): it branches at once."""
+    root = _create(client, "In the beginning")
+    _create(client, " was", previous_response_id=root.id)  # the session moves on
+    placement = server.app.state.runtime.service.placement
+    fetched, fetch = [], placement.fetch
+
+    async def counted(meta):
+        fetched.append(meta.id)
+        return await fetch(meta)
+
+    monkeypatch.setattr(placement, "fetch", counted)
+    branch = _create(client, " was", previous_response_id=root.id)
+    assert _session_of(branch) != _session_of(root)
+    assert _session_of(root) not in fetched
+
+
 def test_concurrent_turns_chained_to_one_response_give_equal_results(server, client):
     root = _create(client, "The harbour at dawn")
     results = []
