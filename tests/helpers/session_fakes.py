@@ -360,8 +360,15 @@ class FakeLeases(Scripted):
 
     @contextlib.asynccontextmanager
     async def step(
-        self, session_id: str, owner: str, ttl_seconds: float, *, wait_seconds: float = 0.0
+        self,
+        session_id: str,
+        owner: str,
+        ttl_seconds: float,
+        *,
+        wait_seconds: float = 0.0,
+        holding_response: str | None = None,
     ) -> AsyncIterator[tuple[SessionMeta, Lease]]:
+        assert holding_response is None  # the fake holds no responses
         await self._cue("step")
         session = self.store.sessions.get(session_id)
         if session is None or session.owner != owner:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,7 @@ from ..admission.classes import RequestClass
 from ..engine.jobs import ProgressEvent, TokenEvent
 from ..errors import Conflict, Gone, InvalidRequest, NotFound
 from .service import GenerateOutcome, SessionService
+from .store.leases import ResponseNotHeld
 from .store.responses import ResponseRecord, ResponseStore, ResponseWrite, response_id
 
 # ResponseRecord too: the API reads stored responses through this service, never through their store.
@@ -116,15 +119,29 @@ class ContextTooLong(InvalidRequest):
         )
 
 
-_Begun = tuple[AsyncGenerator[Any, None], TurnStarted, Any, str | None]
+# A turn begun: its generation, its start, its first event, the session it made (if any), and the response
+# record its commit is to store (once made).
+_Begun = tuple[AsyncGenerator[Any, None], TurnStarted, Any, str | None, list[ResponseRecord]]
 # The record of a turn's response, made of its outcome as the turn commits (stored by that commit).
 RecordOf = Callable[[GenerateOutcome], ResponseRecord | None]
 
 
+# The response records this process stored lately, kept so that a turn chained to one need not read it first:
+# this many, each at most KNOWN_BYTES of JSON (a longer one is read when continued).
+KNOWN_RESPONSES = 1024
+KNOWN_BYTES = 16 * 1024
+
+
 class ResponseTurns:
+    """Turns on top of sessions. A chained turn's previous response, when this process stored it, is taken from
+    memory (`_known`), not read: whether Redis still holds it is checked by the step's lease script, in the round
+    trip the step makes anyway (leases.py's `holding_response`); a path that takes no such step reads it first
+    (`_read`). Records never change once stored, so a known one is the stored one while Redis holds it."""
+
     def __init__(self, service: SessionService, store: ResponseStore) -> None:
         self.service = service
         self.store = store
+        self._known: OrderedDict[str, ResponseRecord] = OrderedDict()
 
     async def find(self, owner: str, response_id: str) -> ResponseRecord | None:
         """The owner's stored response, while its session keeps the version it names."""
@@ -132,17 +149,41 @@ class ResponseTurns:
 
     async def save(self, record: ResponseRecord) -> None:
         """Stores a finished response, so that it can be retrieved and continued."""
-        await self.store.save(record)
+        if await self.store.save(record) and len(record.to_json()) <= KNOWN_BYTES:
+            self._note(record)
 
     async def forget(self, record: ResponseRecord) -> None:
         """Forgets a stored response (its session stays)."""
+        self._known.pop(record.id, None)
         await self.store.delete(record)
 
     async def previous(self, owner: str, response_id: str) -> ResponseRecord:
+        """The owner's stored response a turn continues: one this process stored (unread: see the class), or
+        read; PreviousResponseNotFound if there is none."""
+        known = self._known.get(response_id)
+        if known is not None and secrets.compare_digest(known.owner, owner):
+            return known
         record = await self.store.find(owner, response_id)
         if record is None:
             raise PreviousResponseNotFound(response_id)
         return record
+
+    def _note(self, record: ResponseRecord) -> None:
+        self._known[record.id] = record
+        self._known.move_to_end(record.id)
+        while len(self._known) > KNOWN_RESPONSES:
+            self._known.popitem(last=False)
+
+    def _unread(self, record: ResponseRecord) -> bool:
+        """Whether `record` came from memory (`previous`), not from Redis."""
+        return self._known.get(record.id) is record
+
+    async def _read(self, owner: str, record: ResponseRecord) -> ResponseRecord:
+        """`record` as Redis holds it now (a path whose step does not check it): PreviousResponseNotFound if gone."""
+        if not self._unread(record):
+            return record
+        self._known.pop(record.id, None)
+        return await self.previous(owner, record.id)
 
     async def run(
         self, owner: str, previous: ResponseRecord | None, turn: Turn, record: RecordOf | None = None
@@ -169,6 +210,7 @@ class ResponseTurns:
         service = self.service
         if previous is None:
             return TurnPlace(await service.create(owner), 0, made=True)
+        previous = await self._read(owner, previous)
         try:
             branch = await service.fork(owner, previous.session_id, version=previous.version)
         except (NotFound, Gone) as exc:
@@ -178,13 +220,16 @@ class ResponseTurns:
     async def _drive(
         self, owner: str, turn: Turn, begun: _Begun
     ) -> AsyncGenerator[TurnStarted | TokenEvent | GenerateOutcome, None]:
-        generation, started, first, made = begun
+        generation, started, first, made, stored = begun
         committed = False
         try:
             yield started
             item = first
             while item is not None:
-                committed = committed or isinstance(item, GenerateOutcome)
+                if isinstance(item, GenerateOutcome):
+                    committed = True
+                    for record in stored:  # in Redis now: known from here on
+                        self._note(record)
                 if not isinstance(item, ProgressEvent):
                     yield item
                 item = await anext(generation, None)
@@ -202,12 +247,15 @@ class ResponseTurns:
             return await self._start(owner, TurnPlace(meta, cached, made=True, prompted=True), turn, record)
         # A conversation's session moves only with its conversation: a response of it is continued on a branch.
         if turn.store and not previous.response.get("conversation"):
+            holding = previous.id if self._unread(previous) else None  # checked by the step: see the class
             try:  # on its session, if the step finds it still at the response's version (read under its lease)
-                return await self._open(owner, previous.session_id, previous.version, turn, record)
+                return await self._open(owner, previous.session_id, previous.version, turn, record, holding)
             except Conflict:
                 pass  # it moved on, or another turn is continuing it right now: this one branches
-            except (NotFound, Gone) as exc:
+            except (NotFound, Gone, ResponseNotHeld) as exc:
+                self._known.pop(previous.id, None)
                 raise PreviousResponseNotFound(previous.id) from exc
+        previous = await self._read(owner, previous)
         try:
             branch = await service.fork(owner, previous.session_id, version=previous.version)
         except (NotFound, Gone) as exc:  # the version is no longer kept, or the session's memory is gone
@@ -225,14 +273,14 @@ class ResponseTurns:
             if place.made:
                 await self._discard(owner, meta.id)
             raise
-        generation, started, first, _ = begun
+        generation, started, first, _, stored = begun
         if place.prompted:
             started = dataclasses.replace(
                 started, cached_tokens=place.cached, fed_tokens=len(turn.tokens) - place.cached
             )
         else:
             started = dataclasses.replace(started, cached_tokens=place.cached)
-        return generation, started, first, meta.id if place.made else None
+        return generation, started, first, meta.id if place.made else None, stored
 
     async def _open(
         self,
@@ -241,6 +289,7 @@ class ResponseTurns:
         expected_version: int | None,
         turn: Turn,
         record: RecordOf | None,
+        holding_response: str | None = None,
         *,
         prompted: bool = False,
     ) -> _Begun:
@@ -248,6 +297,16 @@ class ResponseTurns:
         the positions its memory serves) read under the step's lease: nothing is read before it."""
         fed = [] if prompted else turn.tokens
         held: list[SessionMeta] = []
+        stored: list[ResponseRecord] = []
+
+        def write(outcome: GenerateOutcome) -> ResponseWrite | None:
+            made = record(outcome) if record is not None else None
+            if made is None:
+                return None
+            written = self.store.write_of(made)
+            if len(written.record) <= KNOWN_BYTES:
+                stored.append(made)
+            return written
 
         def check(meta: SessionMeta) -> None:
             needed = meta.tokens + 1 + len(fed) + turn.max_tokens  # the start token's position too
@@ -268,7 +327,8 @@ class ResponseTurns:
             report_progress=True,
             expected_version=expected_version,
             on_held=check,
-            response=(lambda outcome: self._write_of(record(outcome))) if record is not None else None,
+            response=write if record is not None else None,
+            holding_response=holding_response,
         )
         try:
             first = await anext(generation)
@@ -279,10 +339,7 @@ class ResponseTurns:
         started = TurnStarted(
             session_id=meta.id, version=meta.version + 1, cached_tokens=meta.mem_tokens, fed_tokens=len(fed)
         )
-        return generation, started, first, None
-
-    def _write_of(self, record: ResponseRecord | None) -> ResponseWrite | None:
-        return self.store.write_of(record) if record is not None else None
+        return generation, started, first, None, stored
 
     async def _discard(self, owner: str, session_id: str) -> None:
         """Deletes a session the turn made, even when the request is being cancelled."""

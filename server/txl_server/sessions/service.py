@@ -414,22 +414,27 @@ class SessionService:
         klass: RequestClass | None = None,
         on_held: Callable[[SessionMeta], None] | None = None,
         response: Callable[[GenerateOutcome], ResponseWrite | None] | None = None,
+        holding_response: str | None = None,
     ) -> AsyncGenerator[TokenEvent | ProgressEvent | GenerateOutcome, None]:
         """Yields a TokenEvent per sampled token (with the `top_logprobs` likeliest alternatives, if asked),
         then the GenerateOutcome (after the commit). With `report_progress`, a text longer than one segment
         first yields a ProgressEvent per segment fed (a long prompt takes a while before the first token).
 
         Closing the iterator early (a client that went away) cancels the generation: nothing is committed.
-        `prompt_tokens`, when the caller has already encoded `text` (or was given token ids), are used as they
-        are: a request's text is encoded once. With `expected_version`, the step runs only if the session is at
-        that version when its lease is taken (else Conflict, code `version_moved`, before any event).
-        `receipt` (the Idempotency-Key's record) and `response` (the turn's response record) of the outcome are
-        written with the commit. `on_held` gets the session's metadata once the step holds it, before anything
-        runs (what it raises ends the step): a caller need not read the session first.
+        `prompt_tokens` (`text` encoded by the caller) are used as they are. `expected_version`, `on_held` and
+        `holding_response` are checked once the step holds the session, before anything runs (Steps.hold): a
+        caller need not read the session first. `receipt` (the Idempotency-Key's record) and `response` (the
+        turn's response record) of the outcome are written with the commit.
         """
         check_max_tokens(self.settings, max_tokens)
         prompt = self.tokenizer.encode(text) if prompt_tokens is None else list(prompt_tokens)
-        held = self.steps.hold(owner, session_id, expected_version=expected_version, check=on_held)
+        held = self.steps.hold(
+            owner,
+            session_id,
+            expected_version=expected_version,
+            check=on_held,
+            holding_response=holding_response,
+        )
         async with held as (meta, state, lease):
             if state.last_hidden is None and not prompt:  # pragma: no cover - sessions always start primed
                 raise InvalidRequest("nothing to continue from: give text", param="text")

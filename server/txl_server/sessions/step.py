@@ -132,17 +132,21 @@ class Steps:
         *,
         expected_version: int | None = None,
         check: Callable[[SessionMeta], None] | None = None,
+        holding_response: str | None = None,
     ) -> AsyncIterator[tuple[SessionMeta, ModelState, Lease]]:
         """The owner's session for one step: its committed metadata, under its lease, and its state on the device
         (pinned there while the block runs). Before its state is fetched: Conflict (`version_moved`) if the
-        session is not at `expected_version`, and `check` sees the metadata (what it raises ends the step)."""
+        session is not at `expected_version`, and `check` sees the metadata (what it raises ends the step).
+        With `holding_response`, ResponseNotHeld if the session no longer holds that response."""
         async with contextlib.AsyncExitStack() as stack:
             since = span_start()
             try:  # the committed metadata, under the lease; 404 before 409 (a foreign session's state is private)
                 wait = await stack.enter_async_context(self._first_in_line(owner, session_id))
-                meta, lease = await stack.enter_async_context(
-                    self.leases.step(session_id, owner, self.settings.lease_ttl_seconds, wait_seconds=wait())
+                ttl = self.settings.lease_ttl_seconds
+                step = self.leases.step(
+                    session_id, owner, ttl, wait_seconds=wait(), holding_response=holding_response
                 )
+                meta, lease = await stack.enter_async_context(step)
             except Conflict:
                 self.observer.on_conflict()
                 raise

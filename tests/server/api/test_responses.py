@@ -153,6 +153,43 @@ def test_a_turn_that_branches_never_fetches_the_state_its_session_moved_on_to(se
     assert _session_of(root) not in fetched
 
 
+def test_a_turn_chained_to_a_response_this_server_stored_reads_nothing_before_its_step(
+    server, client, monkeypatch
+):
+    """The previous response is known to the process that stored it; Redis's copy is checked by the step's lease
+    script instead of read first (one round trip less)."""
+    turns = server.app.state.runtime.responses.turns
+    root = _create(client, "Far over the hills")
+
+    async def no_read(owner, response_id):
+        raise AssertionError(f"{response_id} was read")
+
+    monkeypatch.setattr(turns.store, "find", no_read)
+    second = _create(client, " and away", previous_response_id=root.id)
+    assert _session_of(second) == _session_of(root) and second.usage.input_tokens_details.cached_tokens > 0
+
+
+def _drop_in_redis(server, response) -> None:
+    """Deletes the response's record as another replica's DELETE would: this process still knows it."""
+    store = server.app.state.runtime.service.store
+    server.run(store.redis.hdel(store.keys.responses(_session_of(response)), response.id))
+
+
+@pytest.mark.parametrize("moved_on", [False, True], ids=["continued", "branched"])
+def test_a_response_deleted_elsewhere_cannot_be_continued_though_this_server_knows_it(
+    server, client, http, moved_on
+):
+    root = _create(client, "The clockmaker's shop")
+    if moved_on:
+        _create(client, " was", previous_response_id=root.id)
+    session = http.get(f"/v1/sessions/{_session_of(root)}").json()
+    _drop_in_redis(server, root)
+    with pytest.raises(openai.BadRequestError) as caught:
+        _create(client, " was", previous_response_id=root.id)
+    assert caught.value.body["code"] == "previous_response_not_found"
+    assert http.get(f"/v1/sessions/{_session_of(root)}").json()["version"] == session["version"]  # untouched
+
+
 def test_concurrent_turns_chained_to_one_response_give_equal_results(server, client):
     root = _create(client, "The harbour at dawn")
     results = []

@@ -33,6 +33,10 @@ T = TypeVar("T")
 LEASE_POLL_SECONDS = (0.01, 0.2)
 
 
+class ResponseNotHeld(Exception):
+    """The session no longer holds the response a step was to continue (it was deleted): nothing was taken."""
+
+
 class LeaseStore(RedisStore):
     def __init__(self, redis: aioredis.Redis, *, prefix: str = "txl:", replica: str = "") -> None:
         super().__init__(redis, prefix=prefix)
@@ -43,19 +47,27 @@ class LeaseStore(RedisStore):
 
     @asynccontextmanager
     async def step(
-        self, session_id: str, owner: str, ttl_seconds: float, *, wait_seconds: float = 0.0
+        self,
+        session_id: str,
+        owner: str,
+        ttl_seconds: float,
+        *,
+        wait_seconds: float = 0.0,
+        holding_response: str | None = None,
     ) -> AsyncIterator[tuple[SessionMeta, Lease]]:
         """The owner's session's committed metadata, read under its single-writer lease, in one round trip.
-        Raises NotFound (no such session of this owner) before Conflict (another writer still holds it after
-        `wait_seconds`)."""
+        Raises NotFound (no such session of this owner) before ResponseNotHeld (it no longer holds the response
+        `holding_response`, when given) before Conflict (another writer still holds it after `wait_seconds`)."""
         lease = Lease(session_id, self._token(), ttl_seconds)
-        keys = [self.keys.session(session_id), self.keys.lease(session_id)]
-        args: list[EncodableT] = [owner, lease.token, lease.ttl_ms]
+        keys = [self.keys.session(session_id), self.keys.lease(session_id), self.keys.responses(session_id)]
+        args: list[EncodableT] = [owner, lease.token, lease.ttl_ms, holding_response or ""]
 
         async def attempt() -> list[Any] | None:
             reply = await self.call(lambda: self._begin_step(keys=keys, args=args))
             if reply[0] == -1:
                 raise NotFound(f"no session {session_id!r}", param="session_id")
+            if reply[0] == -3:
+                raise ResponseNotHeld(session_id)
             return None if reply[0] == -2 else list(reply)
 
         reply = await until_free(attempt, wait_seconds)
