@@ -11,8 +11,8 @@ iteration, never by the whole text.
 Who goes first is its request's class (admission.classes): a lower lane always (interactive, then flex, then
 batch). Within a lane, the batch's rows are divided between tenants by weighted max-min fair shares, and prompt
 segments go first to the tenants owed rows (holding fewer than their share, counting the rows their prompts open),
-then to the tenant served least (virtual token counters; on a tie, as when a tenant joins, the one holding the
-fewest rows for its weight): admission.fair_share. Within a tenant,
+then to the tenant served least (virtual token counters, which count service only while another tenant has work
+too; on a tie, as when a tenant joins, the one holding the fewest rows for its weight): admission.fair_share. Within a tenant,
 priority before default, then arrival (round robin among equals for prompt segments).
 
 A row keeps its place in the batch until it ends: rows beyond the cap wait, rather than every stream taking turns
@@ -245,10 +245,14 @@ class Scheduler(Generic[D, I]):
         decode = self.rows()
         streams = any(t.lane is Lane.INTERACTIVE for t in decode)
         chunks = self.segments(len(decode), streams)
-        for task in decode:
-            self.counters.serve(task.tenant, 1)
-        for job, n in chunks:
-            self.counters.serve(job.tenant, n)
+        # The counters compare tenants that have work at the same time: what one is served while no other has any
+        # is no debt (a lone client served alone for a while would otherwise wait behind every prompt of a crowd
+        # arriving after it, until the crowd had been served as much).
+        if len({t.tenant for t in self.decoding} | {j.tenant for j in self.ingesting}) > 1:
+            for task in decode:
+                self.counters.serve(task.tenant, 1)
+            for job, n in chunks:
+                self.counters.serve(job.tenant, n)
         self._picked = (len(decode), sum(n for _, n in chunks))
         self._background_tokens = sum(n for job, n in chunks if job.lane is not Lane.INTERACTIVE)
         self._streams = streams

@@ -360,15 +360,35 @@ def test_while_the_batch_has_room_a_tenant_joining_at_the_crowds_counter_goes_fi
     assert s.schedule().iteration.chunks == [(lone, 8)]
 
 
+def test_a_lone_client_served_alone_before_a_crowd_arrived_is_not_fed_after_the_whole_crowd():
+    # tests/reliability/test_overload.py's lone client: served alone for a while, its tenant's counter far ahead
+    # of the crowd's; then the crowd's prompts all arrive at once, the lone client's with them, after them.
+    s = make(segment_len=8, max_batch_size=8, max_batch_tokens=8)
+    s.add_ingesting(Ingest(400, tenant="b"))
+    for _ in range(50):
+        s.schedule()
+    s.remove_ingesting(s.ingesting[0])
+    for _ in range(8):
+        s.add_ingesting(Ingest(8, tenant="a", rows_after=1))
+    lone = Ingest(8, tenant="b", rows_after=1)
+    s.add_ingesting(lone)
+    # Its counter did not grow while it was alone: both are owed rows, hold none and tie, and the lone client's
+    # prompt is fed second, after one of the crowd's (before: after all eight, its counter 400 tokens ahead).
+    assert [s.schedule().iteration.chunks[0][0] for _ in range(2)][1] is lone
+
+
 def test_a_tenant_back_after_being_idle_cannot_spend_the_time_it_was_away():
     s = make(segment_len=8, max_batch_size=4, max_batch_tokens=8)
     a = Ingest(400, tenant="a")
     s.add_ingesting(a)
+    s.add_ingesting(Ingest(400, tenant="c"))
     for _ in range(10):
         s.schedule()
-    assert s.counters.of("a") == 80
-    s.add_ingesting(Ingest(400, tenant="b"))
-    assert s.counters.of("b") == 80  # not 0: it would take the next ten segments alone
+    assert s.counters.of("a") == s.counters.of("c") == 40
+    b = Ingest(400, tenant="b")
+    s.add_ingesting(b)
+    assert s.counters.of("b") == 40  # not 0: it would take the next ten segments alone
+    assert [s.schedule().iteration.chunks[0][0].tenant for _ in range(3)].count("b") == 1
 
 
 def test_interactive_segments_go_before_flex_and_batch_ones():
