@@ -12,8 +12,8 @@ Who goes first is its request's class (admission.classes): a lower lane always (
 batch). Within a lane, the batch's rows are divided between tenants by weighted max-min fair shares, and prompt
 segments go first to the tenants owed rows (holding fewer than their share, counting the rows their prompts open),
 then to the tenant served least (virtual token counters, which count service only while another tenant has work
-too; on a tie, as when a tenant joins, the one holding the fewest rows for its weight): admission.fair_share. Within a tenant,
-priority before default, then arrival (round robin among equals for prompt segments).
+too; on a tie, as when a tenant joins, the one holding the fewest rows for its weight): admission.fair_share.
+Within a tenant, priority before default, then arrival (round robin among equals for prompt segments).
 
 A row keeps its place in the batch until it ends: rows beyond the cap wait, rather than every stream taking turns
 (and every stream slowing down). A row leaves the batch only at a token boundary, when a higher lane or a tenant
