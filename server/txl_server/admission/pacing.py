@@ -12,8 +12,12 @@ how many prompt tokens ride beside them, and how much time flex and batch prompt
 - **Prompt tokens** (`chunk_tokens`): what the target leaves beside the decoding rows, at least `min_chunk`, so
   that prompts always progress.
 - **Background prompts** (`background_allowed`): while interactive streams decode, flex and batch prompt segments
-  run only when the time they took so far is paid back by as much time without them: a stream then keeps at least
-  half of the tokens per second it has alone, beside a scoring of any length.
+  take at most BACKGROUND_SHARE of the worker's time: a segment runs only when the time it and those before it
+  added to their iterations (measured: the iteration's time over what its streams' part takes) has been paid
+  back by (1 - share) / share times as much time without them. A stream then keeps about 1 - share of the
+  tokens per second it has alone (less what the segments' traces in the caches cost its next steps), beside a
+  scoring of any length; the scoring still gets its share, in whole segments (a segment's fixed costs are paid
+  once, and the pause it adds is within the TBT target).
 
 The step times come from `Timing` (the device's measured iterations: `engine.step_times.StepTimes`).
 """
@@ -30,6 +34,12 @@ PREFILL_SHARE = 0.25  # of the TBT target, kept for prompt segments beside a ful
 KNEE_STEPS = 6.0
 GROW_MARGIN = 0.9  # a row is added when the iteration stays under this share of what the target allows
 SHRINK_MARGIN = 1.1  # and taken away when it passes this share of it
+# While streams decode, flex and batch prompt segments take at most this share of the time. Half (a segment, then as
+# long without one) left a stream beside a 120 kB scoring 37-58% of its tokens per second on the 2-core CPU
+# (docs/benchmarks/load.md): each segment also slows the stream's next steps (caches), so the bar of half was luck.
+# A fifth keeps it about three quarters, with room for that; the scoring then progresses at a fifth of its speed
+# alone while a stream runs beside it, and at full speed between streams.
+BACKGROUND_SHARE = 0.2
 
 
 class Timing(Protocol):
@@ -49,7 +59,7 @@ class Pacing:
         self.min_chunk = max(1, min_chunk)
         self.lag = 0.0  # seconds the event loop takes to deliver a step's tokens (set by the worker)
         self._cap = 1
-        self._debt = 0.0  # seconds background prompts took that streams have not had back yet
+        self._debt = 0.0  # seconds without background prompts that streams are owed for the time those took
 
     def _row_budget(self) -> float:
         knee = KNEE_STEPS * self.timing.iteration(1, 0)
@@ -82,11 +92,16 @@ class Pacing:
             self._debt = 0.0
         return self._debt <= 0.0
 
-    def ran(self, seconds: float, background_tokens: int, streams: bool) -> None:
-        """After an iteration of `seconds` that fed `background_tokens` flex or batch prompt tokens."""
+    def ran(self, seconds: float, *, rows: int, tokens: int, background_tokens: int, streams: bool) -> None:
+        """After an iteration of `seconds` that decoded `rows` rows and fed `tokens` prompt tokens, of which
+        `background_tokens` flex or batch ones (`streams`: interactive rows decoded in it). What the background
+        tokens took is the iteration's measured time over the step times' estimate without them, and at least
+        their own estimate (which alone missed a 128-token segment's time beside a stream by 10-20% on the CPU)."""
         if not streams:
             self._debt = 0.0
         elif background_tokens:
-            self._debt += background_tokens * self.timing.per_token()
+            without = self.timing.iteration(rows, tokens - background_tokens)
+            took = max(seconds - without, background_tokens * self.timing.per_token())
+            self._debt += took * (1 - BACKGROUND_SHARE) / BACKGROUND_SHARE
         else:
             self._debt = max(0.0, self._debt - seconds)

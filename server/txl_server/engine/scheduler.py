@@ -11,18 +11,18 @@ iteration, never by the whole text.
 Who goes first is its request's class (admission.classes): a lower lane always (interactive, then flex, then
 batch). Within a lane, the batch's rows are divided between tenants by weighted max-min fair shares, and prompt
 segments go first to the tenants owed rows (holding fewer than their share, counting the rows their prompts open),
-then to the tenant served least (virtual token counters; on a tie, as when a tenant joins, the one holding the
-fewest rows for its weight): admission.fair_share. Within a tenant,
-priority before default, then arrival (round robin among equals for prompt segments).
+then to the tenant served least (virtual token counters, which count service only while another tenant has work
+too; on a tie, as when a tenant joins, the one holding the fewest rows for its weight): admission.fair_share.
+Within a tenant, priority before default, then arrival (round robin among equals for prompt segments).
 
 A row keeps its place in the batch until it ends: rows beyond the cap wait, rather than every stream taking turns
 (and every stream slowing down). A row leaves the batch only at a token boundary, when a higher lane or a tenant
 below its fair share needs the place: its memory stays as it is in the pool, its sampling goes on from the same
 seed and counter when it comes back (first, before rows that never ran), so its tokens are those it would have
 had without the pause. With pacing (admission.pacing), the cap on rows and the prompt tokens beside them follow
-the time-between-tokens target, and flex and batch prompts take at most as much time as streams keep; without
-(tests, the server's checks), the cap is `max_batch_size` and the budget `max_batch_tokens`, and at least one
-segment runs whenever one waits.
+the time-between-tokens target, and flex and batch prompts take at most a fifth of the time while streams
+decode; without (tests, the server's checks), the cap is `max_batch_size` and the budget `max_batch_tokens`, and
+at least one segment runs whenever one waits.
 
 A pool that never grows (a GPU's) holds what runs: the rows whose new blocks it lacks wait for a later
 iteration (blocks come back when their holders release them: commits, evictions, jobs that end), and if nothing
@@ -172,7 +172,8 @@ class Scheduler(Generic[D, I]):
         self.in_batch: set[D] = set()  # the rows with a place in the batch (they keep it until they end)
         self.cap = max_batch_size  # the rows the batch may hold, as last paced
         self.rows_ended = 0  # decoding rows that left the queue (ended, failed or cancelled) so far
-        self._background_tokens = 0  # flex and batch prompt tokens in the last iteration picked
+        self._picked = (0, 0)  # (decoding rows, prompt tokens) of the last iteration picked
+        self._background_tokens = 0  # flex and batch prompt tokens among them
         self._streams = False  # whether interactive rows decoded in it
         self._starved_since: float | None = None
         self._lent = 0  # prompt tokens fed beyond the budgets, not yet repaid (`segments`)
@@ -244,10 +245,15 @@ class Scheduler(Generic[D, I]):
         decode = self.rows()
         streams = any(t.lane is Lane.INTERACTIVE for t in decode)
         chunks = self.segments(len(decode), streams)
-        for task in decode:
-            self.counters.serve(task.tenant, 1)
-        for job, n in chunks:
-            self.counters.serve(job.tenant, n)
+        # The counters compare tenants that have work at the same time: what one is served while no other has any
+        # is no debt (a lone client served alone for a while would otherwise wait behind every prompt of a crowd
+        # arriving after it, until the crowd had been served as much).
+        if len({t.tenant for t in self.decoding} | {j.tenant for j in self.ingesting}) > 1:
+            for task in decode:
+                self.counters.serve(task.tenant, 1)
+            for job, n in chunks:
+                self.counters.serve(job.tenant, n)
+        self._picked = (len(decode), sum(n for _, n in chunks))
         self._background_tokens = sum(n for job, n in chunks if job.lane is not Lane.INTERACTIVE)
         self._streams = streams
         return Iteration(decode, chunks)
@@ -255,7 +261,14 @@ class Scheduler(Generic[D, I]):
     def ran(self, seconds: float) -> None:
         """The last iteration picked took `seconds` (the pacing's account of background prompt time)."""
         if self.pacing is not None:
-            self.pacing.ran(seconds, self._background_tokens, self._streams)
+            rows, tokens = self._picked
+            self.pacing.ran(
+                seconds,
+                rows=rows,
+                tokens=tokens,
+                background_tokens=self._background_tokens,
+                streams=self._streams,
+            )
 
     def rows(self) -> list[D]:
         """The decoding rows with a place in this iteration: up to the cap, lane by lane, each lane's places shared

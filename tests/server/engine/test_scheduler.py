@@ -360,15 +360,35 @@ def test_while_the_batch_has_room_a_tenant_joining_at_the_crowds_counter_goes_fi
     assert s.schedule().iteration.chunks == [(lone, 8)]
 
 
+def test_a_lone_client_served_alone_before_a_crowd_arrived_is_not_fed_after_the_whole_crowd():
+    # tests/reliability/test_overload.py's lone client: served alone for a while, its tenant's counter far ahead
+    # of the crowd's; then the crowd's prompts all arrive at once, the lone client's with them, after them.
+    s = make(segment_len=8, max_batch_size=8, max_batch_tokens=8)
+    s.add_ingesting(Ingest(400, tenant="b"))
+    for _ in range(50):
+        s.schedule()
+    s.remove_ingesting(s.ingesting[0])
+    for _ in range(8):
+        s.add_ingesting(Ingest(8, tenant="a", rows_after=1))
+    lone = Ingest(8, tenant="b", rows_after=1)
+    s.add_ingesting(lone)
+    # Its counter did not grow while it was alone: both are owed rows, hold none and tie, and the lone client's
+    # prompt is fed second, after one of the crowd's (before: after all eight, its counter 400 tokens ahead).
+    assert [s.schedule().iteration.chunks[0][0] for _ in range(2)][1] is lone
+
+
 def test_a_tenant_back_after_being_idle_cannot_spend_the_time_it_was_away():
     s = make(segment_len=8, max_batch_size=4, max_batch_tokens=8)
     a = Ingest(400, tenant="a")
     s.add_ingesting(a)
+    s.add_ingesting(Ingest(400, tenant="c"))
     for _ in range(10):
         s.schedule()
-    assert s.counters.of("a") == 80
-    s.add_ingesting(Ingest(400, tenant="b"))
-    assert s.counters.of("b") == 80  # not 0: it would take the next ten segments alone
+    assert s.counters.of("a") == s.counters.of("c") == 40
+    b = Ingest(400, tenant="b")
+    s.add_ingesting(b)
+    assert s.counters.of("b") == 40  # not 0: it would take the next ten segments alone
+    assert [s.schedule().iteration.chunks[0][0].tenant for _ in range(3)].count("b") == 1
 
 
 def test_interactive_segments_go_before_flex_and_batch_ones():
@@ -476,19 +496,52 @@ def test_a_newcomers_prompt_is_fed_whole_on_a_loan_that_later_budgets_repay():
     assert s.schedule().iteration.chunks == [(other, 64)]
 
 
-def test_flex_and_batch_prompts_take_no_more_time_than_the_streams_beside_them_get_back():
+def test_beside_a_stream_a_scoring_takes_a_fifth_of_the_time_measured_and_the_stream_keeps_three_quarters():
+    s = make(segment_len=128, max_batch_size=8, max_batch_tokens=512)
+    # The bundled model on the 2-core CPU (docs/benchmarks/load.md): a stream's step 2.5 ms, a prompt token 0.23
+    # ms by the step times; a 128-token segment beside the stream takes 35 ms, not the 30 they say.
+    line = Line(0.001, 0.0015, 0.00023)
+    pacing = paced(s, tbt=0.050, line=line)
+    s.add_decoding(Decode())
+    score = Ingest(10**9, lane=Lane.BATCH)
+    s.add_ingesting(score)
+    clock = tokens = fed = longest = 0.0
+    while clock < 10.0:
+        it = s.schedule().iteration
+        assert len(it.decode) == 1  # the stream never waits for a place
+        background = sum(n for _, n in it.chunks)
+        seconds = line.iteration(1, 0) + 1.2 * line.per_token() * background
+        s.ran(seconds)
+        clock += seconds
+        tokens += 1
+        fed += background
+        longest = max(longest, seconds)
+    kept = line.iteration(1, 0) * tokens / clock  # of the tokens per second the stream has alone
+    share = fed * 1.2 * line.per_token() / clock
+    # The scoring took a fifth of the time (before: half by its estimate, 52% measured, and the stream kept 48% of
+    # its tokens per second); every pause it added is within the target.
+    assert 0.17 < share <= 0.2
+    assert kept >= 0.75
+    assert longest <= 0.050
+    assert pacing.background_allowed(streams=False)  # nothing streams: the batch work runs at full speed
+
+
+def test_a_scorings_segment_is_charged_what_its_iteration_measured_over_the_streams_part():
     s = make(segment_len=64, max_batch_size=8, max_batch_tokens=256)
     line = Line(0.002, 0.001, 0.0001)
-    pacing = paced(s, tbt=0.050, line=line)
-    stream = Decode()
-    s.add_decoding(stream)
-    score = Ingest(100_000, lane=Lane.BATCH)
-    s.add_ingesting(score)
-    took: list[bool] = []
-    for _ in range(12):
-        it = s.schedule().iteration
-        took.append(bool(it.chunks))
-        s.ran(line.iteration(len(it.decode), it.tokens - len(it.decode)))
-    # A 64-token segment costs 6.4 ms beside the stream's 3 ms steps: one segment, then three steps without.
-    assert took == [True, False, False, False] * 3
-    assert pacing.background_allowed(streams=False)  # nothing streams: the batch work runs at full speed
+    paced(s, tbt=0.050, line=line)
+    s.add_decoding(Decode())
+    s.add_ingesting(Ingest(100_000, lane=Lane.BATCH))
+
+    def took(seconds: list[float]) -> list[bool]:
+        fed = []
+        for time in seconds:
+            fed.append(bool(s.schedule().iteration.chunks))
+            s.ran(time)
+        return fed
+
+    # A 64-token segment beside the stream's 3 ms step measured 8 ms more (6.4 estimated): paid back by four times
+    # as long without it, eleven of the stream's steps.
+    assert took([0.003 + 0.008, *[0.003] * 11]) == [True, *[False] * 11]
+    # One that measured less than its estimate (4 ms) is charged the estimate: nine steps.
+    assert took([0.003 + 0.004, *[0.003] * 9, 0.003]) == [True, *[False] * 9, True]
